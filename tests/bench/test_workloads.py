@@ -1,0 +1,85 @@
+"""Benchmark workloads are reproducible from a seed and shaped as documented."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from fleetgate.bench import workloads
+from fleetgate.bench.workloads import Session, Turn, WorkloadParams
+
+
+@pytest.mark.parametrize("name", sorted(workloads.WORKLOADS))
+def test_same_seed_same_workload_other_seed_differs(name: str) -> None:
+    p = WorkloadParams(duration_s=20, rate=2, scale=0.2, seed=7)
+    a = workloads.build(name, p)
+    b = workloads.build(name, p)
+    c = workloads.build(name, WorkloadParams(duration_s=20, rate=2, scale=0.2, seed=8))
+    assert a == b
+    assert a != c
+    assert a, "a 20 s workload at 2/s must have sessions"
+    assert all(0 <= s.start_s < 20 for s in a)
+    assert [s.start_s for s in a] == sorted(s.start_s for s in a)
+
+
+def test_arrival_rate_matches_parameter() -> None:
+    sessions = workloads.build("shared-prefix", WorkloadParams(duration_s=400, rate=3, seed=1))
+    assert 3 * 400 * 0.9 < len(sessions) < 3 * 400 * 1.1
+
+
+def test_chat_lengths_follow_sharegpt_means() -> None:
+    sessions = workloads.build("chat-multiturn", WorkloadParams(duration_s=300, rate=4, seed=2))
+    prompt_words = [len(t.content.split()) for s in sessions for t in s.turns]
+    outputs = [t.max_tokens for s in sessions for t in s.turns]
+    # log-normal fits with means 161 / 338, truncated to [4, 1024]
+    assert 130 < statistics.fmean(prompt_words) < 175
+    assert 280 < statistics.fmean(outputs) < 345
+    systems = {s.system for s in sessions}
+    assert len(systems) == 4, "a handful of shared system prompts"
+
+
+def test_shared_prefix_groups_share_long_documents() -> None:
+    sessions = workloads.build("shared-prefix", WorkloadParams(duration_s=60, rate=4, seed=3))
+    groups: dict[str, list[str]] = {}
+    for s in sessions:
+        groups.setdefault(s.session_id.split("-")[0], []).append(s.turns[0].content)
+    shared = [g for g in groups.values() if len(g) > 1]
+    assert shared, "several questions per document"
+    for contents in shared:
+        doc = contents[0].split("\n\nQuestion:")[0]
+        assert len(doc.split()) == 3000
+        assert all(c.startswith(doc) for c in contents)
+
+
+def test_priority_storm_mixes_classes_with_critical_bursts() -> None:
+    sessions = workloads.build("priority-storm", WorkloadParams(duration_s=100, rate=8, seed=4))
+    classes = {s.priority_class for s in sessions}
+    assert classes == {"critical", "batch"}
+    crit = [s.start_s for s in sessions if s.priority_class == "critical"]
+    in_burst = sum(1 for t in crit if 30 <= t < 40 or 70 <= t < 80)
+    # bursts cover 20% of the time at 4x the rate: about half of critical traffic
+    assert in_burst / len(crit) > 0.35
+
+
+def test_messages_for_carries_real_answers_in_history() -> None:
+    s = Session(
+        "s",
+        0.0,
+        "sys",
+        (Turn("q1", 4), Turn("q2", 4, think_s=1.0), Turn("q3", 4)),
+    )
+    msgs = s.messages_for(2, ["a1", "a2"])
+    assert [(m["role"], m["content"]) for m in msgs] == [
+        ("system", "sys"),
+        ("user", "q1"),
+        ("assistant", "a1"),
+        ("user", "q2"),
+        ("assistant", "a2"),
+        ("user", "q3"),
+    ]
+
+
+def test_unknown_workload_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="shared-prefix"):
+        workloads.build("nope", WorkloadParams())
