@@ -1,0 +1,180 @@
+"""The scheduling cycle: filters -> weighted scorers -> picker, and why it chose.
+
+``Pipeline.schedule`` is pure: frozen views in, a :class:`Decision` out. The
+decision carries the full ranking (the retry order), the reason exported as
+``fleetgate_decisions_total{reason}`` and the plugin that decided:
+
+* ``filter:<name>``  only one endpoint survived; ``<name>`` cut the last rival.
+* ``scorer:<name>``  the scorer with the largest weighted lead of the winner
+  over the runner-up.
+* ``picker:tie-break`` totals were equal and the seeded random picked.
+
+Reasons: ``affinity-hit`` (the pick holds the longest believed prefix),
+``cold`` (no endpoint holds any of it; the pick is the rendezvous target),
+``spill`` (the affinity or rendezvous target was passed over, normally for the
+load bound), ``fallback`` (the prompt is shorter than one chunk: load alone
+decided), ``single`` (one candidate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+
+from fleetgate.router.scheduling.plugins import (
+    ContextFitsFilter,
+    Filter,
+    HealthyFilter,
+    KvHeadroomScorer,
+    LoadScorer,
+    MaxScorePicker,
+    NotEjectedFilter,
+    Picker,
+    PrefixAffinityScorer,
+    ServesModelFilter,
+    WeightedScorer,
+)
+from fleetgate.router.scheduling.types import (
+    Decision,
+    DecisionReason,
+    EndpointId,
+    EndpointView,
+    RequestView,
+    ScoredEndpoint,
+)
+
+
+class NoEndpointError(Exception):
+    """No endpoint survived the filters; ``filter`` names the one that emptied the set."""
+
+    def __init__(self, filter_name: str) -> None:
+        super().__init__(f"no endpoint left after filter {filter_name!r}")
+        self.filter_name = filter_name
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pipeline:
+    filters: tuple[Filter, ...]
+    scorers: tuple[WeightedScorer, ...]
+    picker: Picker
+
+    def __post_init__(self) -> None:
+        names = [f.name for f in self.filters] + [s.scorer.name for s in self.scorers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"plugin names must be unique: {names}")
+
+    def schedule(
+        self, request: RequestView, endpoints: Sequence[EndpointView], rng: random.Random
+    ) -> Decision:
+        candidates = list(endpoints)
+        removed: list[tuple[str, EndpointId]] = []
+        last_cut = "none"
+        if not candidates:
+            raise NoEndpointError("none")
+        for f in self.filters:
+            kept = f.filter(request, candidates)
+            if not kept:
+                if f.soft:
+                    continue
+                raise NoEndpointError(f.name)
+            if len(kept) < len(candidates):
+                kept_ids = {e.id for e in kept}
+                removed += [(f.name, e.id) for e in candidates if e.id not in kept_ids]
+                last_cut = f.name
+            candidates = kept
+
+        raw: dict[str, dict[EndpointId, float]] = {}
+        for ws in self.scorers:
+            got = ws.scorer.score(request, candidates)
+            raw[ws.scorer.name] = {e.id: _clamp(got.get(e.id, 0.0)) for e in candidates}
+        scored = [
+            ScoredEndpoint(
+                id=e.id,
+                total=sum(ws.weight * raw[ws.scorer.name][e.id] for ws in self.scorers),
+                scores=tuple((ws.scorer.name, raw[ws.scorer.name][e.id]) for ws in self.scorers),
+            )
+            for e in candidates
+        ]
+        ordered, tie = self.picker.order(scored, rng)
+        winner = ordered[0]
+        if len(ordered) == 1:
+            decided_by = f"filter:{last_cut}"
+        elif tie:
+            decided_by = f"picker:{'tie-break'}"
+        else:
+            decided_by = self._lead(winner, ordered[1])
+        by_id = {e.id: e for e in candidates}
+        pick = by_id[winner.id]
+        return Decision(
+            ranking=tuple(s.id for s in ordered),
+            reason=_reason(request, pick, candidates),
+            decided_by=decided_by,
+            scored=tuple(ordered),
+            filtered_out=tuple(removed),
+            predicted_cached_chunks=pick.prefix_match,
+        )
+
+    def _lead(self, winner: ScoredEndpoint, runner_up: ScoredEndpoint) -> str:
+        best_name, best_lead = "none", float("-inf")
+        w = dict(winner.scores)
+        r = dict(runner_up.scores)
+        for ws in self.scorers:
+            lead = ws.weight * (w[ws.scorer.name] - r[ws.scorer.name])
+            if lead > best_lead:
+                best_name, best_lead = ws.scorer.name, lead
+        return f"scorer:{best_name}"
+
+
+def _clamp(value: float) -> float:
+    if value != value:  # NaN never wins
+        return 0.0
+    return min(1.0, max(0.0, value))
+
+
+def _reason(
+    request: RequestView, pick: EndpointView, candidates: Sequence[EndpointView]
+) -> DecisionReason:
+    if len(candidates) == 1:
+        return "single"
+    if request.chunks <= 0:
+        return "fallback"
+    best = max(e.prefix_match for e in candidates)
+    if best > 0:
+        return "affinity-hit" if pick.prefix_match == best else "spill"
+    first = min(candidates, key=lambda e: e.rendezvous_rank)
+    return "cold" if pick.id == first.id else "spill"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PipelineWeights:
+    prefix: float = 3.0
+    load: float = 2.0
+    kv: float = 1.0
+
+
+def default_pipeline(
+    weights: PipelineWeights = PipelineWeights(),
+    *,
+    load_bound: float = 0.25,
+    slack_requests: float = 2.0,
+    queue_work: float = 1.0,
+    context_margin: float = 0.5,
+) -> Pipeline:
+    """The registered in-tree plugins, in order (one place to read them all)."""
+    return Pipeline(
+        filters=(
+            HealthyFilter(),
+            NotEjectedFilter(),
+            ServesModelFilter(),
+            ContextFitsFilter(margin=context_margin),
+        ),
+        scorers=(
+            WeightedScorer(
+                PrefixAffinityScorer(load_bound, slack_requests, queue_work), weights.prefix
+            ),
+            WeightedScorer(LoadScorer(), weights.load),
+            WeightedScorer(KvHeadroomScorer(), weights.kv),
+        ),
+        picker=MaxScorePicker(),
+    )

@@ -1,0 +1,156 @@
+"""Prefix affinity without a tokenizer: render, chunk, chain-hash, index, rendezvous.
+
+Rendering (``render_prompt``) turns a request body into bytes that two equal
+prompts always share, deterministically and completely:
+
+* chat: EVERY message, its role included, in order (routing on the first
+  message only gives silent 0% hits, ``routing-anchors.md`` (d)4, sglang
+  #26263); ``tools`` too, because chat templates put them in the prompt.
+  Non-string content (parts lists) is rendered as canonical JSON.
+* completions: the prompt string, or token ids as decimal text.
+* The model name leads, so two models never share chains.
+
+``chunk_chain`` cuts the rendering into fixed ``chunk_bytes`` pieces and
+chain-hashes the whole ones: ``h[i] = blake2b(h[i-1] || chunk[i])`` (8-byte
+digests). ``h[i]`` therefore names the entire prefix up to chunk ``i``, like
+vLLM's block hashes, and is stable across processes and machines (no
+``hash()``/``PYTHONHASHSEED``, the other silent-0% cause).
+
+``PrefixIndex`` keeps, per endpoint, an approximate bounded LRU set of chain
+hashes it has served. Match length is found by probing from the longest
+prefix down, so eviction of an old head entry never hides a longer match.
+
+``rendezvous_order`` (highest random weight hashing) ranks endpoints for a
+key, so any number of router replicas place a never-seen prefix on the same
+engine without talking to each other. Bounded load (the spill) is applied by
+the affinity scorer, not here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from fleetgate.router.scheduling.types import EndpointId
+
+_SEP_MSG = b"\x1e"
+_SEP_FIELD = b"\x1f"
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _content(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
+    if value is None:
+        return b""
+    return _canonical(value)
+
+
+def render_prompt(body: Mapping[str, Any]) -> bytes:
+    """Deterministic bytes of everything that makes up the prompt of ``body``."""
+    parts: list[bytes] = [str(body.get("model", "")).encode(), _SEP_MSG]
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        tools = body.get("tools")
+        if tools is not None:
+            parts += [b"tools", _SEP_FIELD, _canonical(tools), _SEP_MSG]
+        for message in messages:
+            if isinstance(message, Mapping):
+                parts += [str(message.get("role", "")).encode(), _SEP_FIELD]
+                parts.append(_content(message.get("content")))
+                extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+                if extra:
+                    parts += [_SEP_FIELD, _canonical(extra)]
+            else:
+                parts.append(_content(message))
+            parts.append(_SEP_MSG)
+        return b"".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        parts.append(prompt.encode())
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        parts.append(" ".join(str(t) for t in prompt).encode())
+    elif isinstance(prompt, list):
+        # A batch: the first prompt decides placement (all go to one engine).
+        if prompt:
+            parts.append(render_prompt({"model": "", "prompt": prompt[0]})[1:])
+    elif prompt is not None:
+        parts.append(_canonical(prompt))
+    return b"".join(parts)
+
+
+def chunk_chain(data: bytes, chunk_bytes: int) -> tuple[int, ...]:
+    """Chain hashes of every whole ``chunk_bytes`` chunk of ``data``."""
+    out: list[int] = []
+    prev = b"\x00" * 8
+    for start in range(0, len(data) - chunk_bytes + 1, chunk_bytes):
+        prev = hashlib.blake2b(prev + data[start : start + chunk_bytes], digest_size=8).digest()
+        out.append(int.from_bytes(prev, "big"))
+    return tuple(out)
+
+
+def first_chunk_key(data: bytes, chunk_bytes: int) -> int:
+    """Rendezvous key: the first chunk (or the whole prompt when shorter)."""
+    digest = hashlib.blake2b(data[:chunk_bytes], digest_size=8, person=b"fg-hrw").digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous_order(key: int, endpoints: Iterable[EndpointId]) -> list[EndpointId]:
+    """Endpoints by descending highest-random-weight for ``key`` (ties by id)."""
+    kb = key.to_bytes(8, "big")
+
+    def weight(endpoint: EndpointId) -> tuple[int, str]:
+        h = hashlib.blake2b(kb + endpoint.encode(), digest_size=8).digest()
+        return (int.from_bytes(h, "big"), endpoint)
+
+    return sorted(endpoints, key=weight, reverse=True)
+
+
+class PrefixIndex:
+    """Per-endpoint bounded LRU sets of chain hashes (approximate: no eviction events).
+
+    Not thread-safe; owned by one router process and only touched from its
+    event loop. Bounded: at most ``capacity`` hashes per endpoint.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self.capacity = capacity
+        self._sets: dict[EndpointId, OrderedDict[int, None]] = {}
+
+    def match(self, endpoint: EndpointId, chain: Sequence[int]) -> int:
+        """Number of leading chunks of ``chain`` the endpoint is believed to hold."""
+        entries = self._sets.get(endpoint)
+        if not entries:
+            return 0
+        for i in range(len(chain) - 1, -1, -1):
+            if chain[i] in entries:
+                return i + 1
+        return 0
+
+    def record(self, endpoint: EndpointId, chain: Sequence[int]) -> None:
+        """Note that ``endpoint`` now holds every prefix of ``chain`` (most recent)."""
+        if not chain:
+            return
+        entries = self._sets.setdefault(endpoint, OrderedDict())
+        for h in chain:
+            if h in entries:
+                entries.move_to_end(h)
+            else:
+                entries[h] = None
+        while len(entries) > self.capacity:
+            entries.popitem(last=False)
+
+    def forget(self, endpoint: EndpointId) -> None:
+        """Drop everything known about ``endpoint`` (removed, or restarted)."""
+        self._sets.pop(endpoint, None)
+
+    def size(self, endpoint: EndpointId) -> int:
+        return len(self._sets.get(endpoint, ()))
