@@ -1,0 +1,465 @@
+"""``InferenceService`` (``fleetgate.dev/v1alpha1``): the one source of the CRD.
+
+These pydantic models are the API. ``fleetgate crds`` renders them into the
+structural OpenAPI schema in ``crds/`` (see :mod:`fleetgate.api.crd`), and the
+operator parses every object it reconciles with them, so the schema the API
+server enforces and the types the operator reads can never drift apart
+(``tests/api/test_crd.py`` fails when ``crds/`` is stale).
+
+Design rules (docs/operator.md explains the why):
+
+* camelCase on the wire, snake_case in Python; frozen; unknown keys rejected.
+* Every field has a description: it becomes ``kubectl explain`` text.
+* Defaults live here and are applied by the API server (structural defaulting),
+  so what a user reads back with ``kubectl get -o yaml`` is what runs.
+* Cross-field rules are CEL (``x-kubernetes-validations``) attached with
+  :func:`cel`, with messages a person understands; the same rules are mirrored
+  in pydantic validators so that unit tests and the operator reject what the
+  API server rejects. Engine settings blocks are the engines' own models
+  (``fleetgate/engines/vllm.py`` ``VllmSettings``, ``trtllm.py``
+  ``TrtllmSettings``), embedded unchanged.
+* GPU-safe rollout defaults (maxSurge 0, maxUnavailable 1) follow
+  kserve/kserve#5916 (operator-anchors.md, pain point 3).
+
+Pure: no I/O, no Kubernetes client imports.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from fleetgate.engines.trtllm import TrtllmSettings
+from fleetgate.engines.vllm import VllmSettings
+
+__all__ = [
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "VERSION",
+    "Condition",
+    "EmptyDirCache",
+    "EngineSpec",
+    "EnvVar",
+    "GpuSpec",
+    "InferenceService",
+    "InferenceServiceSpec",
+    "InferenceServiceStatus",
+    "MetricsSpec",
+    "ModelCacheSpec",
+    "ModelSpec",
+    "ParallelismSpec",
+    "PvcCache",
+    "RolloutStrategy",
+    "RoutingSpec",
+    "SchedulingSpec",
+    "SecretKeyRef",
+    "StorageSpec",
+    "Toleration",
+    "cel",
+]
+
+GROUP = "fleetgate.dev"
+VERSION = "v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+#: KServe owns ``isvc``; ours must not clash with it (operator-anchors.md (b)).
+SHORT_NAMES = ("fgis",)
+
+#: Engine names as written in the CRD (``engine.type``).
+EngineType = Literal["vllm", "tensorrt-llm"]
+
+MODEL_URI_PATTERN = r"^(hf|pvc|s3)://[^\s]+$"
+_QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+_INT_OR_PERCENT = re.compile(r"^(100|[1-9]?[0-9])%$")
+
+
+#: Serves as the schema default of sub-objects so the API server creates them and then
+#: fills their own defaults (structural defaulting recurses into defaulted objects).
+_DEFAULT_EMPTY: dict[str, Any] = {"default": {}}
+
+
+def cel(*rules: tuple[str, str]) -> dict[str, Any]:
+    """JSON-schema extra carrying CEL rules as ``(rule, message)`` pairs."""
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        populate_by_name=True,
+        alias_generator=to_camel,
+        use_attribute_docstrings=True,
+    )
+
+
+class SecretKeyRef(_Model):
+    """A key in a Secret in the InferenceService's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Secret name."""
+    key: str = Field(default="token", min_length=1, max_length=253)
+    """Key inside the Secret whose value is the credential."""
+
+
+class ModelSpec(_Model):
+    """Which weights to serve and under which name."""
+
+    uri: str = Field(pattern=MODEL_URI_PATTERN, max_length=1024)
+    """Where the weights come from. ``hf://ORG/NAME`` (Hugging Face hub id, downloaded
+    into the model cache), ``pvc://CLAIM/PATH`` (a PersistentVolumeClaim already holding
+    the weights, mounted read-only) or ``s3://BUCKET/PATH`` (handed to the engine as is;
+    the engine streams it, e.g. vLLM with ``--load-format runai_streamer`` in extraArgs)."""
+    name: str | None = Field(default=None, min_length=1, max_length=253)
+    """Name clients send as ``model`` in OpenAI requests. Default: metadata.name."""
+    revision: str | None = Field(default=None, min_length=1, max_length=253)
+    """Hub revision (branch, tag or commit) for ``hf://`` models."""
+    auth_secret_ref: SecretKeyRef | None = None
+    """Credential for a gated or private model, exposed to the engine as ``HF_TOKEN``."""
+
+
+class EnvVar(_Model):
+    """An environment variable for the engine container."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+    """Variable name."""
+    value: str | None = None
+    """Literal value."""
+    value_from: dict[str, Any] | None = None
+    """A Kubernetes ``EnvVarSource`` (secretKeyRef, configMapKeyRef, fieldRef, ...)."""
+
+
+class EngineSpec(_Model):
+    """The inference engine, its image and its typed settings."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "!has(self.vllm) || self.type == 'vllm'",
+                "engine.vllm settings are set but engine.type is not 'vllm'; "
+                "use engine.tensorrtLlm for a TensorRT-LLM engine",
+            ),
+            (
+                "!has(self.tensorrtLlm) || self.type == 'tensorrt-llm'",
+                "engine.tensorrtLlm settings are set but engine.type is not "
+                "'tensorrt-llm'; use engine.vllm for a vLLM engine",
+            ),
+        )
+    )
+
+    type: EngineType
+    """Which engine serves the model: ``vllm`` or ``tensorrt-llm`` (trtllm-serve)."""
+    image: str = Field(min_length=1, max_length=1024)
+    """Engine container image, e.g. ``vllm/vllm-openai:v0.32.0``."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """When the kubelet pulls the image."""
+    image_pull_secrets: list[str] = Field(default_factory=list, max_length=16)
+    """Names of Secrets used to pull the image."""
+    vllm: VllmSettings | None = None
+    """vLLM settings; only with ``type: vllm``."""
+    tensorrt_llm: TrtllmSettings | None = None
+    """TensorRT-LLM settings; only with ``type: tensorrt-llm``."""
+    extra_args: list[str] = Field(default_factory=list, max_length=128)
+    """Extra engine command-line arguments, appended after the generated ones."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    """Extra environment variables for the engine container."""
+
+    @model_validator(mode="after")
+    def _settings_match_engine(self) -> EngineSpec:
+        if self.vllm is not None and self.type != "vllm":
+            raise ValueError("engine.vllm settings are set but engine.type is not 'vllm'")
+        if self.tensorrt_llm is not None and self.type != "tensorrt-llm":
+            raise ValueError(
+                "engine.tensorrtLlm settings are set but engine.type is not 'tensorrt-llm'"
+            )
+        return self
+
+
+class ParallelismSpec(_Model):
+    """How one replica splits the model over its GPUs."""
+
+    tensor: int = Field(default=1, ge=1, le=64)
+    """Tensor-parallel degree (GPUs sharing each layer)."""
+    pipeline: int = Field(default=1, ge=1, le=64)
+    """Pipeline-parallel degree (stages of layers)."""
+
+
+class GpuSpec(_Model):
+    """GPUs for each replica."""
+
+    count: int = Field(default=1, ge=0, le=64)
+    """GPUs per replica; must equal parallelism.tensor x parallelism.pipeline. 0 runs the
+    engine on CPU (tests, CPU builds of vLLM)."""
+    product: str | None = Field(default=None, min_length=1, max_length=63)
+    """Required GPU model, matched against the node label ``nvidia.com/gpu.product``
+    (e.g. ``NVIDIA-H100-80GB-HBM3``). Unset: any GPU node."""
+    resource_name: str = Field(default="nvidia.com/gpu", min_length=1, max_length=253)
+    """Extended resource that counts GPUs on nodes."""
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration."""
+
+    key: str | None = None
+    """Taint key; empty with operator Exists matches every taint."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """``Exists`` ignores value; ``Equal`` compares it."""
+    value: str | None = None
+    """Taint value for ``Equal``."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to tolerate; empty means all effects."""
+    toleration_seconds: int | None = Field(default=None, ge=0)
+    """How long a NoExecute taint is tolerated."""
+
+
+class SchedulingSpec(_Model):
+    """Where engine pods may run."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels a node must carry."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
+    """Taints the pods tolerate (a toleration for the GPU resource taint is always added
+    when GPUs are requested)."""
+    affinity: dict[str, Any] | None = None
+    """A Kubernetes ``Affinity``; the GPU product rule is ANDed into its node affinity."""
+    priority_class_name: str | None = Field(default=None, max_length=253)
+    """PriorityClass of the engine pods."""
+    runtime_class_name: str | None = Field(default=None, max_length=253)
+    """RuntimeClass of the engine pods (e.g. ``nvidia``)."""
+
+
+class PvcCache(_Model):
+    """Keep downloaded weights on a PersistentVolumeClaim shared by all replicas."""
+
+    claim_name: str = Field(min_length=1, max_length=253)
+    """An existing PVC (ReadWriteMany when replicas > 1)."""
+    sub_path: str | None = Field(default=None, max_length=1024)
+    """Directory inside the volume."""
+
+
+class EmptyDirCache(_Model):
+    """Download weights into a per-pod emptyDir (lost when the pod goes)."""
+
+    size_limit: str | None = Field(default=None, pattern=_QUANTITY_PATTERN)
+    """Size limit, e.g. ``100Gi``."""
+
+
+class ModelCacheSpec(_Model):
+    """Where ``hf://`` weights are cached; set exactly one of pvc or emptyDir."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "!(has(self.pvc) && has(self.emptyDir))",
+                "storage.modelCache: set either pvc or emptyDir, not both",
+            )
+        )
+    )
+
+    pvc: PvcCache | None = None
+    """Cache on a PVC: replicas and restarts reuse the download."""
+    empty_dir: EmptyDirCache | None = None
+    """Cache in an emptyDir (the default when neither is set)."""
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ModelCacheSpec:
+        if self.pvc is not None and self.empty_dir is not None:
+            raise ValueError("storage.modelCache: set either pvc or emptyDir, not both")
+        return self
+
+
+class StorageSpec(_Model):
+    """Volumes of the engine pod."""
+
+    model_cache: ModelCacheSpec = Field(
+        default_factory=ModelCacheSpec, json_schema_extra=_DEFAULT_EMPTY
+    )
+    """Model cache volume, mounted at ``/models``."""
+    shared_memory_size: str = Field(default="2Gi", pattern=_QUANTITY_PATTERN)
+    """Size of ``/dev/shm`` (memory-backed) used by NCCL and tensor-parallel workers."""
+
+
+class RolloutStrategy(_Model):
+    """How a spec change replaces pods. Defaults are GPU-safe: never ask for extra GPUs."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "!((self.maxSurge == 0 || self.maxSurge == '0%') && "
+                "(self.maxUnavailable == 0 || self.maxUnavailable == '0%'))",
+                "rollout.maxSurge and rollout.maxUnavailable cannot both be 0: the "
+                "rollout could never make progress",
+            )
+        )
+    )
+
+    max_surge: int | str = Field(default=0, json_schema_extra={"x-fleetgate-int-or-string": True})
+    """Extra pods above replicas during a rollout (count or percent). 0 because a surge
+    pod needs GPUs that the old pods still hold."""
+    max_unavailable: int | str = Field(
+        default=1, json_schema_extra={"x-fleetgate-int-or-string": True}
+    )
+    """Pods that may be down during a rollout (count or percent)."""
+
+    @model_validator(mode="after")
+    def _progress_possible(self) -> RolloutStrategy:
+        for name, value in (("maxSurge", self.max_surge), ("maxUnavailable", self.max_unavailable)):
+            if isinstance(value, int) and value < 0:
+                raise ValueError(f"rollout.{name} must be >= 0")
+            if isinstance(value, str) and not _INT_OR_PERCENT.match(value):
+                raise ValueError(f"rollout.{name} must be a count or a percent like '25%'")
+        if self.max_surge in (0, "0%") and self.max_unavailable in (0, "0%"):
+            raise ValueError(
+                "rollout.maxSurge and rollout.maxUnavailable cannot both be 0: the "
+                "rollout could never make progress"
+            )
+        return self
+
+
+class RoutingSpec(_Model):
+    """How the fleetgate router uses these engines (labels it discovers by)."""
+
+    pool: str = Field(
+        default="default", min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    )
+    """Router pool the engines join (label ``fleetgate.dev/pool``)."""
+    role: Literal["latency", "throughput"] = "latency"
+    """``latency``: interactive traffic first; ``throughput``: batch traffic
+    (label ``fleetgate.dev/role``)."""
+    weight: int = Field(default=100, ge=0, le=10_000)
+    """Relative share of traffic among equal candidates; 0 drains the service
+    (annotation ``fleetgate.dev/weight``)."""
+
+
+class MetricsSpec(_Model):
+    """Prometheus scraping of the engines."""
+
+    service_monitor: bool = True
+    """Create a ServiceMonitor (only when the monitoring.coreos.com CRD exists)."""
+    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m)$")
+    """Scrape interval."""
+
+
+class InferenceServiceSpec(_Model):
+    """Desired state of one served model on one engine type."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.gpu.count == 0 || "
+                "self.parallelism.tensor * self.parallelism.pipeline == self.gpu.count",
+                "parallelism.tensor x parallelism.pipeline must equal gpu.count "
+                "(the GPUs each replica gets)",
+            ),
+            (
+                "self.gpu.count > 0 || !has(self.gpu.product)",
+                "gpu.product is set but gpu.count is 0: a CPU replica cannot require a GPU model",
+            ),
+        )
+    )
+
+    model: ModelSpec
+    """The model to serve."""
+    engine: EngineSpec
+    """The engine that serves it."""
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, json_schema_extra=_DEFAULT_EMPTY
+    )
+    """Tensor / pipeline parallelism inside one replica."""
+    gpu: GpuSpec = Field(default_factory=GpuSpec, json_schema_extra=_DEFAULT_EMPTY)
+    """GPUs per replica and which GPU model."""
+    replicas: int = Field(default=1, ge=0, le=1000)
+    """Number of engine replicas (also the scale subresource)."""
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec, json_schema_extra=_DEFAULT_EMPTY
+    )
+    """Node placement."""
+    storage: StorageSpec = Field(default_factory=StorageSpec, json_schema_extra=_DEFAULT_EMPTY)
+    """Model cache and shared memory."""
+    startup_budget_seconds: int = Field(default=1800, ge=60, le=86_400)
+    """How long a replica may take to download and load the model before Kubernetes
+    restarts it; sizes the startup probe (kserve/kserve#5062: big models need minutes)."""
+    rollout: RolloutStrategy = Field(
+        default_factory=RolloutStrategy, json_schema_extra=_DEFAULT_EMPTY
+    )
+    """Rolling-update limits."""
+    routing: RoutingSpec = Field(default_factory=RoutingSpec, json_schema_extra=_DEFAULT_EMPTY)
+    """Router pool, role and weight."""
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, json_schema_extra=_DEFAULT_EMPTY)
+    """Prometheus scraping."""
+
+    @model_validator(mode="after")
+    def _gpus_match_parallelism(self) -> InferenceServiceSpec:
+        want = self.parallelism.tensor * self.parallelism.pipeline
+        if self.gpu.count != 0 and want != self.gpu.count:
+            raise ValueError(
+                "parallelism.tensor x parallelism.pipeline must equal gpu.count "
+                f"(the GPUs each replica gets): {self.parallelism.tensor} x "
+                f"{self.parallelism.pipeline} != {self.gpu.count}"
+            )
+        if self.gpu.count == 0 and self.gpu.product is not None:
+            raise ValueError(
+                "gpu.product is set but gpu.count is 0: a CPU replica cannot require a GPU model"
+            )
+        return self
+
+
+class Condition(_Model):
+    """A status condition in the ``metav1.Condition`` shape."""
+
+    type: str
+    """``Ready``, ``Progressing`` or ``Degraded``."""
+    status: Literal["True", "False", "Unknown"]
+    """Condition state."""
+    reason: str
+    """CamelCase cause, e.g. ``InsufficientGPU``."""
+    message: str = ""
+    """What a person should know."""
+    last_transition_time: str | None = None
+    """When ``status`` last changed (RFC 3339)."""
+    observed_generation: int | None = None
+    """metadata.generation this condition was computed for."""
+
+
+class InferenceServiceStatus(_Model):
+    """Observed state, written by the operator only."""
+
+    observed_generation: int | None = None
+    """metadata.generation the operator last reconciled."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Ready / Progressing / Degraded."""
+    replicas: int | None = None
+    """Engine pods that exist (scale subresource)."""
+    ready_replicas: int | None = None
+    """Engine pods that pass readiness."""
+    updated_replicas: int | None = None
+    """Engine pods running the current spec."""
+    available_replicas: int | None = None
+    """Engine pods available to serve."""
+    selector: str | None = None
+    """Label selector of the engine pods (scale subresource)."""
+    url: str | None = None
+    """In-cluster base URL of the OpenAI API."""
+    served_model: str | None = None
+    """The model name clients send."""
+    engine: str | None = None
+    """Engine type serving the model."""
+
+
+class InferenceService(_Model):
+    """A model served by a fleet of identical engine replicas."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["fleetgate.dev/v1alpha1"] = "fleetgate.dev/v1alpha1"
+    kind: Literal["InferenceService"] = "InferenceService"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: InferenceServiceSpec
+    status: InferenceServiceStatus | None = None
