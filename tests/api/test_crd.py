@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from fleetgate.api import crd
 from fleetgate.cli import main
