@@ -1,0 +1,12 @@
+"""The pure core of the router's priority handling.
+
+* :mod:`.config`: priority classes, request -> class/tenant resolution.
+* :mod:`.queue`: the admission queue (class order, WFQ among tenants, limits).
+* :mod:`.saturation`: when a pool counts as full (stale metrics = unknown).
+* :mod:`.preemption`: which in-flight request to preempt, and why.
+* :mod:`.continuation`: resuming a preempted/died request and splicing its
+  output into one seamless answer.
+
+Nothing here does I/O, reads a clock or imports an HTTP library; the router
+(``fleetgate/router``) owns the sockets, timers and tasks and calls in.
+"""
