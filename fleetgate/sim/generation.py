@@ -1,0 +1,206 @@
+"""One emulated engine as the HTTP layers see it, and the per-request token stream.
+
+:class:`SimEngine` bundles what an engine's HTTP app needs: its options, the
+shared tokenizer, the :class:`~fleetgate.sim.driver.EngineDriver` running its
+model, and a :class:`RequestObserver` (the engine's metrics) that is told about
+each request's life: admitted, first token, tokens, finished or aborted.
+
+:func:`generate` turns the driver's :class:`~fleetgate.sim.core.api.TokenEvent`
+queue into :class:`Delta` items (token ids, their text, finish info), applying
+``stop`` strings on the text like vLLM (the matched stop string is cut from the
+output, ``finish_reason="stop"``, ``stop_reason=<the string>``) and aborting
+the request in the model the moment the consumer goes away (client disconnect
+-> ``GeneratorExit``/``CancelledError`` -> ``driver.abort`` frees its KV).
+
+Invariant: a request is reported to the observer exactly once as finished
+(``stop``/``length``) or as aborted, never both; an abort by the client is not a
+``finished_reason="abort"`` success (vLLM does not count it, fixture README
+quirk 5), the observer decides what to do with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from typing import Literal, Protocol
+
+from fleetgate.sim.core.api import FinishReason, SimRequest
+from fleetgate.sim.driver import EngineDriver
+
+__all__ = [
+    "Delta",
+    "EngineOptions",
+    "GenRequest",
+    "RequestObserver",
+    "SimEngine",
+    "Tokenizer",
+    "generate",
+]
+
+EngineKind = Literal["vllm", "trtllm"]
+
+
+class Tokenizer(Protocol):
+    """The part of the shared emulator tokenizer the HTTP layer uses."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def render_chat(
+        self, messages: Sequence[dict[str, object]], add_generation_prompt: bool = True
+    ) -> list[int]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """Per-engine, engine-neutral server options."""
+
+    kind: EngineKind
+    model_name: str
+    model_root: str
+    max_model_len: int
+    block_size: int
+    num_gpu_blocks: int
+    max_num_seqs: int
+    enable_prompt_tokens_details: bool = True
+    """vLLM ``--enable-prompt-tokens-details`` (the operator turns it on); off gives the
+    fixtures' ``prompt_tokens_details: null``."""
+    version: str = ""
+    system_fingerprint: str = ""
+    engine_index: str = "0"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GenRequest:
+    """A validated generation request, in the engine's own priority convention."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    priority: float = 0.0
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Delta:
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    cached_prompt_tokens: int = 0
+    first: bool = False
+
+
+class RequestObserver(Protocol):
+    """Per-request lifecycle hooks (times are model time, seconds)."""
+
+    def on_admit(self, request: GenRequest, now: float) -> None: ...
+
+    def on_tokens(
+        self, request: GenRequest, count: int, now: float, first: bool, cached: int
+    ) -> None: ...
+
+    def on_finish(
+        self, request: GenRequest, reason: FinishReason, completion_tokens: int, now: float
+    ) -> None: ...
+
+    def on_abort(self, request: GenRequest, completion_tokens: int, now: float) -> None: ...
+
+
+class SimEngine:
+    """Everything one emulated engine's HTTP app needs."""
+
+    def __init__(
+        self,
+        options: EngineOptions,
+        tokenizer: Tokenizer,
+        driver: EngineDriver,
+        observer: RequestObserver,
+    ) -> None:
+        self.options = options
+        self.tokenizer = tokenizer
+        self.driver = driver
+        self.observer = observer
+        self._ids = itertools.count()
+
+    def internal_id(self, external: str) -> str:
+        """A unique engine-side id (external ids such as X-Request-Id may repeat)."""
+        return f"{external}#{next(self._ids)}"
+
+
+async def generate(engine: SimEngine, request: GenRequest) -> AsyncIterator[Delta]:
+    """Submit ``request`` and yield its deltas; aborts in the model if closed early."""
+    driver = engine.driver
+    decode = engine.tokenizer.decode
+    queue = driver.submit(
+        SimRequest(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            max_tokens=request.max_tokens,
+            arrival_time=0.0,
+            priority=request.priority,
+            ignore_eos=request.ignore_eos,
+            stop_token_ids=request.stop_token_ids,
+            seed=request.seed,
+        )
+    )
+    engine.observer.on_admit(request, driver.now())
+    done = False
+    produced = 0
+    text_so_far = ""
+    max_stop = max((len(s) for s in request.stop), default=0)
+    try:
+        while True:
+            event = await queue.get()
+            now = driver.now()
+            produced += len(event.token_ids)
+            if event.token_ids:
+                engine.observer.on_tokens(
+                    request, len(event.token_ids), now, event.first, event.cached_prompt_tokens
+                )
+            text = decode(event.token_ids) if event.token_ids else ""
+            finish: FinishReason | None = event.finish_reason
+            stop_reason: str | int | None = None
+            if request.stop and text:
+                window_start = max(0, len(text_so_far) - max_stop + 1)
+                combined = text_so_far + text
+                hit = _find_stop(combined, request.stop, window_start)
+                if hit is not None:
+                    pos, stop_str = hit
+                    text = combined[len(text_so_far) : pos] if pos > len(text_so_far) else ""
+                    finish, stop_reason = "stop", stop_str
+                    driver.abort(request.request_id)
+                text_so_far = combined
+            if finish == "abort":
+                done = True
+                engine.observer.on_abort(request, produced, now)
+                yield Delta(event.token_ids, text, "abort", None, event.cached_prompt_tokens)
+                return
+            if finish is not None:
+                done = True
+                engine.observer.on_finish(request, finish, produced, now)
+            yield Delta(
+                event.token_ids, text, finish, stop_reason, event.cached_prompt_tokens, event.first
+            )
+            if finish is not None:
+                return
+    finally:
+        if not done:
+            driver.abort(request.request_id)
+            engine.observer.on_abort(request, produced, driver.now())
+
+
+def _find_stop(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str] | None:
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        if not stop:
+            continue
+        pos = text.find(stop, start)
+        if pos >= 0 and (best is None or pos < best[0]):
+            best = (pos, stop)
+    return best
