@@ -34,6 +34,8 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python hack/gen_values_schema.py --check
+	bash hack/check-image.sh
 
 test: venv deps-k8s deps-vllm deps-prometheus lint
 	$(BIN)/pytest

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# What can be checked of the container image without a Docker engine:
+#  1. hadolint on the Dockerfile;
+#  2. the image's Python install as a plain step: the same two `pip wheel`
+#     stages into a wheel dir, then `pip install --no-index` of fleetgate into
+#     a fresh venv (as the runtime stage does), and the entry points start.
+# Not run here: `docker build` itself, the base image, the non-root USER at run
+# time (no Docker engine on these machines; see docs/deploy.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PY:-.venv/bin/python}"
+"$(dirname "$PY")/hadolint" Dockerfile
+W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
+version=$("$PY" -c 'import tomllib;print(tomllib.load(open("pyproject.toml","rb"))["project"]["version"])')
+grep -q "fleetgate==$version" Dockerfile || { echo "Dockerfile pins a fleetgate version other than $version" >&2; exit 1; }
+"$PY" -m pip wheel -q --wheel-dir "$W/wheels" . >/dev/null
+python3 -m venv "$W/venv"
+"$W/venv/bin/pip" install -q --no-index --find-links="$W/wheels" "fleetgate==$version"
+for cmd in "--version" "router --help" "operator --help" "sim --help"; do
+  # shellcheck disable=SC2086
+  "$W/venv/bin/fleetgate" $cmd >/dev/null
+done
+echo "image check: hadolint clean; wheel install of fleetgate $version runs router/operator/sim"
