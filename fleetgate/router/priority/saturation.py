@@ -1,0 +1,131 @@
+"""Is a pool saturated? Per-endpoint verdicts from scraped load plus the router's own count.
+
+A pool is *saturated* when every eligible endpoint is over one of its bounds,
+so a new request would only queue inside an engine (where fleetgate's priority
+order no longer holds). While saturated, requests wait in the router's
+:class:`~fleetgate.router.priority.queue.AdmissionQueue` instead.
+
+An endpoint with fresh metrics is **over** when any of these holds:
+
+* ``kv_usage >= kv_usage_max`` (KV cache nearly full: new work would preempt
+  inside the engine);
+* ``waiting > waiting_max`` (the engine already queues work);
+* ``max_running`` is known and ``max(running + waiting, in_flight) >=
+  max_running + waiting_max``: the router's own in-flight count covers the
+  requests dispatched since the last scrape, so a burst cannot overfill an
+  endpoint between two scrapes;
+* ``max_in_flight`` is set and ``in_flight >= max_in_flight``.
+
+**Stale-metrics policy (documented, never "idle").** Metrics older than
+``max_scrape_age_s``, never scraped, or missing the KV/queue fields are
+*unknown*. An unknown endpoint is treated as saturated unless the router's own
+in-flight count for it is below ``unknown_in_flight_floor``: a small trickle
+keeps a silent endpoint useful (and produces the traffic that shows whether it
+is alive) but a stale endpoint never absorbs a burst. This is the fail-closed
+side of the llm-d staleness debate (routing-anchors.md (d)2) with a bounded
+fail-open floor.
+
+Pure: inputs are plain values; ``scrape_age_s`` is computed by the caller from
+its injected clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Verdict = Literal["free", "over", "unknown-free", "unknown-over"]
+
+
+class SaturationThresholds(BaseModel):
+    """Configurable bounds (router YAML ``priority.saturation``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kv_usage_max: float = Field(default=0.9, gt=0, le=1)
+    waiting_max: int = Field(default=0, ge=0)
+    max_scrape_age_s: float = Field(default=2.0, gt=0)
+    unknown_in_flight_floor: int = Field(default=1, ge=0)
+    max_in_flight: int | None = Field(default=None, ge=1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndpointView:
+    """What the saturation check needs to know about one eligible endpoint."""
+
+    endpoint: str
+    kv_usage: float | None
+    waiting: int | None
+    running: int | None
+    in_flight: int
+    """Requests the router has dispatched there and not yet seen finish."""
+    scrape_age_s: float | None
+    """Seconds since the last successful scrape; None = never scraped."""
+    max_running: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndpointVerdict:
+    endpoint: str
+    verdict: Verdict
+    reason: str
+
+    @property
+    def available(self) -> bool:
+        return self.verdict in ("free", "unknown-free")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolSaturation:
+    saturated: bool
+    verdicts: tuple[EndpointVerdict, ...]
+
+    @property
+    def available(self) -> tuple[str, ...]:
+        """Endpoints a request may be dispatched to now."""
+        return tuple(v.endpoint for v in self.verdicts if v.available)
+
+
+def endpoint_verdict(view: EndpointView, t: SaturationThresholds) -> EndpointVerdict:
+    """Classify one endpoint (see the module docstring for the rules)."""
+    if t.max_in_flight is not None and view.in_flight >= t.max_in_flight:
+        return EndpointVerdict(view.endpoint, "over", f"in_flight {view.in_flight} >= cap")
+    stale = view.scrape_age_s is None or view.scrape_age_s > t.max_scrape_age_s
+    if stale or view.kv_usage is None or view.waiting is None:
+        why = (
+            "never scraped"
+            if view.scrape_age_s is None
+            else f"metrics {view.scrape_age_s:.3f}s old"
+            if stale
+            else "kv_usage/waiting not reported"
+        )
+        if view.in_flight < t.unknown_in_flight_floor:
+            return EndpointVerdict(
+                view.endpoint, "unknown-free", f"{why}; in_flight {view.in_flight} < floor"
+            )
+        return EndpointVerdict(
+            view.endpoint, "unknown-over", f"{why}; in_flight {view.in_flight} >= floor"
+        )
+    if view.kv_usage >= t.kv_usage_max:
+        return EndpointVerdict(view.endpoint, "over", f"kv_usage {view.kv_usage:.3f}")
+    if view.waiting > t.waiting_max:
+        return EndpointVerdict(view.endpoint, "over", f"waiting {view.waiting}")
+    if view.max_running is not None:
+        load = max((view.running or 0) + view.waiting, view.in_flight)
+        if load >= view.max_running + t.waiting_max:
+            return EndpointVerdict(
+                view.endpoint, "over", f"load {load} >= max_running {view.max_running}"
+            )
+    return EndpointVerdict(view.endpoint, "free", "under all bounds")
+
+
+def pool_saturation(views: Sequence[EndpointView], t: SaturationThresholds) -> PoolSaturation:
+    """Saturated iff no eligible endpoint is available (an empty pool is saturated)."""
+    verdicts = tuple(endpoint_verdict(v, t) for v in views)
+    return PoolSaturation(
+        saturated=not any(v.available for v in verdicts),
+        verdicts=verdicts,
+    )

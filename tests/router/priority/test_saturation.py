@@ -1,0 +1,134 @@
+"""Saturation: per-endpoint verdicts and the pool rule (stale = unknown, never idle)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from fleetgate.router.priority.saturation import (
+    EndpointView,
+    SaturationThresholds,
+    endpoint_verdict,
+    pool_saturation,
+)
+
+T = SaturationThresholds(kv_usage_max=0.8, waiting_max=0, max_scrape_age_s=1.0)
+
+
+def _view(**kw: Any) -> EndpointView:
+    base: dict[str, Any] = {
+        "endpoint": "e",
+        "kv_usage": 0.1,
+        "waiting": 0,
+        "running": 1,
+        "in_flight": 1,
+        "scrape_age_s": 0.1,
+        "max_running": 4,
+    }
+    base.update(kw)
+    return EndpointView(**base)
+
+
+@pytest.mark.parametrize(
+    ("view", "verdict", "reason"),
+    [
+        pytest.param(_view(), "free", "under", id="idle-fresh"),
+        pytest.param(_view(kv_usage=0.8), "over", "kv_usage", id="kv-at-bound"),
+        pytest.param(_view(kv_usage=0.79), "free", "under", id="kv-below-bound"),
+        pytest.param(_view(waiting=1), "over", "waiting", id="engine-queueing"),
+        pytest.param(_view(running=4, in_flight=4), "over", "max_running", id="batch-full"),
+        pytest.param(_view(running=1, in_flight=4), "over", "max_running", id="burst-since-scrape"),
+        pytest.param(_view(running=3, in_flight=3), "free", "under", id="one-slot-left"),
+        pytest.param(_view(max_running=None, running=50), "free", "under", id="no-batch-limit"),
+        pytest.param(
+            _view(scrape_age_s=None, in_flight=0), "unknown-free", "never scraped", id="new-idle"
+        ),
+        pytest.param(
+            _view(scrape_age_s=None, in_flight=1), "unknown-over", "never scraped", id="new-busy"
+        ),
+        pytest.param(
+            _view(scrape_age_s=5.0, kv_usage=0.0, waiting=0, in_flight=3),
+            "unknown-over",
+            "old",
+            id="stale-zeros-are-not-idle",
+        ),
+        pytest.param(
+            _view(scrape_age_s=5.0, in_flight=0), "unknown-free", "old", id="stale-below-floor"
+        ),
+        pytest.param(
+            _view(kv_usage=None, in_flight=2), "unknown-over", "not reported", id="kv-missing"
+        ),
+        pytest.param(
+            _view(waiting=None, in_flight=0), "unknown-free", "not reported", id="queue-missing"
+        ),
+    ],
+)
+def test_endpoint_verdict(view: EndpointView, verdict: str, reason: str) -> None:
+    got = endpoint_verdict(view, T)
+    assert got.verdict == verdict
+    assert reason in got.reason
+    assert got.available == (verdict in ("free", "unknown-free"))
+
+
+def test_in_flight_cap_and_floor_and_waiting_bound_are_configurable() -> None:
+    t = SaturationThresholds(max_in_flight=2, unknown_in_flight_floor=3, waiting_max=2)
+    assert endpoint_verdict(_view(in_flight=2), t).verdict == "over"
+    assert endpoint_verdict(_view(scrape_age_s=None, in_flight=1), t).verdict == "unknown-free"
+    assert endpoint_verdict(_view(waiting=2, running=1, in_flight=1), t).verdict == "free"
+    assert endpoint_verdict(_view(waiting=3), t).verdict == "over"
+    t0 = SaturationThresholds(unknown_in_flight_floor=0)
+    assert endpoint_verdict(_view(scrape_age_s=None, in_flight=0), t0).verdict == "unknown-over"
+
+
+@pytest.mark.parametrize(
+    ("views", "saturated", "available"),
+    [
+        pytest.param([], True, (), id="empty-pool-is-saturated"),
+        pytest.param(
+            [_view(endpoint="a", kv_usage=0.9), _view(endpoint="b", waiting=3)],
+            True,
+            (),
+            id="all-over",
+        ),
+        pytest.param(
+            [_view(endpoint="a", kv_usage=0.9), _view(endpoint="b")], False, ("b",), id="one-free"
+        ),
+        pytest.param(
+            [_view(endpoint="a", scrape_age_s=9.0, in_flight=5), _view(endpoint="b", waiting=1)],
+            True,
+            (),
+            id="stale-busy-counts-as-full",
+        ),
+        pytest.param(
+            [_view(endpoint="a", scrape_age_s=9.0, in_flight=0), _view(endpoint="b", waiting=1)],
+            False,
+            ("a",),
+            id="stale-below-floor-admits",
+        ),
+    ],
+)
+def test_pool_saturation(
+    views: list[EndpointView], saturated: bool, available: tuple[str, ...]
+) -> None:
+    got = pool_saturation(views, T)
+    assert got.saturated is saturated
+    assert got.available == available
+    assert len(got.verdicts) == len(views)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kv_usage_max": 0},
+        {"kv_usage_max": 1.5},
+        {"waiting_max": -1},
+        {"max_scrape_age_s": 0},
+        {"max_in_flight": 0},
+        {"nope": 1},
+    ],
+)
+def test_thresholds_validation(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        SaturationThresholds(**bad)
