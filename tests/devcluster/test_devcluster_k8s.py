@@ -1,0 +1,181 @@
+"""The dev cluster is a real, working Kubernetes control plane on loopback.
+
+We test these aspects, against the shared session cluster:
+
+* the API server answers authenticated requests and reports v1.36.3;
+* the four fake GPU nodes are Ready with the right GPU capacity, allocatable and labels;
+* the scheduler places a GPU pod onto a matching node, kwok gives it a 127.0.1.x IP and
+  marks it Ready;
+* a pod asking for more GPUs than any node has stays Pending/Unschedulable;
+* a Deployment becomes Available (KCM's deployment + replicaset controllers run);
+* every listening socket of every component is on 127.0.0.0/8.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from fleetgate.devcluster import FAKE_NODE_TOLERATION, GPU_PRODUCT_LABEL, GPU_RESOURCE, DevCluster
+from fleetgate.devcluster.procs import listening_addresses
+
+pytestmark = pytest.mark.k8s
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+A100 = "NVIDIA-A100-SXM4-80GB"
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.25)
+    pytest.fail(f"timed out after {timeout_s}s waiting for {what}; last probe: {last!r}")
+
+
+def gpu_pod(name: str, ns: str, gpus: int, product: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "engine",
+                "image": "fleetgate.invalid/engine:test",
+                "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
+            }
+        ],
+        "tolerations": [FAKE_NODE_TOLERATION],
+    }
+    if product is not None:
+        spec["nodeSelector"] = {GPU_PRODUCT_LABEL: product}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for c in obj.get("status", {}).get("conditions", []) or []:
+        if c.get("type") == kind:
+            return dict(c)
+    return None
+
+
+def test_api_server_answers(k8s_cluster: DevCluster) -> None:
+    status, body = k8s_cluster.api().get("/version")
+    assert status == 200
+    assert body["gitVersion"] == "v1.36.3"
+    assert k8s_cluster.api_url.startswith("https://127.0.0.1:")
+    out = k8s_cluster.kubectl("get", "--raw", "/readyz").stdout
+    assert out.strip() == "ok"
+
+
+def test_four_gpu_nodes_ready_with_capacity_and_labels(k8s_cluster: DevCluster) -> None:
+    nodes = {n["metadata"]["name"]: n for n in k8s_cluster.kubectl_json("get", "nodes")["items"]}
+    assert sorted(nodes) == ["gpu-a100-0", "gpu-a100-1", "gpu-h100-0", "gpu-h100-1"]
+    want = {"gpu-h100": (H100, "8"), "gpu-a100": (A100, "4")}
+    for name, node in nodes.items():
+        product, gpus = want[name.rsplit("-", 1)[0]]
+        assert condition(node, "Ready") is not None
+        assert condition(node, "Ready")["status"] == "True"  # type: ignore[index]
+        assert node["metadata"]["labels"][GPU_PRODUCT_LABEL] == product
+        assert node["status"]["capacity"][GPU_RESOURCE] == gpus
+        assert node["status"]["allocatable"][GPU_RESOURCE] == gpus
+        assert node["spec"]["taints"] == [
+            {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+        ]
+        addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+        assert addresses["InternalIP"] == "127.0.0.1"
+
+
+def test_gpu_pod_lands_on_matching_node_with_loopback_ip(
+    k8s_cluster: DevCluster, k8s_namespace: str
+) -> None:
+    ns = k8s_namespace
+    k8s_cluster.apply(gpu_pod("a100-pod", ns, 2, A100))
+    k8s_cluster.apply(gpu_pod("big-pod", ns, 8))
+
+    def ready(name: str) -> dict[str, Any] | None:
+        pod: dict[str, Any] = k8s_cluster.kubectl_json("-n", ns, "get", "pod", name)
+        c = condition(pod, "Ready")
+        return pod if c is not None and c["status"] == "True" else None
+
+    a100 = wait_for("a100-pod Ready", lambda: ready("a100-pod"))
+    big = wait_for("big-pod Ready", lambda: ready("big-pod"))
+    assert a100["spec"]["nodeName"] in {"gpu-a100-0", "gpu-a100-1"}
+    # 8 GPUs only fit an H100 node: the scheduler counts the extended resource
+    assert big["spec"]["nodeName"] in {"gpu-h100-0", "gpu-h100-1"}
+    for pod in (a100, big):
+        ip = ipaddress.ip_address(pod["status"]["podIP"])
+        assert ip in ipaddress.ip_network("127.0.1.0/24"), pod["status"]["podIP"]
+        assert pod["status"]["phase"] == "Running"
+        assert pod["status"]["hostIP"] == "127.0.0.1"
+    assert a100["status"]["podIP"] != big["status"]["podIP"]
+
+
+def test_pod_needing_too_many_gpus_is_unschedulable(
+    k8s_cluster: DevCluster, k8s_namespace: str
+) -> None:
+    ns = k8s_namespace
+    k8s_cluster.apply(gpu_pod("huge", ns, 16))
+
+    def scheduled_condition() -> dict[str, Any] | None:
+        return condition(k8s_cluster.kubectl_json("-n", ns, "get", "pod", "huge"), "PodScheduled")
+
+    c = wait_for("PodScheduled condition on huge", scheduled_condition)
+    assert c["status"] == "False"
+    assert c["reason"] == "Unschedulable"
+    assert "nvidia.com/gpu" in c["message"]
+    pod = k8s_cluster.kubectl_json("-n", ns, "get", "pod", "huge")
+    assert pod["status"]["phase"] == "Pending"
+    assert "nodeName" not in pod["spec"]
+
+
+def test_deployment_becomes_available(k8s_cluster: DevCluster, k8s_namespace: str) -> None:
+    ns = k8s_namespace
+    template = gpu_pod("x", ns, 1, H100)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "engine", "namespace": ns},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "engine"}},
+            "template": {"metadata": {"labels": {"app": "engine"}}, "spec": template["spec"]},
+        },
+    }
+    k8s_cluster.apply(deployment)
+
+    def available() -> dict[str, Any] | None:
+        d: dict[str, Any] = k8s_cluster.kubectl_json("-n", ns, "get", "deployment", "engine")
+        c = condition(d, "Available")
+        ok = c is not None and c["status"] == "True" and d["status"].get("readyReplicas") == 3
+        return d if ok else None
+
+    wait_for("Deployment Available with 3 ready replicas", available, timeout_s=90)
+    pods = k8s_cluster.kubectl_json("-n", ns, "get", "pods", "-l", "app=engine")["items"]
+    assert len(pods) == 3
+    assert {p["spec"]["nodeName"] for p in pods} <= {"gpu-h100-0", "gpu-h100-1"}
+    # the pods belong to a ReplicaSet the controller manager created
+    assert {p["metadata"]["ownerReferences"][0]["kind"] for p in pods} == {"ReplicaSet"}
+
+
+def test_every_component_listens_on_loopback_only(k8s_cluster: DevCluster) -> None:
+    seen = {}
+    for ref in k8s_cluster.refs:
+        addrs = listening_addresses(ref.pid)
+        seen[ref.name] = addrs
+        for host, port in addrs:
+            assert ipaddress.ip_address(host).is_loopback, f"{ref.name} listens on {host}:{port}"
+    assert k8s_cluster.ports is not None
+    assert ("127.0.0.1", k8s_cluster.ports.apiserver) in seen["kube-apiserver"]
+    assert ("127.0.0.1", k8s_cluster.ports.etcd_client) in seen["etcd"]
+    assert ("127.0.0.1", k8s_cluster.ports.scheduler) in seen["kube-scheduler"]

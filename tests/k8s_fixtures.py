@@ -1,0 +1,68 @@
+"""pytest plugin: a real Kubernetes control plane for tests marked ``k8s``.
+
+Use it from any test directory, either by importing the fixtures into that directory's
+``conftest.py``::
+
+    from k8s_fixtures import k8s_cluster, k8s_namespace  # noqa: F401
+
+or (preferred, so the whole session shares ONE cluster) by registering the plugin once
+in the root ``tests/conftest.py``: ``pytest_plugins = ["k8s_fixtures"]``.
+
+Fixtures:
+
+* ``k8s_cluster`` (session): a started :class:`fleetgate.devcluster.DevCluster` with
+  ``.kubeconfig`` (Path), ``.api_url``, ``.bin_dir``, ``.token``, ``.kubectl(*args)``,
+  ``.kubectl_json(*args)``, ``.apply(*objects)`` and ``.api()`` (a tiny JSON client).
+  Four fake GPU nodes are Ready: ``gpu-h100-0/1`` (8 x ``nvidia.com/gpu``, label
+  ``nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3``) and ``gpu-a100-0/1`` (4 GPUs,
+  ``NVIDIA-A100-SXM4-80GB``). Every node is tainted ``kwok.x-k8s.io/node=fake:NoSchedule``:
+  pods need ``fleetgate.devcluster.FAKE_NODE_TOLERATION``. Pods get 127.0.1.x IPs.
+* ``k8s_namespace`` (function): a fresh namespace, deleted afterwards, whose
+  ``default`` ServiceAccount already exists (so pods can be created immediately).
+
+Missing binaries are built (hack/build-k8s-bins.sh, can take long cold). A failed build
+or start is an ERROR of the test, never a skip: a silently skipped cluster test is a
+test that asserts nothing. Teardown stops every component by PID and fails if any
+survives.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from fleetgate.devcluster import ClusterConfig, DevCluster, ensure_binaries
+from fleetgate.devcluster.procs import is_running
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster() -> Iterator[DevCluster]:
+    binset = ensure_binaries()  # BuildError propagates: the test errors, loudly
+    cluster = DevCluster(binset, ClusterConfig())
+    cluster.start()  # StartError (with component logs) propagates likewise
+    refs = list(cluster.refs)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        survivors = [f"{r.name} pid {r.pid}" for r in refs if is_running(r)]
+        if survivors:
+            pytest.fail(f"dev cluster teardown left processes running: {survivors}")
+
+
+@pytest.fixture
+def k8s_namespace(k8s_cluster: DevCluster) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    k8s_cluster.kubectl("create", "namespace", name)
+    deadline = time.monotonic() + 30
+    while k8s_cluster.kubectl("-n", name, "get", "sa", "default", check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            pytest.fail(f"default ServiceAccount never appeared in namespace {name}")
+        time.sleep(0.2)
+    try:
+        yield name
+    finally:
+        k8s_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
