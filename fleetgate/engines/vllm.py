@@ -1,20 +1,67 @@
 """vLLM (V1 engine) adapter: settings, metrics parsing, priority, errors, container.
 
-Sources (all in /work/shared/reference/engines.md, "engines.md" below, and the real
-vLLM 0.32 recordings in /work/shared/fixtures/vllm-0.32-cpu/):
+Sources. "engines.md" is /work/shared/reference/engines.md; "fixtures" are the real
+vLLM 0.32 recordings in /work/shared/fixtures/vllm-0.32-cpu/ (their README.md):
 
-* Settings and flags: engines.md §2 ("Priority": ``--scheduling-policy fcfs|priority``;
-  "Prefix caching": on by default, ``DEFAULT_BLOCK_SIZE = 16``).
+* Metrics: engines.md §1. Every engine series carries ``model_name`` and ``engine``
+  (the data-parallel rank) labels, in an order that differs between client versions,
+  so labels are matched by name. Counters are exposed with ``_total``.
+  ``vllm:cache_config_info`` carries ``block_size`` and ``num_gpu_blocks`` as labels.
+  ``kv_cache_usage_perc`` is ``1 - free/(num_gpu_blocks - 1)`` (``block_pool.get_usage``),
+  so the number of free blocks is recovered exactly from it. Pre-0.12 names
+  (``vllm:gpu_cache_usage_perc``, ``vllm:gpu_prefix_cache_*``) are read as fallbacks
+  (engines.md §1 "Version history").
+* Priority: engines.md §2 "Priority": ``priority: int``, lower is handled sooner, default 0.
+* Errors: engines.md §3 (0.33 nested ``{"error": {...}}``, 503 for the queue limits of
+  §2 "Overload"), fixtures README "Quirks" 1: request-validation errors use the same
+  envelope with ``type: "Bad Request"``; routing errors use FastAPI's ``{"detail": ...}``.
+  Older servers used the flat ``{"object": "error", ...}`` body (engines.md §3).
+* Container: engines.md §2 (flags, ``/health``, ``/metrics``; ``usage.prompt_tokens_details``
+  needs ``--enable-prompt-tokens-details``).
+
+Design. The exposition parser is a deliberately small scanner (:func:`scan_prometheus`):
+instead of tokenising ~700 lines into full metric families, it ``bytes.find``s each
+wanted family at a line start and parses only those lines. It is reused by the
+TensorRT-LLM adapter. Invariants: a scrape either yields a :class:`LoadSnapshot`
+in which ``None`` means "not reported" (never a made-up zero), or raises
+:class:`MetricsParseError`; the module is pure (no I/O, no clock reads).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-__all__ = ["VllmSettings"]
+from fleetgate.engines.base import (
+    LEVEL_MAX,
+    LEVEL_MIN,
+    ContainerPlan,
+    EngineError,
+    ErrorInfo,
+    LaunchSpec,
+    LoadSnapshot,
+    MetricsParseError,
+    MetricsSource,
+    Probe,
+)
+
+__all__ = [
+    "ADAPTER",
+    "PromSample",
+    "PromScanner",
+    "VllmAdapter",
+    "VllmSettings",
+    "clamp_level",
+    "error_json",
+    "validate_launch",
+]
 
 _MODEL_CONFIG = ConfigDict(
     frozen=True, extra="forbid", populate_by_name=True, alias_generator=to_camel
@@ -76,3 +123,440 @@ class VllmSettings(BaseModel):
         description="Split long prefills across steps; --enable-chunked-prefill / "
         "--no-enable-chunked-prefill. Unset: vLLM's default.",
     )
+
+
+# --------------------------------------------------------------------------------------
+# A minimal Prometheus text-format scanner (shared with the TensorRT-LLM adapter)
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PromSample:
+    """One sample line of a wanted family: its labels by name, and its value."""
+
+    labels: Mapping[str, str]
+    value: float
+
+
+_LABEL_BLOCK_RE = re.compile(
+    r'\{((?:\s*[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\\n]|\\.)*"\s*,?)*)\s*\}'
+)
+_LABEL_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_ESCAPE_RE = re.compile(r'\\[\\"n]')
+_MAX_LINE_IN_ERROR = 160
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_LINE_IN_ERROR else text[:_MAX_LINE_IN_ERROR] + "..."
+
+
+def _unescape(value: str) -> str:
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES[m.group(0)], value) if "\\" in value else value
+
+
+def _parse_sample(name: str, rest: bytes) -> PromSample:
+    """Parse what follows a sample name: ``[{labels}] value [timestamp]``."""
+    try:
+        line = rest.decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError as exc:
+        raise MetricsParseError(f"{name} line is not UTF-8: {rest[:80]!r}") from exc
+    labels: dict[str, str] = {}
+    pos = 0
+    text = line if line.startswith("{") else line.lstrip(" \t")  # tolerate "name {labels}"
+    if text.startswith("{"):
+        block = _LABEL_BLOCK_RE.match(text)
+        if block is None:
+            raise MetricsParseError(f"malformed label set in line: {_clip(name + line)!r}")
+        labels = {k: _unescape(v) for k, v in _LABEL_PAIR_RE.findall(block.group(1))}
+        pos = block.end()
+    fields = text[pos:].split()
+    if not 1 <= len(fields) <= 2:
+        raise MetricsParseError(f"expected 'value [timestamp]' in line: {_clip(name + line)!r}")
+    try:
+        value = float(fields[0])
+    except ValueError as exc:
+        raise MetricsParseError(f"bad sample value in line: {_clip(name + line)!r}") from exc
+    return PromSample(labels, value)
+
+
+class PromScanner:
+    """Finds the samples of a fixed set of sample names in a text exposition.
+
+    One compiled regular expression matches a line start (``\\n``), one of the wanted
+    names, and then ``{``, a space or a tab, so names that merely share a prefix
+    (``vllm:num_requests_waiting_by_reason``) never match. Only matched lines are
+    decoded and parsed; HELP/TYPE comments and other families are skipped at C speed.
+    Measured ~20x cheaper than building full families (bench/bench_parse.py).
+    """
+
+    __slots__ = ("_regex", "names")
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+        alternatives = "|".join(re.escape(n) for n in sorted(self.names, key=len, reverse=True))
+        self._regex = re.compile(("\n(" + alternatives + ")([{ \t][^\n]*)").encode("ascii"))
+
+    def scan(self, body: bytes) -> dict[str, list[PromSample]]:
+        """Samples of each wanted name (an absent name maps to an empty list).
+
+        Raises :class:`MetricsParseError` for an empty body, a body without the final
+        newline the text format requires (a truncated scrape), or a malformed wanted line.
+        """
+        if not body.strip():
+            raise MetricsParseError("empty metrics body")
+        if not body.endswith(b"\n"):
+            raise MetricsParseError("exposition does not end with a newline (truncated body?)")
+        found: dict[str, list[PromSample]] = {n: [] for n in self.names}
+        for raw_name, rest in self._regex.findall(b"\n" + body):
+            name = raw_name.decode("ascii")
+            found[name].append(_parse_sample(name, rest))
+        return found
+
+
+def require_some(body: bytes, found: Mapping[str, Sequence[PromSample]], prefix: bytes) -> None:
+    """Refuse a body that has none of the wanted families and no ``prefix`` series at all.
+
+    Such a body is not this engine's exposition (a wrong port, a proxy error page), so
+    the scrape must count as failed rather than as "nothing known".
+    """
+    if any(found.values()):
+        return
+    if b"\n" + prefix not in body and not body.startswith(prefix):
+        head = body[:80].decode("utf-8", "replace")
+        raise MetricsParseError(
+            f"no {prefix.decode()}* series in the exposition (starts with {head!r})"
+        )
+
+
+def finite(value: float, what: str) -> float:
+    """``value`` if finite; a NaN/Inf load figure is a parse error, never a number."""
+    if not math.isfinite(value):
+        raise MetricsParseError(f"{what} is not a finite number: {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------
+# Shared helpers for priority, errors and launch validation (used by trtllm.py too)
+# --------------------------------------------------------------------------------------
+
+
+def clamp_level(level: int) -> int:
+    """``level`` clamped into [LEVEL_MIN, LEVEL_MAX]; non-integers are a TypeError."""
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise TypeError(f"priority level must be an int, got {type(level).__name__}")
+    return max(LEVEL_MIN, min(LEVEL_MAX, level))
+
+
+_MAX_MESSAGE = 256
+
+
+def error_json(body: bytes) -> Any:
+    """The decoded JSON of an error body, or None when it is not JSON."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def text_message(body: bytes, status: int) -> str:
+    """A short message from a non-JSON (or shapeless) error body."""
+    text = body.decode("utf-8", "replace").strip()
+    if not text:
+        return f"HTTP {status}"
+    return text if len(text) <= _MAX_MESSAGE else text[:_MAX_MESSAGE] + "..."
+
+
+def check_error_status(status: int) -> None:
+    """Only 4xx/5xx responses are errors to classify."""
+    if not 400 <= status <= 599:
+        raise EngineError(f"status {status} is not an HTTP error status (400-599)")
+
+
+def validate_launch(launch: LaunchSpec, settings_type: type[BaseModel]) -> None:
+    """Refuse a launch spec that no engine could start with, with a one-line reason."""
+    if not launch.model_path.strip():
+        raise EngineError("launch spec has an empty model_path")
+    if not launch.served_model_name.strip():
+        raise EngineError("launch spec has an empty served_model_name")
+    if not 1 <= launch.port <= 65535:
+        raise EngineError(f"port {launch.port} is outside 1-65535")
+    if launch.tensor_parallel < 1 or launch.pipeline_parallel < 1:
+        raise EngineError(
+            f"parallelism must be >= 1 (tensor {launch.tensor_parallel}, "
+            f"pipeline {launch.pipeline_parallel})"
+        )
+    if launch.settings is not None and not isinstance(launch.settings, settings_type):
+        raise EngineError(
+            f"settings are {type(launch.settings).__name__}, expected {settings_type.__name__}"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# The vLLM adapter
+# --------------------------------------------------------------------------------------
+
+_RUNNING = "vllm:num_requests_running"
+_WAITING = "vllm:num_requests_waiting"
+_KV = "vllm:kv_cache_usage_perc"
+_KV_OLD = "vllm:gpu_cache_usage_perc"
+_QUERIES = "vllm:prefix_cache_queries_total"
+_QUERIES_OLD = "vllm:gpu_prefix_cache_queries_total"
+_HITS = "vllm:prefix_cache_hits_total"
+_HITS_OLD = "vllm:gpu_prefix_cache_hits_total"
+_PREEMPTIONS = "vllm:num_preemptions_total"
+_PROMPT = "vllm:prompt_tokens_total"
+_GENERATION = "vllm:generation_tokens_total"
+_CACHE_INFO = "vllm:cache_config_info"
+_FAMILIES = (
+    _RUNNING,
+    _WAITING,
+    _KV,
+    _QUERIES,
+    _HITS,
+    _PREEMPTIONS,
+    _PROMPT,
+    _GENERATION,
+    _CACHE_INFO,
+)
+_FALLBACKS = {_KV: _KV_OLD, _QUERIES: _QUERIES_OLD, _HITS: _HITS_OLD}
+_SCANNER = PromScanner((*_FAMILIES, *_FALLBACKS.values()))
+
+#: Messages of vLLM's admission-control rejections (engines.md §2 "Overload").
+_OVERLOAD_MARKERS = ("currently busy", "backlog limit", "queue")
+
+
+def _engine_of(sample: PromSample) -> str:
+    """The data-parallel rank of a series; ``""`` when the label is absent (the sim)."""
+    return sample.labels.get("engine", "")
+
+
+def _sum(samples: Sequence[PromSample], what: str) -> float | None:
+    if not samples:
+        return None
+    return sum(finite(s.value, what) for s in samples)
+
+
+def _info_int(value: str | None) -> int | None:
+    """An integer from an info label; vLLM writes ``"None"`` before profiling ends."""
+    if value is None or value == "None":
+        return None
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise MetricsParseError(f"cache_config_info label is not an integer: {value!r}") from exc
+
+
+class VllmAdapter:
+    """The :class:`~fleetgate.engines.base.EngineAdapter` for vLLM's OpenAI server."""
+
+    name = "vllm"
+    aliases: tuple[str, ...] = ("vllm-openai",)
+    default_block_size = 16
+    settings_model: type[BaseModel] = VllmSettings
+    metrics_sources = (MetricsSource(name="metrics", path="/metrics", format="prometheus"),)
+    accepts_token_ids_prompt = True
+
+    # ---------------------------------------------------------------- metrics
+    def parse_metrics(
+        self, source: MetricsSource, body: bytes, now: float, previous: LoadSnapshot | None
+    ) -> LoadSnapshot:
+        """Parse one ``/metrics`` exposition (``previous`` is not needed: nothing drains).
+
+        Data parallel (several ``engine`` values): running, waiting and the counters are
+        summed; KV usage is weighted by each rank's usable blocks (``num_gpu_blocks - 1``)
+        when ``cache_config_info`` gives them, else a plain mean; blocks are summed.
+        """
+        if source.format != "prometheus":
+            raise MetricsParseError(f"vllm has no {source.format} metrics source")
+        found = _SCANNER.scan(body)
+        for name, old in _FALLBACKS.items():
+            if not found[name]:
+                found[name] = found[old]
+        require_some(body, found, b"vllm:")
+
+        block_size: int | None = None
+        blocks_by_engine: dict[str, int | None] = {}
+        sizes: set[int | None] = set()
+        for info in found[_CACHE_INFO]:
+            sizes.add(_info_int(info.labels.get("block_size")))
+            blocks_by_engine[_engine_of(info)] = _info_int(info.labels.get("num_gpu_blocks"))
+        if len(sizes) == 1:
+            block_size = sizes.pop()  # ranks disagreeing would be a misconfiguration: unknown
+
+        kv_usage, blocks_free = self._kv(found[_KV], blocks_by_engine)
+        block_counts = list(blocks_by_engine.values())
+        blocks_total = (
+            sum(b for b in block_counts if b is not None)
+            if block_counts and None not in block_counts
+            else None
+        )
+        running = _sum(found[_RUNNING], _RUNNING)
+        waiting = _sum(found[_WAITING], _WAITING)
+        models = sorted(
+            {
+                s.labels["model_name"]
+                for s in (*found[_RUNNING], *found[_WAITING], *found[_KV])
+                if "model_name" in s.labels
+            }
+        )
+        return LoadSnapshot(
+            scraped_at=now,
+            kv_usage=kv_usage,
+            running=None if running is None else int(running),
+            waiting=None if waiting is None else int(waiting),
+            prefix_query_tokens=_sum(found[_QUERIES], _QUERIES),
+            prefix_hit_tokens=_sum(found[_HITS], _HITS),
+            preemptions=_sum(found[_PREEMPTIONS], _PREEMPTIONS),
+            prompt_tokens=_sum(found[_PROMPT], _PROMPT),
+            generation_tokens=_sum(found[_GENERATION], _GENERATION),
+            block_size=block_size,
+            blocks_total=blocks_total,
+            blocks_free=blocks_free,
+            models=tuple(models),
+            source=source.name,
+        )
+
+    @staticmethod
+    def _kv(
+        samples: Sequence[PromSample], blocks_by_engine: Mapping[str, int | None]
+    ) -> tuple[float | None, int | None]:
+        """KV usage across ranks, and free blocks when every rank's size is known."""
+        if not samples:
+            return None, None
+        usages: dict[str, float] = {}
+        for s in samples:
+            usage = finite(s.value, _KV)
+            if not -1e-9 <= usage <= 1.0 + 1e-9:
+                raise MetricsParseError(f"{_KV} out of [0, 1]: {usage!r}")
+            usages[_engine_of(s)] = min(1.0, max(0.0, usage))
+        usable = {e: blocks_by_engine.get(e) for e in usages}
+        if any(n is None or n < 2 for n in usable.values()):
+            return sum(usages.values()) / len(usages), None
+        weights = {e: n - 1 for e, n in usable.items() if n is not None}
+        total = sum(weights.values())
+        kv = sum(usages[e] * weights[e] for e in usages) / total
+        free = sum(round((1.0 - usages[e]) * weights[e]) for e in usages)
+        return kv, free
+
+    # ---------------------------------------------------------------- priority
+    def priority_fields(self, level: int) -> dict[str, Any]:
+        """``{"priority": -level}``: vLLM serves lower values first, default 0.
+
+        Levels outside [LEVEL_MIN, LEVEL_MAX] are clamped first.
+        """
+        return {"priority": -clamp_level(level)}
+
+    # ---------------------------------------------------------------- errors
+    def error_body(
+        self, status: int, message: str, err_type: str, param: str | None = None
+    ) -> dict[str, Any]:
+        """vLLM 0.33's envelope: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+    def classify_error(self, status: int, body: bytes) -> ErrorInfo:
+        """Understand any of vLLM's error bodies.
+
+        Accepted shapes: the nested envelope (engine errors, ``type`` like
+        ``BadRequestError``; request-validation errors, ``type: "Bad Request"``), the
+        older flat ``{"object": "error", ...}`` body, FastAPI's ``{"detail": ...}`` for
+        routing errors, and anything else as text. ``overload``: 503 from the admission
+        limits (``--max-num-queued-reqs``/``-tokens``) and 429 (llm-d sim, engines.md §7);
+        a 503 ``ServiceUnavailableError`` is a retryable *server* fault.
+        """
+        check_error_status(status)
+        message, err_type = _vllm_message(error_json(body), body, status)
+        if status == 429:
+            kind: Literal["overload", "client", "server"] = "overload"
+        elif status == 503:
+            lowered = message.lower()
+            overload = err_type != "ServiceUnavailableError" and (
+                err_type in (None, "Service Unavailable")
+                or any(m in lowered for m in _OVERLOAD_MARKERS)
+            )
+            kind = "overload" if overload else "server"
+        elif status >= 500:
+            kind = "server"
+        else:
+            kind = "client"
+        return ErrorInfo(status=status, kind=kind, message=message, type=err_type)
+
+    # ---------------------------------------------------------------- container
+    def container(self, launch: LaunchSpec) -> ContainerPlan:
+        """``python3 -m vllm.entrypoints.openai.api_server`` with settings as flags."""
+        validate_launch(launch, VllmSettings)
+        settings = launch.settings if isinstance(launch.settings, VllmSettings) else VllmSettings()
+        args: list[str] = [
+            "--model",
+            launch.model_path,
+            "--served-model-name",
+            launch.served_model_name,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(launch.port),
+            "--tensor-parallel-size",
+            str(launch.tensor_parallel),
+            "--pipeline-parallel-size",
+            str(launch.pipeline_parallel),
+        ]
+        if launch.revision:
+            args += ["--revision", launch.revision]
+        if settings.max_model_len is not None:
+            args += ["--max-model-len", str(settings.max_model_len)]
+        args += ["--gpu-memory-utilization", repr(settings.gpu_memory_utilization)]
+        args.append(
+            "--enable-prefix-caching"
+            if settings.enable_prefix_caching
+            else "--no-enable-prefix-caching"
+        )
+        args += ["--scheduling-policy", settings.scheduling_policy]
+        if settings.max_num_seqs is not None:
+            args += ["--max-num-seqs", str(settings.max_num_seqs)]
+        if settings.max_num_batched_tokens is not None:
+            args += ["--max-num-batched-tokens", str(settings.max_num_batched_tokens)]
+        if settings.block_size is not None:
+            args += ["--block-size", str(settings.block_size)]
+        if settings.enable_chunked_prefill is not None:
+            args.append(
+                "--enable-chunked-prefill"
+                if settings.enable_chunked_prefill
+                else "--no-enable-chunked-prefill"
+            )
+        # The router reads usage.prompt_tokens_details.cached_tokens (engines.md §2).
+        args.append("--enable-prompt-tokens-details")
+        args += launch.extra_args
+        health = Probe("/health")
+        return ContainerPlan(
+            command=("python3", "-m", "vllm.entrypoints.openai.api_server"),
+            args=tuple(args),
+            port=launch.port,
+            startup_probe=health,
+            readiness_probe=health,
+            liveness_probe=health,
+            metrics_path="/metrics",
+            needs_shared_memory=True,
+        )
+
+
+def _vllm_message(data: Any, body: bytes, status: int) -> tuple[str, str | None]:
+    """(message, type) from whichever of vLLM's error shapes ``data`` is."""
+    if isinstance(data, dict):
+        inner = data.get("error")
+        if isinstance(inner, dict):  # 0.33 / 0.32 envelope
+            return str(inner.get("message", "")) or f"HTTP {status}", _opt_str(inner.get("type"))
+        if isinstance(inner, str):  # a bare {"error": "..."}
+            return inner, None
+        if data.get("object") == "error" or "message" in data:  # flat, pre-envelope
+            return str(data.get("message", "")) or f"HTTP {status}", _opt_str(data.get("type"))
+        if "detail" in data:  # FastAPI routing errors (404 unknown route, 405)
+            detail = data["detail"]
+            return (detail if isinstance(detail, str) else json.dumps(detail)), None
+    return text_message(body, status), None
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+ADAPTER = VllmAdapter()
