@@ -1,0 +1,163 @@
+"""A vLLM V1-style paged KV block pool with prefix caching.
+
+Modelled on vLLM's ``v1/core/block_pool.py`` and ``kv_cache_utils.py`` as
+summarised in ``shared/reference/engines.md`` (sections 1 and 2) and checked
+against the real vLLM 0.32 recordings in ``shared/fixtures/vllm-0.32-cpu``:
+
+* **Block 0 is the null block** and never handed out, so a pool of ``N`` blocks
+  has ``N - 1`` usable ones and ``usage = 1 - free / (N - 1)``
+  (``block_pool.get_usage``).
+* **Chained block hashes over full blocks only**: block ``i``'s hash is
+  ``hash((hash of block i-1 or NONE_HASH, tuple(its token ids)))``. A partial
+  last block is never cached or matched. Python's ``hash`` of a tuple of ints
+  is not salted by ``PYTHONHASHSEED``, so hashes are stable across processes.
+* **Reference counts + an LRU free queue.** A block whose refcount drops to 0
+  goes to the *tail* of the free queue but keeps its hash: it is still a
+  prefix-cache hit until allocation pops it from the *head* and evicts it.
+  A request's blocks are freed tail-first, so the end of a prompt is evicted
+  before its (more shared) beginning. Cached-but-idle blocks count as free,
+  exactly as in vLLM's usage gauge.
+* **Prefix lookup** returns the longest run of cached blocks matching the
+  request's leading full-block hashes, capped so at least one prompt token is
+  left to compute (vLLM needs the last token's logits): at most
+  ``(num_tokens - 1) // block_size`` blocks. Counters are in TOKENS:
+  ``queries += num_tokens``, ``hits += hit_blocks * block_size`` - the fixture
+  pair A/B (377 shared tokens, 128-token blocks) shows ``hits = 256``.
+
+Pure data structure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+NONE_HASH = hash(("fleetgate-sim", "none-hash"))
+
+
+def extend_block_hashes(
+    hashes: list[int], token_ids: Sequence[int], block_size: int, upto: int | None = None
+) -> None:
+    """Append the hashes of every newly *full* block of ``token_ids[:upto]`` to ``hashes``."""
+    full = (len(token_ids) if upto is None else min(upto, len(token_ids))) // block_size
+    parent = hashes[-1] if hashes else NONE_HASH
+    for i in range(len(hashes), full):
+        parent = hash((parent, tuple(token_ids[i * block_size : (i + 1) * block_size])))
+        hashes.append(parent)
+
+
+class BlockPool:
+    """Blocks, their refcounts and hashes, the free queue and the hash index."""
+
+    #: vLLM reserves block 0 as the null block; TensorRT-LLM's pool has none.
+    null_block = True
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True) -> None:
+        first = 1 if self.null_block else 0
+        if num_blocks < first + 1:
+            raise ValueError(f"the block pool needs at least {first + 1} blocks")
+        if block_size < 1:
+            raise ValueError("block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        # block id -> None, head = next to evict/allocate; the null block is never here
+        self._free: OrderedDict[int, None] = OrderedDict(
+            (b, None) for b in range(first, num_blocks)
+        )
+        self.query_tokens = 0
+        self.hit_tokens = 0
+        self.evictions = 0
+
+    # -- gauges ------------------------------------------------------------
+    @property
+    def num_usable(self) -> int:
+        return self.num_blocks - (1 if self.null_block else 0)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_usable - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    def usage(self) -> float:
+        """``1 - free/(total - 1)`` (engines.md section 1)."""
+        return 1.0 - self.num_free / self.num_usable
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref[block_id]
+
+    # -- prefix cache --------------------------------------------------------
+    def lookup(self, block_hashes: Sequence[int], num_tokens: int) -> list[int]:
+        """Cached block ids for the longest matching prefix (no side effects)."""
+        if not self.enable_caching:
+            return []
+        limit = min(len(block_hashes), max(num_tokens - 1, 0) // self.block_size)
+        hit: list[int] = []
+        for h in block_hashes[:limit]:
+            block = self._cached.get(h)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
+
+    def record_lookup(self, num_tokens: int, num_hit_blocks: int) -> None:
+        """Count one prefix-cache query (in tokens, like ``vllm:prefix_cache_*``)."""
+        self.query_tokens += num_tokens
+        self.hit_tokens += num_hit_blocks * self.block_size
+
+    def cost_of(self, hit_blocks: Sequence[int], num_new: int) -> int:
+        """Free-queue entries consumed by acquiring ``hit_blocks`` plus ``num_new`` blocks."""
+        return num_new + sum(1 for b in hit_blocks if self._ref[b] == 0)
+
+    def acquire(self, hit_blocks: Sequence[int]) -> None:
+        """Take a reference on cached blocks (removing idle ones from the free queue)."""
+        for b in hit_blocks:
+            if self._ref[b] == 0:
+                del self._free[b]
+            self._ref[b] += 1
+
+    def allocate(self, n: int) -> list[int]:
+        """Pop ``n`` blocks from the head of the free queue, evicting their hashes."""
+        if n > len(self._free):
+            raise RuntimeError(f"cannot allocate {n} blocks, only {len(self._free)} free")
+        out: list[int] = []
+        for _ in range(n):
+            b, _none = self._free.popitem(last=False)
+            h = self._hash[b]
+            if h is not None:
+                if self._cached.get(h) == b:
+                    del self._cached[h]
+                    self.evictions += 1
+                self._hash[b] = None
+            self._ref[b] = 1
+            out.append(b)
+        return out
+
+    def cache(self, block_id: int, block_hash: int) -> None:
+        """Register a just-filled block under its hash (first writer wins)."""
+        if not self.enable_caching or self._hash[block_id] is not None:
+            return
+        self._hash[block_id] = block_hash
+        self._cached.setdefault(block_hash, block_id)
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference from each block; idle ones join the free queue tail-first."""
+        for b in reversed(block_ids):
+            if self._ref[b] <= 0:
+                raise RuntimeError(f"block {b} released more often than acquired")
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                h = self._hash[b]
+                if h is not None and self._cached.get(h) != b:
+                    self._hash[b] = None  # a duplicate of a cached block: plain free block
+                self._free[b] = None
