@@ -95,8 +95,10 @@ class EngineDriver:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for rid in list(self._queues):
+        # End every open stream: its consumer sees finish_reason "abort".
+        for rid, queue in list(self._queues.items()):
             self.abort(rid)
+            queue.put_nowait(TokenEvent(rid, (), "abort"))
 
     @property
     def running(self) -> bool:

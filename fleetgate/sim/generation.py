@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 from fleetgate.sim.core.api import FinishReason, SimRequest
@@ -30,6 +30,7 @@ from fleetgate.sim.driver import EngineDriver
 
 __all__ = [
     "Delta",
+    "Generation",
     "EngineOptions",
     "GenRequest",
     "RequestObserver",
@@ -133,66 +134,83 @@ class SimEngine:
         return f"{external}#{next(self._ids)}"
 
 
-async def generate(engine: SimEngine, request: GenRequest) -> AsyncIterator[Delta]:
-    """Submit ``request`` and yield its deltas; aborts in the model if closed early."""
-    driver = engine.driver
-    decode = engine.tokenizer.decode
-    queue = driver.submit(
-        SimRequest(
-            request_id=request.request_id,
-            prompt_token_ids=list(request.prompt_token_ids),
-            max_tokens=request.max_tokens,
-            arrival_time=0.0,
-            priority=request.priority,
-            ignore_eos=request.ignore_eos,
-            stop_token_ids=request.stop_token_ids,
-            seed=request.seed,
-        )
-    )
-    engine.observer.on_admit(request, driver.now())
-    done = False
-    produced = 0
-    text_so_far = ""
-    max_stop = max((len(s) for s in request.stop), default=0)
-    try:
-        while True:
-            event = await queue.get()
-            now = driver.now()
-            produced += len(event.token_ids)
-            if event.token_ids:
-                engine.observer.on_tokens(
-                    request, len(event.token_ids), now, event.first, event.cached_prompt_tokens
-                )
-            text = decode(event.token_ids) if event.token_ids else ""
-            finish: FinishReason | None = event.finish_reason
-            stop_reason: str | int | None = None
-            if request.stop and text:
-                window_start = max(0, len(text_so_far) - max_stop + 1)
-                combined = text_so_far + text
-                hit = _find_stop(combined, request.stop, window_start)
-                if hit is not None:
-                    pos, stop_str = hit
-                    text = combined[len(text_so_far) : pos] if pos > len(text_so_far) else ""
-                    finish, stop_reason = "stop", stop_str
-                    driver.abort(request.request_id)
-                text_so_far = combined
-            if finish == "abort":
-                done = True
-                engine.observer.on_abort(request, produced, now)
-                yield Delta(event.token_ids, text, "abort", None, event.cached_prompt_tokens)
-                return
-            if finish is not None:
-                done = True
-                engine.observer.on_finish(request, finish, produced, now)
-            yield Delta(
-                event.token_ids, text, finish, stop_reason, event.cached_prompt_tokens, event.first
+class Generation:
+    """A submitted request's token stream (async iterator of :class:`Delta`).
+
+    Creating it submits the request (the model may raise ``ValueError``, e.g.
+    sim-core's ``SimRequestError``, before any response byte is sent).
+    :meth:`close` aborts it in the model unless it already finished; handlers
+    call it in ``finally`` so a disconnect or cancellation frees KV at once.
+    """
+
+    def __init__(self, engine: SimEngine, request: GenRequest) -> None:
+        self.engine = engine
+        self.request = request
+        self._queue = engine.driver.submit(
+            SimRequest(
+                request_id=request.request_id,
+                prompt_token_ids=list(request.prompt_token_ids),
+                max_tokens=request.max_tokens,
+                arrival_time=0.0,
+                priority=request.priority,
+                ignore_eos=request.ignore_eos,
+                stop_token_ids=request.stop_token_ids,
+                seed=request.seed,
             )
-            if finish is not None:
-                return
-    finally:
-        if not done:
-            driver.abort(request.request_id)
-            engine.observer.on_abort(request, produced, driver.now())
+        )
+        engine.observer.on_admit(request, engine.driver.now())
+        self.done = False
+        self.produced = 0
+        self._text = ""
+        self._max_stop = max((len(s) for s in request.stop), default=0)
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> Delta:
+        if self.done:
+            raise StopAsyncIteration
+        engine, request = self.engine, self.request
+        event = await self._queue.get()
+        now = engine.driver.now()
+        self.produced += len(event.token_ids)
+        if event.token_ids:
+            engine.observer.on_tokens(
+                request, len(event.token_ids), now, event.first, event.cached_prompt_tokens
+            )
+        text = engine.tokenizer.decode(event.token_ids) if event.token_ids else ""
+        finish: FinishReason | None = event.finish_reason
+        stop_reason: str | int | None = None
+        if request.stop and text:
+            window_start = max(0, len(self._text) - self._max_stop + 1)
+            combined = self._text + text
+            hit = _find_stop(combined, request.stop, window_start)
+            if hit is not None:
+                pos, stop_str = hit
+                text = combined[len(self._text) : pos] if pos > len(self._text) else ""
+                finish, stop_reason = "stop", stop_str
+                engine.driver.abort(request.request_id)
+            self._text = combined
+        if finish == "abort":
+            self.done = True
+            engine.observer.on_abort(request, self.produced, now)
+        elif finish is not None:
+            self.done = True
+            engine.observer.on_finish(request, finish, self.produced, now)
+        return Delta(
+            event.token_ids, text, finish, stop_reason, event.cached_prompt_tokens, event.first
+        )
+
+    def close(self) -> None:
+        if not self.done:
+            self.done = True
+            self.engine.driver.abort(self.request.request_id)
+            self.engine.observer.on_abort(self.request, self.produced, self.engine.driver.now())
+
+
+def generate(engine: SimEngine, request: GenRequest) -> Generation:
+    """Submit ``request`` now; iterate the result for its deltas, ``close()`` it at the end."""
+    return Generation(engine, request)
 
 
 def _find_stop(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str] | None:

@@ -40,7 +40,7 @@ from fleetgate.sim.asgi import (
     send_bytes,
     send_json,
 )
-from fleetgate.sim.generation import Delta, GenRequest, SimEngine, generate
+from fleetgate.sim.generation import Delta, Generation, GenRequest, SimEngine, generate
 from fleetgate.sim.vllm_metrics import CONTENT_TYPE, VllmMetrics
 from fleetgate.sim.vllm_protocol import (
     ChatCompletionRequest,
@@ -273,16 +273,21 @@ class VllmApp:
         prompt = self._prompt_ids(req.prompt)
         gen = self._gen_request(scope, req, prompt, req.max_tokens)
         rid = "cmpl-" + gen.request_id.rsplit("#", 1)[0]
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            await race_disconnect(
-                receive,
-                self._stream_completion(send, gen, rid, include_usage, bool(req.return_token_ids)),
-            )
-        else:
-            await race_disconnect(
-                receive, self._complete_completion(send, gen, rid, bool(req.return_token_ids))
-            )
+        run = self._start(gen)
+        return_ids = bool(req.return_token_ids)
+        try:
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                await race_disconnect(
+                    receive,
+                    self._stream_completion(send, gen, run, rid, include_usage, return_ids),
+                )
+            else:
+                await race_disconnect(
+                    receive, self._complete_completion(send, gen, run, rid, return_ids)
+                )
+        finally:
+            run.close()
 
     def _prompt_ids(self, prompt: Any) -> list[int]:
         if isinstance(prompt, str):
@@ -298,16 +303,22 @@ class VllmApp:
             400, "Batched prompts are not supported by the emulator.", "BadRequestError", "prompt"
         )
 
-    async def _collect(self, gen: GenRequest) -> tuple[list[Delta], str]:
+    def _start(self, gen: GenRequest) -> Generation:
+        try:
+            return generate(self.engine, gen)
+        except ValueError as e:
+            raise _HttpError(400, str(e), "BadRequestError", getattr(e, "param", None)) from None
+
+    async def _collect(self, run: Generation) -> tuple[list[Delta], str]:
         deltas: list[Delta] = []
-        async for d in generate(self.engine, gen):
+        async for d in run:
             deltas.append(d)
         return deltas, "".join(d.text for d in deltas)
 
     async def _complete_completion(
-        self, send: Send, gen: GenRequest, rid: str, return_ids: bool
+        self, send: Send, gen: GenRequest, run: Generation, rid: str, return_ids: bool
     ) -> None:
-        deltas, text = await self._collect(gen)
+        deltas, text = await self._collect(run)
         last = deltas[-1]
         if last.finish_reason == "abort":
             await self._send_error(send, _aborted())
@@ -342,7 +353,13 @@ class VllmApp:
         await send_json(send, 200, out)
 
     async def _stream_completion(
-        self, send: Send, gen: GenRequest, rid: str, include_usage: bool, return_ids: bool
+        self,
+        send: Send,
+        gen: GenRequest,
+        run: Generation,
+        rid: str,
+        include_usage: bool,
+        return_ids: bool,
     ) -> None:
         sse = SseWriter(send)
         await sse.start()
@@ -351,7 +368,7 @@ class VllmApp:
         produced = 0
         cached = 0
         first = True
-        async for d in generate(self.engine, gen):
+        async for d in run:
             if d.finish_reason == "abort":
                 await sse.event(self._body(_aborted()))
                 break
@@ -391,13 +408,17 @@ class VllmApp:
         gen = self._gen_request(scope, req, prompt, max_tokens)
         rid = "chatcmpl-" + gen.request_id.rsplit("#", 1)[0]
         return_ids = bool(req.return_token_ids)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            await race_disconnect(
-                receive, self._stream_chat(send, gen, rid, include_usage, return_ids)
-            )
-        else:
-            await race_disconnect(receive, self._complete_chat(send, gen, rid, return_ids))
+        run = self._start(gen)
+        try:
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                await race_disconnect(
+                    receive, self._stream_chat(send, gen, run, rid, include_usage, return_ids)
+                )
+            else:
+                await race_disconnect(receive, self._complete_chat(send, gen, run, rid, return_ids))
+        finally:
+            run.close()
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
         clean: list[dict[str, object]] = []
@@ -412,10 +433,15 @@ class VllmApp:
                     f"body.messages.{i}.role",
                 )
             clean.append({"role": role, "content": _content_text(m.get("content"))})
-        return self.engine.tokenizer.render_chat(clean, add_generation_prompt)
+        try:
+            return self.engine.tokenizer.render_chat(clean, add_generation_prompt)
+        except ValueError as e:
+            raise _HttpError(400, str(e), "BadRequestError", "messages") from None
 
-    async def _complete_chat(self, send: Send, gen: GenRequest, rid: str, return_ids: bool) -> None:
-        deltas, text = await self._collect(gen)
+    async def _complete_chat(
+        self, send: Send, gen: GenRequest, run: Generation, rid: str, return_ids: bool
+    ) -> None:
+        deltas, text = await self._collect(run)
         last = deltas[-1]
         if last.finish_reason == "abort":
             await self._send_error(send, _aborted())
@@ -460,7 +486,13 @@ class VllmApp:
         await send_json(send, 200, out)
 
     async def _stream_chat(
-        self, send: Send, gen: GenRequest, rid: str, include_usage: bool, return_ids: bool
+        self,
+        send: Send,
+        gen: GenRequest,
+        run: Generation,
+        rid: str,
+        include_usage: bool,
+        return_ids: bool,
     ) -> None:
         sse = SseWriter(send)
         await sse.start()
@@ -474,7 +506,7 @@ class VllmApp:
                          "prompt_text": None})  # fmt: skip
         produced = 0
         cached = 0
-        async for d in generate(self.engine, gen):
+        async for d in run:
             if d.finish_reason == "abort":
                 await sse.event(self._body(_aborted()))
                 break

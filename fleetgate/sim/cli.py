@@ -1,0 +1,113 @@
+"""``fleetgate sim``: run emulated vLLM / TensorRT-LLM engines on loopback.
+
+``fleetgate sim --vllm N --trtllm M --port P [--host 127.0.0.1] [--profile NAME]
+[--fleet FILE.yaml] [--time-scale X] [--seed S] [--model NAME]`` starts N vLLM
+then M TensorRT-LLM engines on consecutive ports from P, prints one flushed line
+per engine ``engine=vllm url=http://127.0.0.1:18100 model=<name>``, then serves
+until SIGINT/SIGTERM and exits 0. With ``--fleet`` the engines come from the
+YAML file (:class:`~fleetgate.sim.fleet.FleetFile`); ``--vllm``/``--trtllm``
+add to them. Bad flags or files raise :class:`~fleetgate.cli.CliError` (one line,
+exit 2) naming the field; a non-loopback ``--host`` is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from fleetgate.cli import CliError
+from fleetgate.sim.fleet import EngineSpec, FleetError, FleetFile, check_loopback, run_fleet
+
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def build_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vllm", type=int, default=0, help="number of vLLM engines")
+    parser.add_argument("--trtllm", type=int, default=0, help="number of TensorRT-LLM engines")
+    parser.add_argument("--port", type=int, default=18100, help="first port (default 18100)")
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
+    parser.add_argument("--profile", default="test", help="timing profile (default: test)")
+    parser.add_argument("--fleet", type=Path, help="YAML fleet file")
+    parser.add_argument("--time-scale", type=float, default=None, help="wall s per model s")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--model", default=None, help=f"served model name ({DEFAULT_MODEL})")
+
+
+def load_fleet_file(path: Path) -> FleetFile:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise CliError(f"--fleet {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise CliError(f"--fleet {path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    try:
+        return FleetFile.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise CliError(f"--fleet {path}: field {where}: {err['msg']}") from None
+
+
+def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int]:
+    if args.vllm < 0 or args.trtllm < 0:
+        raise CliError("--vllm and --trtllm must be >= 0")
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port {args.port} is out of range")
+    if args.time_scale is not None and args.time_scale < 0:
+        raise CliError("--time-scale must be >= 0")
+    try:
+        check_loopback(args.host)
+    except FleetError as e:
+        raise CliError(str(e)) from None
+    specs: list[EngineSpec] = []
+    model, time_scale, seed = DEFAULT_MODEL, 1.0, 0
+    if args.fleet is not None:
+        fleet = load_fleet_file(args.fleet)
+        specs.extend(fleet.engines)
+        model = fleet.model
+        time_scale = fleet.time_scale if fleet.time_scale is not None else time_scale
+        seed = fleet.seed if fleet.seed is not None else seed
+    specs += [EngineSpec(kind="vllm", profile=args.profile) for _ in range(args.vllm)]
+    specs += [EngineSpec(kind="trtllm", profile=args.profile) for _ in range(args.trtllm)]
+    if not specs:
+        raise CliError("nothing to run: give --vllm N, --trtllm M or --fleet FILE")
+    if args.model is not None:
+        model = args.model
+    if args.time_scale is not None:
+        time_scale = args.time_scale
+    if args.seed is not None:
+        seed = args.seed
+    return specs, model, time_scale, seed
+
+
+async def serve(args: argparse.Namespace) -> int:
+    specs, model, time_scale, seed = resolve(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with run_fleet(specs, args.host, args.port, model=model, time_scale=time_scale,
+                             seed=seed) as fleet:  # fmt: skip
+            for e in fleet.engines:
+                print(f"engine={e.kind} url={e.url} model={e.model}", flush=True)
+            await stop.wait()
+    except FleetError as e:
+        raise CliError(str(e)) from None
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    resolve(args)  # validate before starting a loop
+    rc = asyncio.run(serve(args))
+    sys.stdout.flush()
+    return rc

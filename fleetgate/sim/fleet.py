@@ -1,0 +1,265 @@
+"""Many emulated engines in ONE process and ONE event loop.
+
+``async with run_fleet(specs, host="127.0.0.1", port=18100) as fleet:`` starts
+one :class:`~fleetgate.sim.driver.EngineDriver` task and one uvicorn listener
+per engine on consecutive ports (``port=0``: each engine gets an ephemeral
+port; a spec's own ``port`` wins), and stops everything on exit: drivers
+first (open streams end with an in-band error), then the listeners together.
+
+Design choices (measured in ``bench/bench_sim.py``):
+
+* uvicorn ``Server`` objects are driven by :meth:`uvicorn.Server.startup` /
+  ``shutdown`` with sockets bound here (clear "port in use" errors, port 0 for
+  tests) and a single shared 1 s ticker that refreshes their ``date`` headers,
+  instead of one ``Server.serve`` main loop per port (16 loops polling at 10 Hz,
+  each also grabbing SIGINT).
+* Only loopback hosts are accepted (:func:`check_loopback`): the emulator is a
+  test tool and must never listen on a real interface.
+
+The fleet file format is :class:`FleetFile` (pydantic, ``extra="forbid"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import ipaddress
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Literal, cast
+
+import uvicorn
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetgate.engines import get_adapter
+from fleetgate.sim.core import tokenizer as core_tokenizer
+from fleetgate.sim.core.api import EngineModel
+from fleetgate.sim.driver import EngineDriver
+from fleetgate.sim.generation import EngineOptions, SimEngine
+from fleetgate.sim.vllm_app import VllmApp
+from fleetgate.sim.vllm_metrics import VllmMetrics
+
+__all__ = [
+    "EngineSpec",
+    "Fleet",
+    "FleetFile",
+    "FleetError",
+    "ModelFactory",
+    "RunningEngine",
+    "SharedTokenizer",
+    "check_loopback",
+    "run_fleet",
+]
+
+VLLM_VERSION = "0.33.0"
+TRTLLM_VERSION = "1.2.0"
+
+ModelFactory = Callable[[str, str, Mapping[str, Any], int], EngineModel]
+"""``(engine kind, profile name, overrides, seed) -> EngineModel``."""
+
+
+class FleetError(Exception):
+    """A fleet that cannot start (bad host, port in use, bad spec): one-line message."""
+
+
+class EngineSpec(BaseModel):
+    """One engine of a fleet file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["vllm", "trtllm"]
+    profile: str = "test"
+    model: str | None = Field(default=None, min_length=1)
+    """Served model name; defaults to the fleet's ``model``."""
+    port: int | None = Field(default=None, ge=0, le=65535)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Passed to the engine-model factory (e.g. ``num_gpu_blocks``, ``max_num_seqs``)."""
+    enable_prompt_tokens_details: bool = True
+    seed: int | None = None
+
+
+class FleetFile(BaseModel):
+    """``fleetgate sim --fleet FILE.yaml``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(default="meta-llama/Llama-3.1-8B-Instruct", min_length=1)
+    time_scale: float | None = Field(default=None, ge=0)
+    seed: int | None = None
+    engines: list[EngineSpec] = Field(min_length=1)
+
+
+def check_loopback(host: str) -> None:
+    """Refuse anything but a 127.0.0.0/8 or ::1 literal (or ``localhost``)."""
+    if host == "localhost":
+        return
+    try:
+        ok = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        ok = False
+    if not ok:
+        raise FleetError(
+            f"--host {host!r} is not a loopback address; the emulator only binds 127.0.0.0/8 or ::1"
+        )
+
+
+class SharedTokenizer:
+    """The shared emulator tokenizer (``fleetgate.sim.core.tokenizer``) as an object."""
+
+    def encode(self, text: str) -> list[int]:
+        return core_tokenizer.encode(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return core_tokenizer.decode(token_ids)
+
+    def render_chat(
+        self, messages: Sequence[dict[str, object]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        return core_tokenizer.encode_chat(messages, add_generation_prompt=add_generation_prompt)
+
+
+def default_model_factory() -> ModelFactory:
+    """sim-core's factory (``fleetgate.sim.core.timing.build_engine_model``)."""
+    module = importlib.import_module("fleetgate.sim.core.timing")
+    return cast(ModelFactory, module.build_engine_model)
+
+
+@dataclasses.dataclass(slots=True)
+class RunningEngine:
+    kind: str
+    model: str
+    host: str
+    port: int
+    engine: SimEngine
+    app: Any
+    server: uvicorn.Server
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+@dataclasses.dataclass(slots=True)
+class Fleet:
+    engines: list[RunningEngine]
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise FleetError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def build_engine(
+    spec: EngineSpec,
+    model_name: str,
+    factory: ModelFactory,
+    time_scale: float,
+    seed: int,
+    created: float,
+) -> tuple[SimEngine, Any]:
+    """One engine (model, driver, metrics, ASGI app); nothing started yet."""
+    try:
+        model = factory(spec.kind, spec.profile, spec.overrides, seed)
+    except ValueError as e:
+        raise FleetError(f"engine {spec.kind}/{spec.profile}: {e}") from None
+    stats = model.stats()
+    options = EngineOptions(
+        kind=spec.kind,
+        model_name=model_name,
+        model_root=f"/models/{model_name}",
+        max_model_len=model.max_model_len,
+        block_size=model.block_size,
+        num_gpu_blocks=stats.blocks_total,
+        max_num_seqs=stats.max_running,
+        enable_prompt_tokens_details=spec.enable_prompt_tokens_details,
+        version=VLLM_VERSION if spec.kind == "vllm" else TRTLLM_VERSION,
+    )
+    adapter = get_adapter(spec.kind)
+    if spec.kind == "vllm":
+        metrics = VllmMetrics(options, model, created)
+        driver = EngineDriver(model, time_scale=time_scale, on_step=metrics.on_step)
+        engine = SimEngine(options, SharedTokenizer(), driver, metrics)
+        return engine, VllmApp(engine, metrics, adapter.error_body, int(created))
+    from fleetgate.sim.trtllm_app import build_trtllm
+
+    return build_trtllm(options, model, SharedTokenizer(), time_scale, adapter.error_body)
+
+
+@contextlib.asynccontextmanager
+async def run_fleet(
+    specs: Sequence[EngineSpec],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    model: str = "meta-llama/Llama-3.1-8B-Instruct",
+    time_scale: float = 1.0,
+    seed: int = 0,
+    factory: ModelFactory | None = None,
+) -> AsyncIterator[Fleet]:
+    """Start ``specs`` on consecutive ports from ``port`` (0 = ephemeral each)."""
+    check_loopback(host)
+    make = factory if factory is not None else default_model_factory()
+    created = time.time()
+    running: list[RunningEngine] = []
+    sockets: list[socket.socket] = []
+    ticker: asyncio.Task[None] | None = None
+    try:
+        for i, spec in enumerate(specs):
+            want = spec.port if spec.port is not None else (port + i if port else 0)
+            sock = _bind(host, want)
+            sockets.append(sock)
+            name = spec.model or model
+            engine, app = build_engine(
+                spec, name, make, time_scale, spec.seed if spec.seed is not None else seed + i,
+                created,
+            )  # fmt: skip
+            config = uvicorn.Config(
+                app, lifespan="off", log_level="warning", access_log=False,
+                timeout_graceful_shutdown=2, http="httptools",
+            )  # fmt: skip
+            server = uvicorn.Server(config)
+            config.load()
+            server.lifespan = config.lifespan_class(config)
+            await server.on_tick(0)
+            await engine.driver.start()
+            await server.startup(sockets=[sock])
+            server.started = True
+            running.append(
+                RunningEngine(spec.kind, name, host, sock.getsockname()[1], engine, app, server)
+            )
+        ticker = asyncio.get_running_loop().create_task(_tick([r.server for r in running]))
+        yield Fleet(running)
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
+        for r in running:
+            await r.engine.driver.stop()
+        await asyncio.gather(
+            *(r.server.shutdown(sockets=[s]) for r, s in zip(running, sockets, strict=False))
+        )
+        for s in sockets[len(running) :]:
+            s.close()
+
+
+async def _tick(servers: list[uvicorn.Server]) -> None:
+    counter = 0
+    while True:
+        await asyncio.sleep(1.0)
+        counter += 10
+        for server in servers:
+            await server.on_tick(counter)
