@@ -109,6 +109,8 @@ def check_loopback(host: str) -> None:
 class SharedTokenizer:
     """The shared emulator tokenizer (``fleetgate.sim.core.tokenizer``) as an object."""
 
+    vocab_size = core_tokenizer.VOCAB_SIZE
+
     def encode(self, text: str) -> list[int]:
         return core_tokenizer.encode(text)
 

@@ -45,6 +45,8 @@ EngineKind = Literal["vllm", "trtllm"]
 class Tokenizer(Protocol):
     """The part of the shared emulator tokenizer the HTTP layer uses."""
 
+    vocab_size: int
+
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...

@@ -366,6 +366,8 @@ class TrtllmApp:
             assert isinstance(req, CompletionRequest)
             p = req.prompt
             prompt = self.engine.tokenizer.encode(p) if isinstance(p, str) else list(p)
+            if any(not 0 <= t < self.engine.tokenizer.vocab_size for t in prompt):
+                raise _Flat(400, "Token id out of vocabulary range.")
             max_tokens = req.max_tokens
         if not prompt:
             raise _Flat(400, "The prompt must not be empty.")

@@ -293,6 +293,12 @@ class VllmApp:
         if isinstance(prompt, str):
             return self.engine.tokenizer.encode(prompt)
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            vocab = self.engine.tokenizer.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise _HttpError(400, f"Token id {bad[0]} is out of vocabulary "
+                                 f"(vocab size {vocab}). (parameter=prompt, value={bad[0]})",
+                                 "BadRequestError", "prompt")  # fmt: skip
             return list(prompt)
         if isinstance(prompt, list) and len(prompt) == 1:
             return self._prompt_ids(prompt[0])

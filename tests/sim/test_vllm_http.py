@@ -1,0 +1,368 @@
+"""The emulated vLLM server against the real vLLM 0.32 recordings.
+
+We test these aspects: response shapes (keys, types, status, headers) of every
+recorded endpoint, SSE framing (one event per HTTP chunk, [DONE], fingerprint
+placement, first chat chunk), the recorded error cases, disconnect -> abort
+(running falls, ``abort`` not counted), priority order through HTTP, and that
+bad input never crashes or hangs the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fleetgate.sim.fleet import EngineSpec, Fleet, run_fleet
+
+FIX = Path("/work/shared/fixtures/vllm-0.32-cpu")
+MODEL = "tiny-llama"
+
+
+def fixture(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIX / name).read_text())
+    return data
+
+
+def shape(obj: Any) -> Any:
+    """Keys and value types, recursively (values themselves are run-specific)."""
+    if isinstance(obj, dict):
+        return {k: shape(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [shape(obj[0])] if obj else []
+    if isinstance(obj, bool):
+        return "bool"
+    if isinstance(obj, int | float):
+        return "number"
+    return type(obj).__name__
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[Fleet]:
+    spec = EngineSpec(kind="vllm", overrides={"queue_policy": "priority"})
+    async with run_fleet([spec], "127.0.0.1", 0, model=MODEL, time_scale=1.0) as f:
+        yield f
+
+
+@pytest.fixture
+async def client(fleet: Fleet) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=fleet.engines[0].url, timeout=10) as c:
+        yield c
+
+
+async def raw_request(url: str, method: str, path: str, body: bytes | None = None,
+                      headers: dict[str, str] | None = None) -> bytes:  # fmt: skip
+    """One request on a fresh socket; every byte of the response (server closes)."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    hdrs = {"Host": f"{host}:{port}", "Connection": "close", **(headers or {})}
+    if body is not None:
+        hdrs.setdefault("Content-Type", "application/json")
+        hdrs["Content-Length"] = str(len(body))
+    head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
+    writer.write(head.encode() + b"\r\n" + (body or b""))
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    await writer.wait_closed()
+    return data
+
+
+def dechunk(raw: bytes) -> tuple[bytes, list[bytes]]:
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    chunks = []
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        chunks.append(rest[:size])
+        rest = rest[size + 2 :]
+    return head, chunks
+
+
+def header_names(head: bytes) -> list[str]:
+    """Header names in wire order; ``connection`` is left out (our client sends close)."""
+    names = [line.split(b":")[0].decode().lower() for line in head.split(b"\r\n")[1:]]
+    return [n for n in names if n != "connection"]
+
+
+def events(chunks: list[bytes]) -> list[Any]:
+    out = []
+    for c in chunks:
+        assert c.startswith(b"data: ") and c.endswith(b"\n\n"), c
+        assert c.count(b"\n\n") == 1, "one SSE event per HTTP chunk"
+        payload = c[6:-2]
+        out.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
+    return out
+
+
+async def test_health_models_version_shapes(client: httpx.AsyncClient) -> None:
+    r = await client.get("/health")
+    assert r.status_code == 200 and r.content == b""
+    assert "content-type" not in r.headers and r.headers["content-length"] == "0"
+    r = await client.get("/v1/models")
+    want = fixture("models.json")["response"]["body_json"]
+    assert shape(r.json()) == shape(want)
+    assert r.json()["data"][0]["id"] == MODEL and r.json()["data"][0]["owned_by"] == "vllm"
+    r = await client.get("/version")
+    assert r.json() == {"version": "0.33.0"}
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [
+        pytest.param("completions_nonstream.json", "/v1/completions", id="completion"),
+        pytest.param("chat_nonstream.json", "/v1/chat/completions", id="chat"),
+        pytest.param("completions_return_token_ids.json", "/v1/completions", id="cmpl-ids"),
+        pytest.param("chat_return_token_ids.json", "/v1/chat/completions", id="chat-ids"),
+        pytest.param("completions_prompt_token_ids.json", "/v1/completions", id="prompt-ids"),
+        pytest.param("missing_model_accepted.json", "/v1/completions", id="no-model"),
+        pytest.param("extra_unknown_field.json", "/v1/completions", id="extra-field"),
+        pytest.param("priority_numeric_string.json", "/v1/completions", id="priority-str-5"),
+    ],
+)
+async def test_nonstream_shapes_match_fixture(client: httpx.AsyncClient, name: str,
+                                              path: str) -> None:  # fmt: skip
+    rec = fixture(name)
+    body = json.loads(rec["request"]["body"])
+    r = await client.post(path, json=body)
+    want = rec["response"]["body_json"]
+    assert r.status_code == 200
+    got = r.json()
+    # prompt_tokens_details is on by default in the emulator (the operator sets it)
+    got["usage"]["prompt_tokens_details"] = None
+    assert shape(got) == shape(want)
+    assert list(got) == list(want), "key order as recorded"
+    assert got["model"] == MODEL and got["usage"]["completion_tokens"] >= 1
+
+
+async def test_prompt_tokens_details_null_when_disabled() -> None:
+    spec = EngineSpec(kind="vllm", enable_prompt_tokens_details=False)
+    async with run_fleet([spec], "127.0.0.1", 0, model=MODEL) as f, httpx.AsyncClient() as c:
+        r = await c.post(f.engines[0].url + "/v1/completions",
+                         json={"prompt": "The prefix cache is warm.", "max_tokens": 4})  # fmt: skip
+        assert r.json()["usage"]["prompt_tokens_details"] is None
+    async with run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, model=MODEL) as f:
+        async with httpx.AsyncClient() as c:
+            r = await c.post(f.engines[0].url + "/v1/completions",
+                             json={"prompt": "The prefix cache is warm.", "max_tokens": 4})  # fmt: skip
+        assert r.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+async def test_x_request_id_sets_id(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/completions", headers={"X-Request-Id": "fixture-req-1"},
+                          json={"prompt": "hi", "max_tokens": 2})  # fmt: skip
+    assert r.json()["id"] == "cmpl-fixture-req-1"
+    assert "x-request-id" not in r.headers
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "usage"),
+    [
+        pytest.param("completions_stream.wire.txt", "/v1/completions", False, id="cmpl"),
+        pytest.param("completions_stream_usage.wire.txt", "/v1/completions", True, id="cmpl-u"),
+        pytest.param("chat_stream.wire.txt", "/v1/chat/completions", False, id="chat"),
+        pytest.param("chat_stream_usage.wire.txt", "/v1/chat/completions", True, id="chat-u"),
+    ],
+)
+async def test_sse_framing_matches_wire(fleet: Fleet, name: str, path: str, usage: bool) -> None:
+    rec = fixture(name.replace(".wire.txt", ".json"))
+    want_head, want_chunks = dechunk((FIX / name).read_bytes())
+    want = events(want_chunks)
+    body = json.loads(rec["request"]["body"])
+    body["ignore_eos"] = True  # same number of token events as the recording
+    raw = await raw_request(fleet.engines[0].url, "POST", path, json.dumps(body).encode())
+    head, chunks = dechunk(raw)
+    got = events(chunks)
+    assert head.split(b"\r\n")[0] == b"HTTP/1.1 200 OK"
+    assert header_names(head) == header_names(want_head)
+    assert len(got) == len(want)
+    assert got[-1] == want[-1] == "[DONE]"
+    for g, w in zip(got[:-1], want[:-1], strict=True):
+        # the emulator runs with prompt-tokens details on (recording: off)
+        assert g.get("usage", {}).pop("prompt_tokens_details", {"cached_tokens": 0}) == {
+            "cached_tokens": 0
+        }
+        assert shape(g) == shape(w)
+        assert list(g) == list(w)
+    fp = [i for i, e in enumerate(got[:-1]) if "system_fingerprint" in e]
+    assert fp == [len(got) - 2], "fingerprint only on the final event"
+    if usage:
+        assert got[-2]["choices"] == [] and got[-2]["usage"]["completion_tokens"] == 8
+
+
+async def test_errors_match_fixtures(fleet: Fleet) -> None:
+    url = fleet.engines[0].url
+    for name in ["err_malformed_json.json", "err_max_tokens_zero.json",
+                 "err_negative_max_tokens.json", "err_priority_string.json",
+                 "err_temperature_wrong_type.json", "err_unknown_model.json",
+                 "err_unknown_model_chat.json", "err_stream_unknown_model.json",
+                 "err_wrong_content_type.json", "err_get_on_post_route.json",
+                 "err_unknown_route.json"]:  # fmt: skip
+        rec = fixture(name)
+        req = rec["request"]
+        headers = {k: v for k, v in req["headers"] if k.lower() == "content-type"}
+        body = req["body"].encode() if req["method"] == "POST" else None
+        raw = await raw_request(url, req["method"], req["path"], body, headers)
+        head, _, payload = raw.partition(b"\r\n\r\n")
+        status = int(head.split()[1])
+        assert status == rec["response"]["status"], name
+        want_hdrs = [h for h, _ in rec["response"]["headers"]]
+        assert header_names(head) == want_hdrs, name
+        want = rec["response"]["body_json"]
+        got = json.loads(payload)
+        if "models" in str(want) or "unknown_model" in name:
+            want = json.loads(json.dumps(want).replace("tiny-llama", MODEL))
+        assert got == want, name
+
+
+async def test_prompt_too_long_is_plain_400_even_streaming(client: httpx.AsyncClient) -> None:
+    for stream in (False, True):
+        r = await client.post("/v1/completions", json={"prompt": "hello world " * 400,
+                                                       "max_tokens": 8, "stream": stream})  # fmt: skip
+        assert r.status_code == 400
+        assert r.headers["content-type"] == "application/json"
+        err = r.json()["error"]
+        assert err["param"] == "input_tokens" and err["type"] == "BadRequestError"
+        assert "maximum context length is 512 tokens" in err["message"]
+
+
+async def test_max_tokens_over_context_is_clamped(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/completions", json={"prompt": "The prefix cache is warm.",
+                                                   "max_tokens": 5000, "ignore_eos": True})  # fmt: skip
+    u = r.json()["usage"]
+    assert r.status_code == 200 and u["total_tokens"] == 512
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+async def test_tokenize_detokenize_agree(client: httpx.AsyncClient) -> None:
+    r = await client.post("/tokenize", json={"prompt": "The prefix cache is warm."})
+    got = r.json()
+    assert shape(got) == shape(fixture("tokenize_prompt.json")["response"]["body_json"])
+    r2 = await client.post("/detokenize", json={"tokens": got["tokens"]})
+    assert r2.json() == {"prompt": "The prefix cache is warm."}
+    r3 = await client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r3.json()["tokens"][0] == 1  # BOS, like the recorded chat template
+    r4 = await client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+        "return_token_ids": True})  # fmt: skip
+    assert r4.json()["prompt_token_ids"] == r3.json()["tokens"]
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} {labels} not exposed")
+
+
+async def test_metrics_families_like_fixture(client: httpx.AsyncClient) -> None:
+    await client.post("/v1/completions", json={"prompt": "warm up", "max_tokens": 4})
+    r = await client.get("/metrics")
+    assert r.headers["content-type"] == "text/plain; version=1.0.0; charset=utf-8"
+    want = (FIX / "metrics_b_after_requests.prom.txt").read_text()
+
+    def families(text: str) -> set[tuple[str, str]]:
+        return {tuple(line.split()[2:4]) for line in text.splitlines()  # type: ignore[misc]
+                if line.startswith("# TYPE vllm:")}  # fmt: skip
+
+    assert families(r.text) == families(want)
+    for line in r.text.splitlines():
+        if line.startswith("vllm:") and "admission" not in line and "config_info" not in line:
+            assert 'engine="0"' in line and f'model_name="{MODEL}"' in line, line
+    assert re.search(r'vllm:cache_config_info\{.*block_size="16".*num_gpu_blocks="64"', r.text)
+    le = re.findall(r'time_to_first_token_seconds_bucket\{[^}]*le="([^"]+)"', r.text)
+    assert le == re.findall(r'time_to_first_token_seconds_bucket\{[^}]*le="([^"]+)"', want)
+    assert metric(r.text, "vllm:request_success_total", finished_reason="stop") + metric(
+        r.text, "vllm:request_success_total", finished_reason="length") == 1  # fmt: skip
+
+
+async def test_disconnect_aborts_and_frees(fleet: Fleet) -> None:
+    url = fleet.engines[0].url
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "Disconnect test: tell a long story.", "max_tokens": 400,
+                       "ignore_eos": True, "stream": True}).encode()  # fmt: skip
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+    await writer.drain()
+    got = b""
+    while got.count(b"data: ") < 5:
+        got += await asyncio.wait_for(reader.read(4096), 5)
+    async with httpx.AsyncClient(base_url=url) as c:
+        during = (await c.get("/metrics")).text
+        assert metric(during, "vllm:num_requests_running") == 1
+        assert metric(during, "vllm:kv_cache_usage_perc") > 0
+        writer.close()
+        await writer.wait_closed()
+        for _ in range(100):
+            after = (await c.get("/metrics")).text
+            if metric(after, "vllm:num_requests_running") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert metric(after, "vllm:num_requests_running") == 0
+        assert metric(after, "vllm:kv_cache_usage_perc") == 0
+        assert metric(after, "vllm:request_success_total", finished_reason="abort") == 0
+        assert metric(after, "vllm:generation_tokens_total") < 400
+        assert metric(after, "vllm:e2e_request_latency_seconds_count") == 0
+
+
+async def test_priority_order_through_http() -> None:
+    spec = EngineSpec(kind="vllm", overrides={"queue_policy": "priority", "max_running": 1})
+    async with run_fleet([spec], "127.0.0.1", 0, model=MODEL) as f:
+        order: list[str] = []
+        async with httpx.AsyncClient(base_url=f.engines[0].url, timeout=20) as c:
+
+            async def send(tag: str, priority: int | None, header: int | None = None) -> None:
+                body: dict[str, Any] = {"prompt": f"{tag}: the the", "max_tokens": 20,
+                                        "ignore_eos": True}  # fmt: skip
+                if priority is not None:
+                    body["priority"] = priority
+                hdrs = {"X-Vllm-Priority": str(header)} if header is not None else {}
+                r = await c.post("/v1/completions", json=body, headers=hdrs)
+                assert r.status_code == 200
+                order.append(tag)
+
+            first = asyncio.create_task(send("busy", 0))
+            await asyncio.sleep(0.01)
+            tasks = [asyncio.create_task(send("low", 10))]
+            await asyncio.sleep(0.005)
+            tasks.append(asyncio.create_task(send("none", None)))
+            await asyncio.sleep(0.005)
+            tasks.append(asyncio.create_task(send("high", 10, header=-5)))
+            await asyncio.gather(first, *tasks)
+    assert order == ["busy", "high", "none", "low"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"", id="empty"),
+        pytest.param(b"[1,2]", id="array"),
+        pytest.param(b'{"prompt": 5}', id="prompt-int"),
+        pytest.param(b'{"prompt": []}', id="prompt-empty"),
+        pytest.param(b'{"prompt": "x", "stop": 3}', id="stop-int"),
+        pytest.param(b'{"prompt": [99999999]}', id="bad-token-id"),
+        pytest.param(b'{"messages": "hi"}', id="chat-to-completions"),
+        pytest.param(b'{"prompt": "x", "n": 2}', id="n2"),
+        pytest.param(b"\xff\xfe", id="not-utf8"),
+    ],
+)
+async def test_bad_input_never_crashes(client: httpx.AsyncClient, body: bytes) -> None:
+    r = await client.post("/v1/completions", content=body,
+                          headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400
+    assert "error" in r.json()
+    r = await client.post("/v1/chat/completions", content=body,
+                          headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400
+    ok = await client.post("/v1/completions", json={"prompt": "still alive", "max_tokens": 1})
+    assert ok.status_code == 200
