@@ -56,8 +56,13 @@ async def client(fleet: Fleet) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def raw_request(url: str, method: str, path: str, body: bytes | None = None,
-                      headers: dict[str, str] | None = None) -> bytes:  # fmt: skip
+async def raw_request(
+    url: str,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> bytes:
     """One request on a fresh socket; every byte of the response (server closes)."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -128,8 +133,9 @@ async def test_health_models_version_shapes(client: httpx.AsyncClient) -> None:
         pytest.param("priority_numeric_string.json", "/v1/completions", id="priority-str-5"),
     ],
 )
-async def test_nonstream_shapes_match_fixture(client: httpx.AsyncClient, name: str,
-                                              path: str) -> None:  # fmt: skip
+async def test_nonstream_shapes_match_fixture(
+    client: httpx.AsyncClient, name: str, path: str
+) -> None:
     rec = fixture(name)
     body = json.loads(rec["request"]["body"])
     r = await client.post(path, json=body)
@@ -146,19 +152,26 @@ async def test_nonstream_shapes_match_fixture(client: httpx.AsyncClient, name: s
 async def test_prompt_tokens_details_null_when_disabled() -> None:
     spec = EngineSpec(kind="vllm", enable_prompt_tokens_details=False)
     async with run_fleet([spec], "127.0.0.1", 0, model=MODEL) as f, httpx.AsyncClient() as c:
-        r = await c.post(f.engines[0].url + "/v1/completions",
-                         json={"prompt": "The prefix cache is warm.", "max_tokens": 4})  # fmt: skip
+        r = await c.post(
+            f.engines[0].url + "/v1/completions",
+            json={"prompt": "The prefix cache is warm.", "max_tokens": 4},
+        )
         assert r.json()["usage"]["prompt_tokens_details"] is None
     async with run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, model=MODEL) as f:
         async with httpx.AsyncClient() as c:
-            r = await c.post(f.engines[0].url + "/v1/completions",
-                             json={"prompt": "The prefix cache is warm.", "max_tokens": 4})  # fmt: skip
+            r = await c.post(
+                f.engines[0].url + "/v1/completions",
+                json={"prompt": "The prefix cache is warm.", "max_tokens": 4},
+            )
         assert r.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
 async def test_x_request_id_sets_id(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/completions", headers={"X-Request-Id": "fixture-req-1"},
-                          json={"prompt": "hi", "max_tokens": 2})  # fmt: skip
+    r = await client.post(
+        "/v1/completions",
+        headers={"X-Request-Id": "fixture-req-1"},
+        json={"prompt": "hi", "max_tokens": 2},
+    )
     assert r.json()["id"] == "cmpl-fixture-req-1"
     assert "x-request-id" not in r.headers
 
@@ -200,12 +213,19 @@ async def test_sse_framing_matches_wire(fleet: Fleet, name: str, path: str, usag
 
 async def test_errors_match_fixtures(fleet: Fleet) -> None:
     url = fleet.engines[0].url
-    for name in ["err_malformed_json.json", "err_max_tokens_zero.json",
-                 "err_negative_max_tokens.json", "err_priority_string.json",
-                 "err_temperature_wrong_type.json", "err_unknown_model.json",
-                 "err_unknown_model_chat.json", "err_stream_unknown_model.json",
-                 "err_wrong_content_type.json", "err_get_on_post_route.json",
-                 "err_unknown_route.json"]:  # fmt: skip
+    for name in [
+        "err_malformed_json.json",
+        "err_max_tokens_zero.json",
+        "err_negative_max_tokens.json",
+        "err_priority_string.json",
+        "err_temperature_wrong_type.json",
+        "err_unknown_model.json",
+        "err_unknown_model_chat.json",
+        "err_stream_unknown_model.json",
+        "err_wrong_content_type.json",
+        "err_get_on_post_route.json",
+        "err_unknown_route.json",
+    ]:
         rec = fixture(name)
         req = rec["request"]
         headers = {k: v for k, v in req["headers"] if k.lower() == "content-type"}
@@ -225,8 +245,10 @@ async def test_errors_match_fixtures(fleet: Fleet) -> None:
 
 async def test_prompt_too_long_is_plain_400_even_streaming(client: httpx.AsyncClient) -> None:
     for stream in (False, True):
-        r = await client.post("/v1/completions", json={"prompt": "hello world " * 400,
-                                                       "max_tokens": 8, "stream": stream})  # fmt: skip
+        r = await client.post(
+            "/v1/completions",
+            json={"prompt": "hello world " * 400, "max_tokens": 8, "stream": stream},
+        )
         assert r.status_code == 400
         assert r.headers["content-type"] == "application/json"
         err = r.json()["error"]
@@ -235,8 +257,10 @@ async def test_prompt_too_long_is_plain_400_even_streaming(client: httpx.AsyncCl
 
 
 async def test_max_tokens_over_context_is_clamped(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/completions", json={"prompt": "The prefix cache is warm.",
-                                                   "max_tokens": 5000, "ignore_eos": True})  # fmt: skip
+    r = await client.post(
+        "/v1/completions",
+        json={"prompt": "The prefix cache is warm.", "max_tokens": 5000, "ignore_eos": True},
+    )
     u = r.json()["usage"]
     assert r.status_code == 200 and u["total_tokens"] == 512
     assert r.json()["choices"][0]["finish_reason"] == "length"
@@ -250,15 +274,20 @@ async def test_tokenize_detokenize_agree(client: httpx.AsyncClient) -> None:
     assert r2.json() == {"prompt": "The prefix cache is warm."}
     r3 = await client.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
     assert r3.json()["tokens"][0] == 1  # BOS, like the recorded chat template
-    r4 = await client.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-        "return_token_ids": True})  # fmt: skip
+    r4 = await client.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+            "return_token_ids": True,
+        },
+    )
     assert r4.json()["prompt_token_ids"] == r3.json()["tokens"]
 
 
 def metric(text: str, name: str, **labels: str) -> float:
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if line.startswith((name + "{", name + " ")):
             if all(f'{k}="{v}"' in line for k, v in labels.items()):
                 return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} {labels} not exposed")
@@ -271,8 +300,11 @@ async def test_metrics_families_like_fixture(client: httpx.AsyncClient) -> None:
     want = (FIX / "metrics_b_after_requests.prom.txt").read_text()
 
     def families(text: str) -> set[tuple[str, str]]:
-        return {tuple(line.split()[2:4]) for line in text.splitlines()  # type: ignore[misc]
-                if line.startswith("# TYPE vllm:")}  # fmt: skip
+        return {
+            tuple(line.split()[2:4])
+            for line in text.splitlines()  # type: ignore[misc]
+            if line.startswith("# TYPE vllm:")
+        }
 
     assert families(r.text) == families(want)
     for line in r.text.splitlines():
@@ -281,18 +313,30 @@ async def test_metrics_families_like_fixture(client: httpx.AsyncClient) -> None:
     assert re.search(r'vllm:cache_config_info\{.*block_size="16".*num_gpu_blocks="64"', r.text)
     le = re.findall(r'time_to_first_token_seconds_bucket\{[^}]*le="([^"]+)"', r.text)
     assert le == re.findall(r'time_to_first_token_seconds_bucket\{[^}]*le="([^"]+)"', want)
-    assert metric(r.text, "vllm:request_success_total", finished_reason="stop") + metric(
-        r.text, "vllm:request_success_total", finished_reason="length") == 1  # fmt: skip
+    assert (
+        metric(r.text, "vllm:request_success_total", finished_reason="stop")
+        + metric(r.text, "vllm:request_success_total", finished_reason="length")
+        == 1
+    )
 
 
 async def test_disconnect_aborts_and_frees(fleet: Fleet) -> None:
     url = fleet.engines[0].url
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"prompt": "Disconnect test: tell a long story.", "max_tokens": 400,
-                       "ignore_eos": True, "stream": True}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "prompt": "Disconnect test: tell a long story.",
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # fmt: skip
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     await writer.drain()
     got = b""
     while got.count(b"data: ") < 5:
@@ -322,8 +366,11 @@ async def test_priority_order_through_http() -> None:
         async with httpx.AsyncClient(base_url=f.engines[0].url, timeout=20) as c:
 
             async def send(tag: str, priority: int | None, header: int | None = None) -> None:
-                body: dict[str, Any] = {"prompt": f"{tag}: the the", "max_tokens": 20,
-                                        "ignore_eos": True}  # fmt: skip
+                body: dict[str, Any] = {
+                    "prompt": f"{tag}: the the",
+                    "max_tokens": 20,
+                    "ignore_eos": True,
+                }
                 if priority is not None:
                     body["priority"] = priority
                 hdrs = {"X-Vllm-Priority": str(header)} if header is not None else {}
@@ -357,12 +404,14 @@ async def test_priority_order_through_http() -> None:
     ],
 )
 async def test_bad_input_never_crashes(client: httpx.AsyncClient, body: bytes) -> None:
-    r = await client.post("/v1/completions", content=body,
-                          headers={"content-type": "application/json"})  # fmt: skip
+    r = await client.post(
+        "/v1/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400
     assert "error" in r.json()
-    r = await client.post("/v1/chat/completions", content=body,
-                          headers={"content-type": "application/json"})  # fmt: skip
+    r = await client.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400
     ok = await client.post("/v1/completions", json={"prompt": "still alive", "max_tokens": 1})
     assert ok.status_code == 200
