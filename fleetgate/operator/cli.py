@@ -1,0 +1,95 @@
+"""``fleetgate operator``: run the InferenceService operator (kopf underneath).
+
+Credentials come from ``--kubeconfig``, ``KUBECONFIG``, in-cluster service account
+or ``~/.kube/config``, in that order. Start-up problems (no credentials, API
+unreachable, CRD not installed, a bad option) are one-line errors, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from fleetgate.cli import CliError
+from fleetgate.operator.options import (
+    ENV_EXTRA_TOLERATIONS,
+    OperatorOptions,
+    OptionsError,
+    parse_tolerations,
+)
+
+
+def build_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: the usual places)")
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable; default: all namespaces)",
+    )
+    parser.add_argument(
+        "--metrics-host", default="0.0.0.0", help="address for /metrics and /healthz"
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, default=8080, help="port for /metrics and /healthz"
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=30.0,
+        help="seconds between level-based re-checks of every InferenceService (default 30)",
+    )
+    parser.add_argument(
+        "--extra-toleration",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE][:EFFECT]",
+        help=f"add a toleration to every engine pod (test clusters; also ${ENV_EXTRA_TOLERATIONS})",
+    )
+    parser.add_argument("--cluster-domain", default="cluster.local", help="for status.url")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def options_from(args: argparse.Namespace, environ: dict[str, str]) -> OperatorOptions:
+    """Options from flags and environment, or a :class:`CliError`."""
+    if args.interval <= 0:
+        raise CliError(f"--interval must be > 0, got {args.interval}")
+    if not 0 <= args.metrics_port <= 65535:
+        raise CliError(f"--metrics-port must be 0-65535, got {args.metrics_port}")
+    try:
+        tolerations = parse_tolerations(environ.get(ENV_EXTRA_TOLERATIONS, ""))
+        for text in args.extra_toleration:
+            tolerations += parse_tolerations(text)
+    except OptionsError as e:
+        raise CliError(str(e)) from e
+    return OperatorOptions(
+        extra_tolerations=tolerations,
+        reconcile_interval=args.interval,
+        cluster_domain=args.cluster_domain,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from(args, dict(os.environ))
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from fleetgate.operator.app import Endpoints, StartupError
+    from fleetgate.operator.app import run as run_operator
+
+    try:
+        run_operator(
+            options,
+            kubeconfig=args.kubeconfig,
+            namespaces=args.namespace,
+            endpoints=Endpoints(host=args.metrics_host, port=args.metrics_port),
+        )
+    except StartupError as e:
+        raise CliError(str(e)) from e
+    except OSError as e:
+        raise CliError(
+            f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e}"
+        ) from e
+    return 0
