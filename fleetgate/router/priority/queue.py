@@ -295,9 +295,14 @@ class AdmissionQueue(Generic[T]):
         """The head item of each non-empty class, most urgent class first."""
         return [h for cq in self._classes.values() if (h := cq.head()) is not None]
 
-    def ordered(self) -> list[QueueItem[T]]:
-        """Every queued item in dispatch order (for tests and debugging; O(n log n))."""
-        return [item for cq in self._classes.values() for item in cq.ordered()]
+    def ordered(self, class_name: str | None = None) -> list[QueueItem[T]]:
+        """Queued items in dispatch order, all or one class's (O(n log n))."""
+        return [
+            item
+            for name, cq in self._classes.items()
+            if class_name is None or name == class_name
+            for item in cq.ordered()
+        ]
 
     def __len__(self) -> int:
         return len(self._where)

@@ -1,0 +1,116 @@
+"""One drain step: what the router should do now, given the queue and the fleet.
+
+The router calls :func:`drain` on every event that may change the answer (a
+request arrived, finished or was cancelled; a scrape landed; an endpoint came
+or went; the queue's :meth:`~.queue.AdmissionQueue.next_expiry` timer fired)
+and executes the returned actions in order:
+
+* :class:`~.queue.Shed`: answer 429/503 (+ ``Retry-After``); for a *parked*
+  request whose client already has part of a stream, end that stream instead;
+* :class:`Dispatch`: send the item to ``endpoint`` (for a parked item, build its
+  continuation with :func:`~.continuation.build_continuation`);
+* :class:`Preempt`: cancel ``victim`` upstream (closing the upstream stream
+  makes the engine free its blocks), then :meth:`~.queue.AdmissionQueue.park`
+  it; the freed capacity triggers the next :func:`drain`, which dispatches the
+  most urgent waiting request, normally ``for_item``.
+
+Within one call, every dispatch counts against its endpoint (the local
+``in_flight`` bump), so one call can fill several free slots without
+overfilling one; victims chosen in this call are not chosen twice; and a
+waiting request listed in ``preempting_for`` (a preemption already in progress
+for it) triggers no second one. Pure: the router's state is passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
+from typing import Generic, TypeVar
+
+from fleetgate.router.priority.config import PriorityConfig
+from fleetgate.router.priority.preemption import InFlight, Waiting, choose_victim
+from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
+from fleetgate.router.priority.saturation import (
+    EndpointView,
+    SaturationThresholds,
+    pool_saturation,
+)
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Dispatch(Generic[T]):
+    item: QueueItem[T]
+    endpoint: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Preempt(Generic[T]):
+    victim: InFlight
+    for_item: QueueItem[T]
+    reason: str
+
+
+Action = Shed[T] | Dispatch[T] | Preempt[T]
+
+
+def drain(
+    queue: AdmissionQueue[T],
+    now: float,
+    *,
+    config: PriorityConfig,
+    thresholds: SaturationThresholds,
+    views_for: Callable[[QueueItem[T]], Sequence[EndpointView]],
+    pick: Callable[[QueueItem[T], tuple[str, ...]], str],
+    in_flight: Sequence[InFlight],
+    preempting_for: Collection[str] = (),
+) -> list[Action[T]]:
+    """Expire, dispatch while capacity lasts, then preempt for overdue requests.
+
+    ``views_for(item)`` gives the eligible endpoints of the item's pool;
+    ``pick(item, available)`` chooses one of ``available`` (the router's scoring
+    pipeline: prefix affinity, load) and must return a member of it.
+    """
+    actions: list[Action[T]] = list(queue.expire(now))
+    extra: Counter[str] = Counter()
+
+    def adjusted(item: QueueItem[T]) -> list[EndpointView]:
+        return [
+            dataclasses.replace(v, in_flight=v.in_flight + extra[v.endpoint])
+            for v in views_for(item)
+        ]
+
+    def can_dispatch(item: QueueItem[T]) -> bool:
+        return not pool_saturation(adjusted(item), thresholds).saturated
+
+    while True:
+        item = queue.pop_next(now, can_dispatch)
+        if item is None:
+            break
+        available = pool_saturation(adjusted(item), thresholds).available
+        endpoint = pick(item, available)
+        if endpoint not in available:
+            raise ValueError(f"pick() returned {endpoint!r}, not one of {available}")
+        extra[endpoint] += 1
+        actions.append(Dispatch(item, endpoint))
+
+    taken: set[str] = set()
+    preempting = [c.name for c in config.by_level_desc() if c.preempt_after_s is not None]
+    for item in (i for name in preempting for i in queue.ordered(name)):
+        if item.parked or item.request_id in preempting_for:
+            continue
+        eligible = {v.endpoint for v in views_for(item)}
+        decision = choose_victim(
+            config,
+            Waiting(item.request_id, item.class_name, item.enqueued_at),
+            [r for r in in_flight if r.request_id not in taken],
+            now,
+            pool_saturated=True,  # it is still queued after the dispatch loop
+            eligible_endpoints=eligible,
+        )
+        if decision.victim is not None:
+            taken.add(decision.victim.request_id)
+            actions.append(Preempt(decision.victim, item, decision.reason))
+    return actions
