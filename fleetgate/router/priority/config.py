@@ -99,7 +99,7 @@ class PriorityClass(BaseModel):
     ttft_objective_s: float = Field(gt=0, allow_inf_nan=False)
     sheddable: bool = False
     max_queue_time_s: float = Field(gt=0, allow_inf_nan=False)
-    max_queued: int = Field(ge=0)
+    max_queued: int = Field(ge=1)
     preempt_after_fraction: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_preemptions_per_request: int = Field(default=0, ge=0)
     retry_after_s: int = Field(default=1, ge=0)

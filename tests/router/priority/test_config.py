@@ -54,6 +54,7 @@ def test_defaults_are_the_four_issue_classes_in_level_order() -> None:
         pytest.param({"ttft_objective_s": float("inf")}, id="inf-ttft"),
         pytest.param({"max_queue_time_s": -1}, id="negative-queue-time"),
         pytest.param({"max_queued": -1}, id="negative-max-queued"),
+        pytest.param({"max_queued": 0}, id="zero-max-queued"),
         pytest.param({"preempt_after_fraction": 0}, id="zero-fraction"),
         pytest.param({"max_preemptions_per_request": -1}, id="negative-preemptions"),
         pytest.param({"name": "Has Space"}, id="bad-name"),
