@@ -167,7 +167,6 @@ PROFILES: dict[str, Profile] = {
             max_running=8,
             max_step_tokens=256,
             max_model_len=512,
-            mean_output_tokens=32.0,
         ),
     )
 }

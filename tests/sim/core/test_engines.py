@@ -6,13 +6,13 @@ import pytest
 
 from fleetgate.sim.core import textgen
 from fleetgate.sim.core import tokenizer as tk
-from fleetgate.sim.core.api import EngineModel
+from fleetgate.sim.core.api import EngineModel, SimRequest
 from fleetgate.sim.core.engine_base import InvalidRequestError, PromptTooLongError
 from fleetgate.sim.core.timing import build_engine_model
 
 from .drive import request, run
 
-MEAN = 32.0  # the test profile's mean output length
+MEAN = 256.0  # the test profile's mean output length (textgen's default)
 
 
 def prompt(n: int, salt: int = 0) -> list[int]:
@@ -284,12 +284,22 @@ def test_output_is_clamped_to_max_model_len() -> None:
 
 
 def test_eos_and_stop_ids_finish_with_stop() -> None:
-    engine = build_engine_model("vllm", "test")
+    engine = build_engine_model("vllm", "test", {"mean_output_tokens": 32})
     p = prompt(20)
-    want, reason = textgen.generate(p, seed=4, max_tokens=400, eos_hazard=1 / MEAN)
+    want, reason = textgen.generate(p, seed=4, max_tokens=400, eos_hazard=1 / 32)
+    assert reason == "stop" and len(want) < 400
     engine.add_request(request("eos", p, 400, ignore_eos=False, seed=4))
+    full = expected(p, 50, seed=4)
+    stop_id = full[20]
+    engine.add_request(
+        SimRequest(
+            "stop-id", p, 50, arrival_time=0.0, ignore_eos=True, stop_token_ids=(stop_id,), seed=4
+        )
+    )
     result = run(engine)
-    assert result.tokens("eos") == want and result.finish("eos") == reason == "stop"
+    assert result.tokens("eos") == want and result.finish("eos") == "stop"
+    assert result.tokens("stop-id") == full[: full.index(stop_id) + 1]
+    assert result.finish("stop-id") == "stop"
 
 
 def test_idle_step_and_stats_invariants() -> None:
