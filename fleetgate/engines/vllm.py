@@ -139,9 +139,9 @@ class PromSample:
 
 
 _LABEL_BLOCK_RE = re.compile(
-    r'\{((?:\s*[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\\n]|\\.)*"\s*,?)*)\s*\}'
+    r'\{((?:\s*[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"[^"\\\n]*(?:\\.[^"\\\n]*)*"\s*,?)*)\s*\}'
 )
-_LABEL_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*)"')
+_LABEL_PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _ESCAPE_RE = re.compile(r'\\[\\"n]')
 _MAX_LINE_IN_ERROR = 160
@@ -187,7 +187,8 @@ class PromScanner:
     names, and then ``{``, a space or a tab, so names that merely share a prefix
     (``vllm:num_requests_waiting_by_reason``) never match. Only matched lines are
     decoded and parsed; HELP/TYPE comments and other families are skipped at C speed.
-    Measured ~20x cheaper than building full families (bench/bench_parse.py).
+    On the real 59 KB vLLM exposition this is ~50-100x cheaper than building all
+    families with prometheus_client (bench/bench_parse.py).
     """
 
     __slots__ = ("_regex", "names")
