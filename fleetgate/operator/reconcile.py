@@ -234,7 +234,8 @@ class Reconciler:
             obs = rep(base, failure_reason="NameConflict", failure_message=str(e))
             return self._report(body, obs, writes)
         except KubeError as e:
-            obs = rep(base, failure_reason="ApplyFailed", failure_message=str(e))
+            detail = f"{e.message} (HTTP {e.status})" if e.status else e.message
+            obs = rep(base, failure_reason="ApplyFailed", failure_message=detail)
             return self._report(body, obs, writes)
         obs = rep(base, deployment=deployment, pods=pods)
         ready = int(((deployment or {}).get("status") or {}).get("readyReplicas", 0) or 0)
