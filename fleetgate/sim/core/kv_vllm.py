@@ -32,7 +32,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-NONE_HASH = hash(("fleetgate-sim", "none-hash"))
+#: Parent "hash" of the first block: a fixed int (a str would be salted by PYTHONHASHSEED).
+NONE_HASH = 0x5F3759DF_9E3779B9
 
 
 def extend_block_hashes(

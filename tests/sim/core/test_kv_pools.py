@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from fleetgate.sim.core.kv_trtllm import TrtllmBlockPool
@@ -112,3 +116,20 @@ def test_trtllm_pool_has_no_null_block_and_counts_reuse_in_blocks() -> None:
     assert (pool.reused_blocks, pool.missed_blocks) == (2, 2)
     assert pool.hit_rate() == 0.5
     assert (pool.query_tokens, pool.hit_tokens) == (100, 64)
+
+
+def test_block_hashes_do_not_depend_on_pythonhashseed() -> None:
+    code = (
+        "from fleetgate.sim.core.kv_vllm import extend_block_hashes as e; h=[]; "
+        "e(h, list(range(64)), 16); print(h)"
+    )
+    outputs = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.add(done.stdout)
+    assert len(outputs) == 1
+    assert outputs == {str(_hashes(list(range(64)), 16)) + "\n"}
