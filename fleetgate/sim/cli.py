@@ -36,7 +36,35 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fleet", type=Path, help="YAML fleet file")
     parser.add_argument("--time-scale", type=float, default=None, help="wall s per model s")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--model", default=None, help=f"served model name ({DEFAULT_MODEL})")
+    parser.add_argument(
+        "--model",
+        "--model-name",
+        dest="model",
+        default=None,
+        help=f"served model name ({DEFAULT_MODEL})",
+    )
+    group = parser.add_argument_group("engine options (for --vllm/--trtllm engines)")
+    group.add_argument("--max-model-len", type=int, help="context length (profile override)")
+    group.add_argument("--max-num-seqs", type=int, help="max running requests per engine")
+    group.add_argument("--num-gpu-blocks", type=int, help="KV cache blocks per engine")
+    group.add_argument("--block-size", type=int, help="tokens per KV block")
+    group.add_argument(
+        "--max-num-queued-reqs", type=int, help="vLLM admission limit: 503 beyond it"
+    )
+    group.add_argument("--scheduling-policy", choices=("fcfs", "priority"), help="queue policy")
+    group.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any timing-profile field, e.g. --set mean_output_tokens=64 (repeatable)",
+    )
+    group.add_argument(
+        "--no-prompt-tokens-details",
+        dest="prompt_tokens_details",
+        action="store_false",
+        help="vLLM: usage.prompt_tokens_details null (as without --enable-prompt-tokens-details)",
+    )
 
 
 def load_fleet_file(path: Path) -> FleetFile:
@@ -52,6 +80,27 @@ def load_fleet_file(path: Path) -> FleetFile:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         raise CliError(f"--fleet {path}: field {where}: {err['msg']}") from None
+
+
+def cli_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """Profile overrides from the engine-option flags (names as in sim-core's ``Profile``)."""
+    out: dict[str, object] = {}
+    for flag, field in (
+        ("max_model_len", "max_model_len"),
+        ("max_num_seqs", "max_running"),
+        ("num_gpu_blocks", "num_blocks"),
+        ("block_size", "block_size"),
+        ("scheduling_policy", "queue_policy"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            out[field] = value
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int]:
@@ -73,8 +122,21 @@ def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int
         model = fleet.model
         time_scale = fleet.time_scale if fleet.time_scale is not None else time_scale
         seed = fleet.seed if fleet.seed is not None else seed
-    specs += [EngineSpec(kind="vllm", profile=args.profile) for _ in range(args.vllm)]
-    specs += [EngineSpec(kind="trtllm", profile=args.profile) for _ in range(args.trtllm)]
+    overrides = cli_overrides(args)
+    details = args.prompt_tokens_details
+    if args.max_num_queued_reqs is not None and args.max_num_queued_reqs < 0:
+        raise CliError("--max-num-queued-reqs must be >= 0")
+    for kind, count in (("vllm", args.vllm), ("trtllm", args.trtllm)):
+        specs += [
+            EngineSpec(
+                kind=kind,
+                profile=args.profile,
+                overrides=overrides,
+                enable_prompt_tokens_details=details,
+                max_num_queued_reqs=args.max_num_queued_reqs,
+            )
+            for _ in range(count)
+        ]
     if not specs:
         raise CliError("nothing to run: give --vllm N, --trtllm M or --fleet FILE")
     if args.model is not None:
@@ -93,8 +155,9 @@ async def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with run_fleet(specs, args.host, args.port, model=model, time_scale=time_scale,
-                             seed=seed) as fleet:  # fmt: skip
+        async with run_fleet(
+            specs, args.host, args.port, model=model, time_scale=time_scale, seed=seed
+        ) as fleet:
             for e in fleet.engines:
                 print(f"engine={e.kind} url={e.url} model={e.model}", flush=True)
             await stop.wait()

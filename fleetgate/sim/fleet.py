@@ -78,6 +78,8 @@ class EngineSpec(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
     """Passed to the engine-model factory (e.g. ``num_gpu_blocks``, ``max_num_seqs``)."""
     enable_prompt_tokens_details: bool = True
+    max_num_queued_reqs: int | None = Field(default=None, ge=0)
+    """vLLM admission control (503 when this many requests already wait)."""
     seed: int | None = None
 
 
@@ -187,6 +189,7 @@ def build_engine(
         num_gpu_blocks=stats.blocks_total,
         max_num_seqs=stats.max_running,
         enable_prompt_tokens_details=spec.enable_prompt_tokens_details,
+        max_num_queued_reqs=spec.max_num_queued_reqs,
         version=VLLM_VERSION if spec.kind == "vllm" else TRTLLM_VERSION,
     )
     adapter = get_adapter(spec.kind)

@@ -68,6 +68,8 @@ class EngineOptions:
     num_gpu_blocks: int
     max_num_seqs: int
     enable_prompt_tokens_details: bool = True
+    max_num_queued_reqs: int | None = None
+    """vLLM ``--max-num-queued-reqs``: beyond it new requests get 503 (off by default)."""
     """vLLM ``--enable-prompt-tokens-details`` (the operator turns it on); off gives the
     fixtures' ``prompt_tokens_details: null``."""
     version: str = ""

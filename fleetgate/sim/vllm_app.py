@@ -310,6 +310,16 @@ class VllmApp:
         )
 
     def _start(self, gen: GenRequest) -> Generation:
+        limit = self.engine.options.max_num_queued_reqs
+        if limit is not None and self.engine.driver.model.stats().waiting >= limit:
+            self.metrics.rejections["max_num_queued_reqs"] += 1
+            raise _HttpError(
+                503,
+                "The engine is currently busy and cannot accept new requests. "
+                "Please try again later or on a different instance.",
+                "Service Unavailable",
+                None,
+            )
         try:
             return generate(self.engine, gen)
         except ValueError as e:

@@ -93,6 +93,7 @@ class VllmMetrics(Collector):
         self._stats = stats
         self.created = created
         self.success = dict.fromkeys(FINISHED_REASONS, 0)
+        self.rejections = {"max_num_queued_reqs": 0, "max_num_queued_tokens": 0}
         len_buckets = one_two_five(options.max_model_len)
         self.hist: dict[str, HistogramState] = {
             "request_prompt_tokens": HistogramState(len_buckets),
@@ -326,8 +327,8 @@ class VllmMetrics(Collector):
             "vllm:admission_rejections",
             "Number of admission attempts rejected by a queue limit, by reason.",
             [
-                ({"model_name": self.options.model_name, "reason": r}, 0.0)
-                for r in ("max_num_queued_reqs", "max_num_queued_tokens")
+                ({"model_name": self.options.model_name, "reason": r}, float(n))
+                for r, n in self.rejections.items()
             ],
             c,
         )
