@@ -42,6 +42,12 @@ Draining JSON policy (:meth:`TrtllmAdapter.parse_metrics`). The executor appends
     iteration or a second reader draining the queue; neither lets us state counts, so
     running/waiting/paused/KV usage/free blocks are ``None`` (unknown, never 0).
 
+Caveat (both trtllm-serve sources): the figures describe the *last iteration*. TRT's
+collector sets the ``trtllm_*`` gauges from iteration stats, and the executor does not
+iterate without work, so after the last request finishes the gauges may keep their last
+busy values until the next request arrives. Nothing in one scrape can reveal that; a
+router that sees no change for long should weigh its own in-flight count instead.
+
 Pure: no I/O, no clock reads; the Prometheus scanner is vllm.py's :class:`PromScanner`.
 """
 
@@ -472,7 +478,8 @@ class TrtllmAdapter:
     default_block_size = 32
     settings_model: type[BaseModel] = TrtllmSettings
     metrics_sources = (PROMETHEUS, ITERATION_STATS, TRITON)
-    #: trtllm-serve's CompletionRequest accepts a token-id list as ``prompt``.
+    #: trtllm-serve's ``CompletionRequest.prompt`` is
+    #: ``Union[List[int], List[List[int]], str, List[str]]`` (serve/openai_protocol.py).
     accepts_token_ids_prompt = True
 
     def parse_metrics(

@@ -352,10 +352,12 @@ class VllmAdapter:
     """The :class:`~fleetgate.engines.base.EngineAdapter` for vLLM's OpenAI server."""
 
     name = "vllm"
-    aliases: tuple[str, ...] = ("vllm-openai",)
+    aliases: tuple[str, ...] = ()
     default_block_size = 16
     settings_model: type[BaseModel] = VllmSettings
     metrics_sources = (MetricsSource(name="metrics", path="/metrics", format="prometheus"),)
+    #: A token-id list as ``prompt`` gives the same output as the text (fixture
+    #: completions_prompt_token_ids.json, 200).
     accepts_token_ids_prompt = True
 
     # ---------------------------------------------------------------- metrics
@@ -394,6 +396,9 @@ class VllmAdapter:
         )
         running = _sum(found[_RUNNING], _RUNNING)
         waiting = _sum(found[_WAITING], _WAITING)
+        for what, value in ((_RUNNING, running), (_WAITING, waiting)):
+            if value is not None and value < 0:
+                raise MetricsParseError(f"{what} is negative: {value!r}")
         models = sorted(
             {
                 s.labels["model_name"]

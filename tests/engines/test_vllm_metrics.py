@@ -242,6 +242,7 @@ def test_prefix_sharing_names_and_created_samples_are_not_mixed_up() -> None:
         pytest.param(b"vllm:kv_cache_usage_perc NaN\n", "finite", id="nan-kv"),
         pytest.param(b"vllm:num_requests_running +Inf\n", "finite", id="inf-running"),
         pytest.param(b"vllm:kv_cache_usage_perc 1.5\n", "out of [0, 1]", id="kv-over-1"),
+        pytest.param(b"vllm:num_requests_waiting -1\n", "negative", id="negative-waiting"),
         pytest.param(
             b'vllm:cache_config_info{block_size="big",num_gpu_blocks="1"} 1\n',
             "integer",
