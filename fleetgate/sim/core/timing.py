@@ -193,8 +193,32 @@ def _coerce(name: str, current: object, value: object) -> object:
     return value
 
 
+#: Engine-native setting names accepted as overrides, mapped to :class:`Profile` fields.
+ALIASES: dict[str, str] = {
+    "num_gpu_blocks": "num_blocks",
+    "max_num_seqs": "max_running",
+    "max_batch_size": "max_running",
+    "max_num_batched_tokens": "max_step_tokens",
+    "max_num_tokens": "max_step_tokens",
+    "tokens_per_block": "block_size",
+    "scheduling_policy": "queue_policy",
+    "waiting_queue_policy": "queue_policy",
+    "capacity_scheduler_policy": "capacity_policy",
+    "enable_prefix_caching": "prefix_caching",
+    "enable_block_reuse": "prefix_caching",
+    "enable_chunked_prefill": "chunked_prefill",
+    "enable_chunked_context": "chunked_prefill",
+}
+
+
 def resolve_profile(name: str, overrides: Mapping[str, object] | None = None) -> Profile:
-    """The named profile with ``overrides`` (field name -> value) applied."""
+    """The named profile with ``overrides`` applied.
+
+    Keys are :class:`Profile` field names or the engine-native names in
+    :data:`ALIASES` (``max_num_seqs``, ``max_batch_size``, ...). String values
+    are converted to the field's type (CLI ``--set key=value``); policy names
+    are case-insensitive (``FCFS``, ``max_utilization``).
+    """
     try:
         profile = PROFILES[name]
     except KeyError:
@@ -205,10 +229,19 @@ def resolve_profile(name: str, overrides: Mapping[str, object] | None = None) ->
         return profile
     fields = {f.name for f in dataclasses.fields(Profile)} - {"name", "engine"}
     changes: dict[str, object] = {}
-    for key, value in overrides.items():
+    for raw_key, value in overrides.items():
+        key = ALIASES.get(raw_key, raw_key)
         if key not in fields:
-            raise ValueError(f"unknown profile setting {key!r}; known: {', '.join(sorted(fields))}")
-        changes[key] = _coerce(key, getattr(profile, key), value)
+            raise ValueError(
+                f"unknown profile setting {raw_key!r}; known: {', '.join(sorted(fields))}"
+            )
+        if key in changes:
+            raise ValueError(f"profile setting {key!r} given twice (as {raw_key!r})")
+        if key == "queue_policy" and isinstance(value, str):
+            value = value.strip().lower()
+        elif key == "capacity_policy" and isinstance(value, str):
+            value = value.strip().upper()
+        changes[key] = _coerce(raw_key, getattr(profile, key), value)
     return dataclasses.replace(profile, **changes)  # type: ignore[arg-type]
 
 
@@ -256,6 +289,7 @@ def build_engine_model(
 
 
 __all__ = [
+    "ALIASES",
     "ENGINE_KINDS",
     "PROFILES",
     "Profile",

@@ -77,6 +77,24 @@ def test_overrides_are_coerced_from_strings_and_checked() -> None:
     assert PROFILES["test"].num_blocks == 64  # the registry is never mutated
 
 
+def test_engine_native_setting_names_are_accepted() -> None:
+    vllm = resolve_profile(
+        "test", {"num_gpu_blocks": 24, "max_num_seqs": "4", "scheduling_policy": "PRIORITY"}
+    )
+    assert (vllm.num_blocks, vllm.max_running, vllm.queue_policy) == (24, 4, "priority")
+    trt = resolve_profile(
+        "test",
+        {
+            "max_batch_size": 16,
+            "tokens_per_block": 64,
+            "capacity_scheduler_policy": "max_utilization",
+        },
+    )
+    assert (trt.max_running, trt.block_size, trt.capacity_policy) == (16, 64, "MAX_UTILIZATION")
+    with pytest.raises(ValueError, match="given twice"):
+        resolve_profile("test", {"max_num_seqs": 4, "max_running": 5})
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
