@@ -7,7 +7,8 @@ module stays usable from ``fleetgate dev-cluster`` without heavy imports.
 
 TLS is not verified (the API server self-signs via ``--cert-dir``); the client refuses
 any server that is not on 127.0.0.0/8, so the skipped verification can only ever apply
-to our own loopback API server.
+to our own loopback API server. Proxy environment variables are ignored (an
+``https_proxy`` must never see the admin token or carry loopback traffic off the host).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class ApiClient:
         self._ssl = ssl.create_default_context()
         self._ssl.check_hostname = False
         self._ssl.verify_mode = ssl.CERT_NONE
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self._ssl)
+        )
 
     def request(
         self,
@@ -52,7 +56,7 @@ class ApiClient:
         if data is not None:
             req.add_header("Content-Type", content_type)
         try:
-            with urllib.request.urlopen(req, timeout=self._timeout_s, context=self._ssl) as resp:
+            with self._opener.open(req, timeout=self._timeout_s) as resp:
                 status, raw = int(resp.status), resp.read()
         except urllib.error.HTTPError as e:
             status, raw = int(e.code), e.read()

@@ -308,8 +308,8 @@ class DevCluster:
             try:
                 if ready():
                     return
-            except OSError:
-                pass  # not listening yet
+            except (OSError, ValueError):
+                pass  # not listening yet, or a half-started server's garbage
             if self._clock() >= deadline:
                 raise StartError(
                     f"timed out after {self.config.start_timeout_s:.0f}s waiting for {what}"
@@ -319,7 +319,8 @@ class DevCluster:
     def _etcd_healthy(self) -> bool:
         assert self.ports is not None
         url = f"http://{manifests.LOOPBACK}:{self.ports.etcd_client}/health"
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(url, timeout=2) as resp:
             return bool(json.loads(resp.read()).get("health") == "true")
 
     def _api_ready(self) -> bool:

@@ -6,15 +6,20 @@ We test these aspects, against the shared session cluster:
 * the four fake GPU nodes are Ready with the right GPU capacity, allocatable and labels;
 * the scheduler places a GPU pod onto a matching node, kwok gives it a 127.0.1.x IP and
   marks it Ready;
-* a pod asking for more GPUs than any node has stays Pending/Unschedulable;
+* a pod asking for more GPUs than any node has stays Pending/Unschedulable, and so does
+  a pod without the fake-node toleration;
+* a process can serve on a pod's 127.0.1.x IP and be reached there (the loopback design);
 * a Deployment becomes Available (KCM's deployment + replicaset controllers run);
 * every listening socket of every component is on 127.0.0.0/8.
 """
 
 from __future__ import annotations
 
+import http.server
 import ipaddress
+import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -179,3 +184,58 @@ def test_every_component_listens_on_loopback_only(k8s_cluster: DevCluster) -> No
     assert ("127.0.0.1", k8s_cluster.ports.apiserver) in seen["kube-apiserver"]
     assert ("127.0.0.1", k8s_cluster.ports.etcd_client) in seen["etcd"]
     assert ("127.0.0.1", k8s_cluster.ports.scheduler) in seen["kube-scheduler"]
+
+
+def test_pod_without_the_fake_node_toleration_is_unschedulable(
+    k8s_cluster: DevCluster, k8s_namespace: str
+) -> None:
+    pod = gpu_pod("untolerated", k8s_namespace, 1)
+    del pod["spec"]["tolerations"]
+    k8s_cluster.apply(pod)
+
+    def scheduled_condition() -> dict[str, Any] | None:
+        got = k8s_cluster.kubectl_json("-n", k8s_namespace, "get", "pod", "untolerated")
+        return condition(got, "PodScheduled")
+
+    c = wait_for("PodScheduled condition on untolerated", scheduled_condition)
+    assert (c["status"], c["reason"]) == ("False", "Unschedulable")
+    assert "untolerated taint" in c["message"]
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"served on the pod IP"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_server_bound_to_the_pod_ip_is_reachable(
+    k8s_cluster: DevCluster, k8s_namespace: str
+) -> None:
+    """What the router relies on: an emulated engine listens on the pod's own IP."""
+    k8s_cluster.apply(gpu_pod("engine-0", k8s_namespace, 1, A100))
+
+    def pod_ip() -> str | None:
+        pod = k8s_cluster.kubectl_json("-n", k8s_namespace, "get", "pod", "engine-0")
+        ip: str | None = pod.get("status", {}).get("podIP")
+        return ip
+
+    ip = wait_for("engine-0 podIP", pod_ip)
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network("127.0.1.0/24")
+    server = http.server.ThreadingHTTPServer((ip, 0), _Hello)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://{ip}:{server.server_address[1]}/"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(url, timeout=5) as resp:
+            assert resp.read() == b"served on the pod IP"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
