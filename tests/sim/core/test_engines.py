@@ -313,3 +313,30 @@ def test_idle_step_and_stats_invariants() -> None:
         assert s.kv_usage == pytest.approx(1 - s.blocks_free / (s.blocks_total - 1))
         assert s.running <= s.max_running == 8
     assert result.samples[-1].iterations == result.steps
+
+
+@pytest.mark.parametrize(("first", "second"), [("vllm", "trtllm"), ("trtllm", "vllm")])
+def test_router_style_resume_on_another_engine_continues_exactly(first: str, second: str) -> None:
+    """A request cut off after k tokens and resent elsewhere as prompt + generated ids
+    (same seed, max_tokens - k) yields exactly the rest of the uninterrupted output."""
+    p = prompt(60, salt=42)
+    whole = build_engine_model(first, "test", {"mean_output_tokens": 64})
+    whole.add_request(request("whole", p, 150, ignore_eos=False, seed=9))
+    reference = run(whole)
+    full = reference.tokens("whole")
+    k = len(full) // 2
+    assert k > 0
+    cut = build_engine_model(first, "test", {"mean_output_tokens": 64})
+    cut.add_request(request("cut", p, 150, ignore_eos=False, seed=9))
+    t = 0.0
+    got: list[int] = []
+    while len(got) < k:
+        step = cut.step(t)
+        t += step.duration
+        got += [tok for e in step.events for tok in e.token_ids]
+    assert cut.abort("cut") and got == full[:k]
+    other = build_engine_model(second, "test", {"mean_output_tokens": 64})
+    other.add_request(request("resumed", p + got, 150 - k, ignore_eos=False, seed=9))
+    resumed = run(other)
+    assert got + resumed.tokens("resumed") == full
+    assert resumed.finish("resumed") == reference.finish("whole")
