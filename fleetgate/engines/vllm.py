@@ -34,6 +34,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -60,6 +61,7 @@ __all__ = [
     "VllmSettings",
     "clamp_level",
     "error_json",
+    "routing_error_body",
     "validate_launch",
 ]
 
@@ -543,6 +545,15 @@ class VllmAdapter:
             metrics_path="/metrics",
             needs_shared_memory=True,
         )
+
+
+def routing_error_body(status: int) -> dict[str, Any]:
+    """FastAPI's body for routing errors (unknown path 404, wrong method 405).
+
+    vLLM's third error shape (fixtures err_unknown_route.json, err_get_on_post_route.json):
+    it bypasses the ``{"error": ...}`` envelope, so an emulator needs it separately.
+    """
+    return {"detail": HTTPStatus(status).phrase}
 
 
 def _vllm_message(data: Any, body: bytes, status: int) -> tuple[str, str | None]:

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from fleetgate.engines.base import LEVEL_MAX, LEVEL_MIN, EngineError, LaunchSpec
 from fleetgate.engines.trtllm import TrtllmSettings
-from fleetgate.engines.vllm import ADAPTER, VllmSettings
+from fleetgate.engines.vllm import ADAPTER, VllmSettings, routing_error_body
 
 FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
 
@@ -236,6 +236,33 @@ def test_error_body_is_the_033_envelope_and_round_trips() -> None:
     assert set(json.loads(real)["error"]) == set(body["error"])
     overload = ADAPTER.error_body(503, BUSY, "Service Unavailable")
     assert ADAPTER.classify_error(503, json.dumps(overload).encode()).kind == "overload"
+
+
+@pytest.mark.parametrize(
+    ("name", "err_type"),
+    [
+        ("err_unknown_model", "NotFoundError"),  # engine error shape
+        ("err_max_tokens_zero", "BadRequestError"),
+        ("err_priority_string", "Bad Request"),  # request-validation shape
+        ("err_wrong_content_type", "Bad Request"),
+    ],
+)
+def test_error_body_reproduces_real_bodies_byte_for_byte(name: str, err_type: str) -> None:
+    status, real = _fixture_response(name)
+    inner = json.loads(real)["error"]
+    assert inner["type"] == err_type
+    body = ADAPTER.error_body(status, inner["message"], err_type, inner["param"])
+    assert json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() == real
+
+
+@pytest.mark.parametrize(
+    ("name", "status"), [("err_unknown_route", 404), ("err_get_on_post_route", 405)]
+)
+def test_routing_error_body_reproduces_fastapi_shape(name: str, status: int) -> None:
+    got_status, real = _fixture_response(name)
+    assert got_status == status
+    assert json.dumps(routing_error_body(status), separators=(",", ":")).encode() == real
+    assert ADAPTER.classify_error(status, real).kind == "client"
 
 
 # ------------------------------------------------------------------ container
