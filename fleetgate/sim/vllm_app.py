@@ -34,6 +34,7 @@ from fleetgate.sim.asgi import (
     Scope,
     Send,
     SseWriter,
+    dumps,
     header,
     race_disconnect,
     read_body,
@@ -384,6 +385,12 @@ class VllmApp:
         produced = 0
         cached = 0
         first = True
+        # Fast path for the common middle-of-stream event: only the text varies, so the
+        # bytes around it are built once (same bytes json.dumps would give).
+        head = dumps({"id": rid, "object": "text_completion", "created": created, "model": model})
+        pre = b"data: " + head[:-1] + b',"choices":[{"index":0,"text":'
+        post = (b',"logprobs":null,"finish_reason":null,"stop_reason":null,'
+                b'"prompt_token_ids":null,"token_ids":null}]}\n\n')  # fmt: skip
         async for d in run:
             if d.finish_reason == "abort":
                 await sse.event(self._body(_aborted()))
@@ -391,6 +398,9 @@ class VllmApp:
             produced += len(d.token_ids)
             if first:
                 cached = d.cached_prompt_tokens
+            elif d.finish_reason is None and not return_ids:
+                await sse.raw(pre + dumps(d.text) + post)
+                continue
             choice = {
                 "index": 0,
                 "text": d.text,
@@ -522,6 +532,8 @@ class VllmApp:
                          "prompt_text": None})  # fmt: skip
         produced = 0
         cached = 0
+        pre = b"data: " + dumps(head)[:-1] + b',"choices":[{"index":0,"delta":{"content":'
+        post = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
         async for d in run:
             if d.finish_reason == "abort":
                 await sse.event(self._body(_aborted()))
@@ -529,6 +541,9 @@ class VllmApp:
             if d.first:
                 cached = d.cached_prompt_tokens
             produced += len(d.token_ids)
+            if d.finish_reason is None and not return_ids:
+                await sse.raw(pre + dumps(d.text) + post)
+                continue
             choice: dict[str, Any] = {"index": 0, "delta": {"content": d.text}, "logprobs": None,
                                       "finish_reason": d.finish_reason}  # fmt: skip
             if d.finish_reason is not None:
