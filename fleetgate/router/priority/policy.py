@@ -96,21 +96,33 @@ def drain(
         extra[endpoint] += 1
         actions.append(Dispatch(item, endpoint))
 
-    taken: set[str] = set()
-    preempting = [c.name for c in config.by_level_desc() if c.preempt_after_s is not None]
-    for item in (i for name in preempting for i in queue.ordered(name)):
-        if item.parked or item.request_id in preempting_for:
+    # Preemption: overdue fresh requests, most urgent first, one victim each.
+    overdue: list[QueueItem[T]] = []
+    for cls in config.by_level_desc():
+        threshold = cls.preempt_after_s
+        if threshold is None or not config.preemption_enabled:
             continue
-        eligible = {v.endpoint for v in views_for(item)}
+        overdue.extend(
+            i
+            for i in queue.items(cls.name)
+            if not i.parked
+            and now - i.enqueued_at >= threshold
+            and i.request_id not in preempting_for
+        )
+    overdue.sort(key=queue.rank)
+    free = [r for r in in_flight if r.resumable]
+    for item in overdue:
+        if not free:
+            break
         decision = choose_victim(
             config,
             Waiting(item.request_id, item.class_name, item.enqueued_at),
-            [r for r in in_flight if r.request_id not in taken],
+            free,
             now,
             pool_saturated=True,  # it is still queued after the dispatch loop
-            eligible_endpoints=eligible,
+            eligible_endpoints={v.endpoint for v in views_for(item)},
         )
         if decision.victim is not None:
-            taken.add(decision.victim.request_id)
+            free.remove(decision.victim)
             actions.append(Preempt(decision.victim, item, decision.reason))
     return actions

@@ -30,10 +30,17 @@ Both answer 429 with ``Retry-After`` for sheddable classes and 503 otherwise
 (also with ``Retry-After``). Parked items bypass ``max_queued`` (they were
 admitted already) and their queue time counts from when they were parked.
 
+Items are also partitioned by *pool* (the endpoints that can serve them,
+e.g. one model). Each pool is strictly ordered with head-of-line blocking: when
+a pool's most urgent item cannot be dispatched, nothing behind it in that pool
+overtakes it (a batch request never takes the slot a critical one waits for),
+but other pools drain independently. WFQ virtual time is per (pool, class);
+``max_queued`` counts a class over all pools.
+
 Draining is event-driven: the router calls :meth:`pop_next` whenever capacity
 may have appeared (a request finished, a scrape changed, an endpoint appeared),
-passing a ``can_dispatch`` predicate; and it arms one timer at
-:meth:`next_expiry` to call :meth:`expire`. Nothing polls.
+passing a ``can_dispatch`` predicate that is asked about one head per pool; and
+it arms one timer at :meth:`next_expiry` to call :meth:`expire`. Nothing polls.
 
 Pure and single-threaded: time comes in as ``now``; the object holds state but
 no globals; the router owns one instance per process.
@@ -72,6 +79,8 @@ class QueueItem(Generic[T]):
     virtual_finish: float
     seq: int
     payload: T
+    pool: str = ""
+    """The set of endpoints that can serve it (e.g. the model name)."""
 
     def waited(self, now: float) -> float:
         """Seconds since this item entered the queue."""
@@ -153,15 +162,16 @@ class _ClassQueue(Generic[T]):
 
 
 class AdmissionQueue(Generic[T]):
-    """Per-class queues with strict priority between classes and WFQ inside one."""
+    """Per-pool, per-class queues: strict class priority, WFQ among tenants in a class."""
 
     def __init__(self, config: PriorityConfig) -> None:
         self._config = config
-        self._classes: dict[str, _ClassQueue[T]] = {
-            c.name: _ClassQueue(c) for c in config.by_level_desc()
-        }
-        self._where: dict[str, str] = {}
+        self._order = config.by_level_desc()
+        self._pools: dict[str, dict[str, _ClassQueue[T]]] = {}
+        self._where: dict[str, tuple[str, str]] = {}
+        self._count: dict[str, int] = {c.name: 0 for c in self._order}
         self._seq = itertools.count()
+        self._expiries: list[tuple[float, int, str]] = []
 
     # -- admission -------------------------------------------------------
 
@@ -174,13 +184,18 @@ class AdmissionQueue(Generic[T]):
         payload: T,
         *,
         cost: float = 1.0,
+        pool: str = "",
     ) -> QueueItem[T] | Shed[T]:
-        """Queue a fresh request, or refuse it at once when its class is full."""
+        """Queue a fresh request, or refuse it at once when its class is full.
+
+        ``pool`` names the set of endpoints that can serve it (e.g. the model);
+        capacity, head-of-line order and WFQ virtual time are per pool.
+        """
         if cost <= 0:
             raise ValueError(f"cost must be > 0, got {cost}")
-        cq = self._class_queue(cls)
-        item = self._make_item(request_id, cls, tenant, now, now, payload, cost, parked=False)
-        if len(cq.live) >= cls.max_queued:
+        self._check_class(cls)
+        item = self._make_item(request_id, cls, tenant, now, now, payload, cost, pool, parked=False)
+        if self._count[cls.name] >= cls.max_queued:
             return Shed(
                 item=item,
                 status=cls.reject_status(),
@@ -191,11 +206,12 @@ class AdmissionQueue(Generic[T]):
                     f"({cls.max_queued} waiting); retry later"
                 ),
             )
+        cq = self._class_queue(pool, cls)
         start = max(cq.virtual_time, cq.last_finish.get(tenant, 0.0))
         finish = start + cost / self._config.tenant_weight(tenant)
-        cq.last_finish[tenant] = finish
         item = dataclasses.replace(item, virtual_finish=finish)
         self._insert(cq, item)
+        cq.last_finish[tenant] = finish
         return item
 
     def park(
@@ -206,103 +222,129 @@ class AdmissionQueue(Generic[T]):
         arrival: float,
         now: float,
         payload: T,
+        *,
+        pool: str = "",
     ) -> QueueItem[T]:
         """Re-queue a preempted (or engine-died) request; it resumes first in its class."""
-        cq = self._class_queue(cls)
-        item = self._make_item(request_id, cls, tenant, arrival, now, payload, 1.0, parked=True)
-        self._insert(cq, item)
+        self._check_class(cls)
+        item = self._make_item(
+            request_id, cls, tenant, arrival, now, payload, 1.0, pool, parked=True
+        )
+        self._insert(self._class_queue(pool, cls), item)
         return item
 
     def remove(self, request_id: str) -> QueueItem[T] | None:
         """Drop a request (client went away); returns it, or None if not queued."""
-        name = self._where.pop(request_id, None)
-        if name is None:
+        where = self._where.pop(request_id, None)
+        if where is None:
             return None
-        return self._classes[name].live.pop(request_id, None)
+        pool, name = where
+        self._count[name] -= 1
+        return self._pools[pool][name].live.pop(request_id, None)
 
     # -- draining --------------------------------------------------------
 
     def pop_next(
         self, now: float, can_dispatch: Callable[[QueueItem[T]], bool]
     ) -> QueueItem[T] | None:
-        """Remove and return the first item, in queue order, that can be dispatched.
+        """Remove and return the most urgent pool head that can be dispatched.
 
-        ``can_dispatch(item)`` answers for the item's pool (model/endpoints); an
-        item whose pool is saturated is skipped, so it does not block an item
-        bound for a pool with room. Expired items are never returned: call
-        :meth:`expire` first (``now`` guards that contract).
+        Each pool is strictly ordered: only its head (its first item in queue
+        order) is offered to ``can_dispatch``, so a lower class never overtakes a
+        higher one for the same endpoints, while a saturated pool does not block
+        another pool. The predicate runs once per non-empty pool per call.
+        Expired items are never returned: call :meth:`expire` first (``now``
+        guards that contract).
         """
-        for cq in self._classes.values():
-            skipped: list[tuple[_SortKey, str]] = []
-            found: QueueItem[T] | None = None
-            while True:
-                cq._clean_top()
-                if not cq.heap:
-                    break
-                entry = heapq.heappop(cq.heap)
-                item = cq.live[entry[1]]
-                if self._expired(item, now):
-                    skipped.append(entry)
-                    continue
-                if can_dispatch(item):
-                    found = item
-                    break
-                skipped.append(entry)
-            for entry in skipped:
-                heapq.heappush(cq.heap, entry)
-            if found is not None:
-                del cq.live[found.request_id]
-                del self._where[found.request_id]
-                if not found.parked:
-                    cq.virtual_time = max(cq.virtual_time, found.virtual_finish)
-                return found
-        return None
+        best: QueueItem[T] | None = None
+        for classes in self._pools.values():
+            head = self._pool_head(classes, now)
+            if head is None or not can_dispatch(head):
+                continue
+            if best is None or self.rank(head) < self.rank(best):
+                best = head
+        if best is None:
+            return None
+        cq = self._pools[best.pool][best.class_name]
+        del cq.live[best.request_id]
+        del self._where[best.request_id]
+        self._count[best.class_name] -= 1
+        if not best.parked:
+            cq.virtual_time = max(cq.virtual_time, best.virtual_finish)
+        return best
 
     def expire(self, now: float) -> list[Shed[T]]:
-        """Remove every item past its class's queue-time limit; the router answers them."""
+        """Remove every item past its class's queue-time limit; the router answers them.
+
+        O(expired x log n): a heap of expiry times (lazy deletion) finds them.
+        """
         out: list[Shed[T]] = []
-        for cq in self._classes.values():
-            for item in [i for i in cq.live.values() if self._expired(i, now)]:
-                self.remove(item.request_id)
-                cls = cq.cls
-                out.append(
-                    Shed(
-                        item=item,
-                        status=cls.reject_status(),
-                        reason="queue_timeout",
-                        retry_after_s=cls.retry_after_s,
-                        message=(
-                            f"request waited {item.waited(now):.3f}s in priority class "
-                            f"{cls.name!r}, over its limit of {cls.max_queue_time_s}s"
-                        ),
-                    )
+        while self._expiries:
+            at, seq, rid = self._expiries[0]
+            item = self._live_item(rid, seq)
+            if item is None:
+                heapq.heappop(self._expiries)
+                continue
+            if not self._expired(item, now):
+                break
+            heapq.heappop(self._expiries)
+            self.remove(rid)
+            cls = self._config.get(item.class_name)
+            out.append(
+                Shed(
+                    item=item,
+                    status=cls.reject_status(),
+                    reason="queue_timeout",
+                    retry_after_s=cls.retry_after_s,
+                    message=(
+                        f"request waited {item.waited(now):.3f}s in priority class "
+                        f"{cls.name!r}, over its limit of {cls.max_queue_time_s}s"
+                    ),
                 )
+            )
         out.sort(key=lambda s: (-s.item.level, s.item.enqueued_at, s.item.seq))
         return out
 
     def next_expiry(self) -> float | None:
         """The earliest time at which :meth:`expire` will have work (arm one timer)."""
-        times = [
-            i.enqueued_at + cq.cls.max_queue_time_s
-            for cq in self._classes.values()
-            for i in cq.live.values()
-        ]
-        return min(times) if times else None
+        while self._expiries:
+            at, seq, rid = self._expiries[0]
+            if self._live_item(rid, seq) is not None:
+                return at
+            heapq.heappop(self._expiries)
+        return None
 
     # -- inspection ------------------------------------------------------
 
     def heads(self) -> list[QueueItem[T]]:
-        """The head item of each non-empty class, most urgent class first."""
-        return [h for cq in self._classes.values() if (h := cq.head()) is not None]
+        """The head of every non-empty (pool, class), most urgent first."""
+        found = [
+            h for classes in self._pools.values() for cq in classes.values() if (h := cq.head())
+        ]
+        return sorted(found, key=self.rank)
 
     def ordered(self, class_name: str | None = None) -> list[QueueItem[T]]:
-        """Queued items in dispatch order, all or one class's (O(n log n))."""
-        return [
+        """Queued items, all or one class's, by class then queue order (O(n log n))."""
+        items = [
             item
-            for name, cq in self._classes.items()
+            for classes in self._pools.values()
+            for name, cq in classes.items()
             if class_name is None or name == class_name
-            for item in cq.ordered()
+            for item in cq.live.values()
         ]
+        return sorted(items, key=self.rank)
+
+    def items(self, class_name: str) -> Iterator[QueueItem[T]]:
+        """One class's queued items over all pools, unordered (O(n), no sort)."""
+        for classes in self._pools.values():
+            cq = classes.get(class_name)
+            if cq is not None:
+                yield from cq.live.values()
+
+    @staticmethod
+    def rank(item: QueueItem[T]) -> tuple[int, tuple[int, float, float, float, int]]:
+        """The total dispatch order of items: sort by this key."""
+        return (-item.level, _ClassQueue.key(item))
 
     def __len__(self) -> int:
         return len(self._where)
@@ -311,12 +353,18 @@ class AdmissionQueue(Generic[T]):
         return request_id in self._where
 
     def stats(self, now: float) -> list[ClassStats]:
+        """Gauges per class, over all pools, most urgent class first."""
         out = []
-        for name, cq in self._classes.items():
-            items = list(cq.live.values())
+        for cls in self._order:
+            items = [
+                i
+                for classes in self._pools.values()
+                if cls.name in classes
+                for i in classes[cls.name].live.values()
+            ]
             out.append(
                 ClassStats(
-                    class_name=name,
+                    class_name=cls.name,
                     depth=len(items),
                     parked=sum(1 for i in items if i.parked),
                     oldest_wait_s=max((i.waited(now) for i in items), default=0.0),
@@ -327,11 +375,31 @@ class AdmissionQueue(Generic[T]):
 
     # -- internals -------------------------------------------------------
 
-    def _class_queue(self, cls: PriorityClass) -> _ClassQueue[T]:
-        cq = self._classes.get(cls.name)
-        if cq is None or cq.cls != cls:
+    def _check_class(self, cls: PriorityClass) -> None:
+        if cls.name not in self._count or self._config.get(cls.name) != cls:
             raise KeyError(f"priority class {cls.name!r} is not in this queue's config")
-        return cq
+
+    def _class_queue(self, pool: str, cls: PriorityClass) -> _ClassQueue[T]:
+        classes = self._pools.get(pool)
+        if classes is None:
+            classes = self._pools[pool] = {c.name: _ClassQueue(c) for c in self._order}
+        return classes[cls.name]
+
+    def _pool_head(self, classes: dict[str, _ClassQueue[T]], now: float) -> QueueItem[T] | None:
+        """The first non-expired item of a pool, in class then queue order."""
+        for cq in classes.values():
+            skipped: list[tuple[_SortKey, str]] = []
+            head: QueueItem[T] | None = None
+            while (top := cq.head()) is not None:
+                if not self._expired(top, now):
+                    head = top
+                    break
+                skipped.append(heapq.heappop(cq.heap))
+            for entry in skipped:
+                heapq.heappush(cq.heap, entry)
+            if head is not None:
+                return head
+        return None
 
     def _make_item(
         self,
@@ -342,6 +410,7 @@ class AdmissionQueue(Generic[T]):
         now: float,
         payload: T,
         cost: float,
+        pool: str,
         *,
         parked: bool,
     ) -> QueueItem[T]:
@@ -358,13 +427,25 @@ class AdmissionQueue(Generic[T]):
             virtual_finish=0.0,
             seq=next(self._seq),
             payload=payload,
+            pool=pool,
         )
 
     def _insert(self, cq: _ClassQueue[T], item: QueueItem[T]) -> None:
         if item.request_id in self._where:
             raise ValueError(f"request {item.request_id!r} is already queued")
         cq.push(item)
-        self._where[item.request_id] = cq.cls.name
+        self._where[item.request_id] = (item.pool, cq.cls.name)
+        self._count[cq.cls.name] += 1
+        heapq.heappush(
+            self._expiries, (item.enqueued_at + cq.cls.max_queue_time_s, item.seq, item.request_id)
+        )
+
+    def _live_item(self, request_id: str, seq: int) -> QueueItem[T] | None:
+        where = self._where.get(request_id)
+        if where is None:
+            return None
+        item = self._pools[where[0]][where[1]].live.get(request_id)
+        return item if item is not None and item.seq == seq else None
 
     def _expired(self, item: QueueItem[T], now: float) -> bool:
-        return item.waited(now) > self._classes[item.class_name].cls.max_queue_time_s
+        return item.waited(now) > self._config.get(item.class_name).max_queue_time_s

@@ -209,7 +209,7 @@ def test_pop_next_never_returns_expired_items() -> None:
     assert [s.item.request_id for s in q.expire(11.0)] == ["c"]
 
 
-def test_pop_next_skips_items_whose_pool_is_full_without_losing_order() -> None:
+def test_pools_drain_independently_with_head_of_line_blocking_inside_one() -> None:
     q: AdmissionQueue[str] = AdmissionQueue(CFG)
     for rid, cls, pool in [
         ("c-a", CRIT, "A"),
@@ -217,18 +217,45 @@ def test_pop_next_skips_items_whose_pool_is_full_without_losing_order() -> None:
         ("s-a", STD, "A"),
         ("b-b", BATCH, "B"),
     ]:
-        assert isinstance(q.offer(rid, cls, "t", 0.0, payload=pool), QueueItem)
+        assert isinstance(q.offer(rid, cls, "t", 0.0, payload=pool, pool=pool), QueueItem)
+    asked: list[str] = []
 
     def only_b(item: QueueItem[str]) -> bool:
-        return item.payload == "B"
+        asked.append(item.request_id)
+        return item.pool == "B"
 
     got = q.pop_next(1.0, only_b)
     assert got is not None and got.request_id == "s-b"
+    assert sorted(asked) == ["c-a", "s-b"]  # one head per pool, never "s-a" behind "c-a"
     got = q.pop_next(1.0, only_b)
     assert got is not None and got.request_id == "b-b"
     assert q.pop_next(1.0, only_b) is None
     assert [i.request_id for i in q.ordered()] == ["c-a", "s-a"]
+
+    def not_critical(item: QueueItem[str]) -> bool:
+        return item.class_name != "critical"
+
+    assert q.pop_next(1.0, not_critical) is None  # "s-a" may not overtake "c-a"
     assert _drain(q, 1.0) == ["c-a", "s-a"]
+
+
+def test_most_urgent_head_across_pools_first() -> None:
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    assert isinstance(q.offer("b", BATCH, "t", 0.0, "x", pool="P1"), QueueItem)
+    assert isinstance(q.offer("c", CRIT, "t", 1.0, "x", pool="P2"), QueueItem)
+    assert isinstance(q.offer("s", STD, "t", 0.5, "x", pool="P3"), QueueItem)
+    assert _drain(q, 2.0) == ["c", "s", "b"]
+
+
+def test_max_queued_counts_a_class_over_all_pools() -> None:
+    small = BATCH.model_copy(update={"max_queued": 2})
+    cfg = PriorityConfig(classes=tuple(small if c.name == "batch" else c for c in CFG.classes))
+    q: AdmissionQueue[str] = AdmissionQueue(cfg)
+    assert isinstance(q.offer("1", small, "t", 0.0, "x", pool="A"), QueueItem)
+    assert isinstance(q.offer("2", small, "t", 0.0, "x", pool="B"), QueueItem)
+    assert isinstance(q.offer("3", small, "t", 0.0, "x", pool="C"), Shed)
+    q.remove("1")
+    assert isinstance(q.offer("3", small, "t", 0.0, "x", pool="C"), QueueItem)
 
 
 def test_remove_and_duplicates() -> None:
