@@ -4,7 +4,8 @@ Runs 64 concurrent requests (512-token prompts sharing a 256-token prefix,
 256 output tokens each, ignore_eos) through each engine model on the
 calibrated H100 profiles and prints, per engine: steps, generated tokens,
 CPU time spent inside ``step()`` (``time.process_time``), microseconds per
-generated token, and the *modelled* throughput for comparison.
+generated token, and the *modelled* throughput for comparison; plus the
+shared tokenizer's encode/decode cost per token.
 
     .venv/bin/python bench/bench_sim_core.py [--requests 64] [--rounds 3]
 
@@ -68,6 +69,20 @@ def main() -> None:
     )
     print(
         f"{'engine':8} {'steps':>6} {'tokens':>7} {'cpu_s':>7} {'us/token':>9} {'model tok/s':>12}"
+    )
+    text = " ".join(f"word{i} alpha beta, the model serves request {i}." for i in range(160))
+    ids = tokenizer.encode(text)
+    t0 = time.process_time()
+    for _ in range(50):
+        tokenizer.encode(text)
+    encode_us = (time.process_time() - t0) / 50 / len(ids) * 1e6
+    t0 = time.process_time()
+    for _ in range(50):
+        tokenizer.decode(ids)
+    decode_us = (time.process_time() - t0) / 50 / len(ids) * 1e6
+    print(
+        f"tokenizer: {len(ids)} tokens, encode {encode_us:.2f} us/token,"
+        f" decode {decode_us:.2f} us/token"
     )
     for kind in PROFILES:
         best = min(

@@ -30,7 +30,7 @@ import dataclasses
 import heapq
 import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 from fleetgate.sim.core import textgen
@@ -156,11 +156,6 @@ class WaitingQueue:
 
     def __len__(self) -> int:
         return len(self._fifo) if self.policy == "fcfs" else len(self._heap)
-
-    def __iter__(self) -> Iterator[RequestState]:
-        if self.policy == "fcfs":
-            return iter(list(self._fifo))
-        return iter([st for _, st in sorted(self._heap, key=lambda e: e[0])])
 
     def add(self, st: RequestState) -> None:
         if self.policy == "fcfs":
