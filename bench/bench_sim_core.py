@@ -67,9 +67,6 @@ def main() -> None:
         f"{args.requests} concurrent requests, prompt {args.prompt_len}, output {args.output_len},"
         f" best of {args.rounds} rounds"
     )
-    print(
-        f"{'engine':8} {'steps':>6} {'tokens':>7} {'cpu_s':>7} {'us/token':>9} {'model tok/s':>12}"
-    )
     text = " ".join(f"word{i} alpha beta, the model serves request {i}." for i in range(160))
     ids = tokenizer.encode(text)
     t0 = time.process_time()
@@ -83,6 +80,9 @@ def main() -> None:
     print(
         f"tokenizer: {len(ids)} tokens, encode {encode_us:.2f} us/token,"
         f" decode {decode_us:.2f} us/token"
+    )
+    print(
+        f"{'engine':8} {'steps':>6} {'tokens':>7} {'cpu_s':>7} {'us/token':>9} {'model tok/s':>12}"
     )
     for kind in PROFILES:
         best = min(
