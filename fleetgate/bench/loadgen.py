@@ -10,7 +10,6 @@ ends at ``duration``, a hard ``deadline`` cancels whatever is still running, and
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import ipaddress
 import json
 import time
@@ -20,27 +19,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from fleetgate.bench.stats import RequestResult
 from fleetgate.bench.workloads import Session
-
-
-@dataclasses.dataclass(slots=True)
-class RequestResult:
-    session_id: str
-    turn: int
-    priority_class: str
-    sent_at: float
-    """Seconds since the run started."""
-    status: int = 0
-    ttft: float | None = None
-    e2e: float | None = None
-    itl: list[float] = dataclasses.field(default_factory=list)
-    output_tokens: int = 0
-    cached_tokens: int | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 200 and self.error is None
 
 
 def require_loopback(url: str) -> None:

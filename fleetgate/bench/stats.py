@@ -6,7 +6,25 @@ import dataclasses
 import statistics
 from collections.abc import Iterable, Sequence
 
-from fleetgate.bench.loadgen import RequestResult
+
+@dataclasses.dataclass(slots=True)
+class RequestResult:
+    session_id: str
+    turn: int
+    priority_class: str
+    sent_at: float
+    """Seconds since the run started."""
+    status: int = 0
+    ttft: float | None = None
+    e2e: float | None = None
+    itl: list[float] = dataclasses.field(default_factory=list)
+    output_tokens: int = 0
+    cached_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

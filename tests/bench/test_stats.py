@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleetgate.bench.loadgen import RequestResult, require_loopback
-from fleetgate.bench.stats import goodput, imbalance, percentile, summarise_class
+from fleetgate.bench.loadgen import require_loopback
+from fleetgate.bench.stats import RequestResult, goodput, imbalance, percentile, summarise_class
 
 
 @pytest.mark.parametrize(
