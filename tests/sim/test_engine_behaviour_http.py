@@ -1,0 +1,145 @@
+"""Engine behaviour seen through HTTP: non-stream disconnect, admission 503,
+TensorRT-LLM priority direction, /health_generate, seeds, and the in-band error
+when the fleet stops under an open stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import httpx
+
+from fleetgate.sim.fleet import EngineSpec, run_fleet
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")) and all(
+            f'{k}="{v}"' in line for k, v in labels.items()
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} {labels} not exposed")
+
+
+async def test_nonstream_disconnect_aborts() -> None:
+    async with run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, model="m") as f:
+        url = f.engines[0].url
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps({"prompt": "long", "max_tokens": 400, "ignore_eos": True}).encode()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        async with httpx.AsyncClient(base_url=url) as c:
+            for _ in range(100):
+                if metric((await c.get("/metrics")).text, "vllm:num_requests_running") == 1:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+            await writer.wait_closed()
+            for _ in range(100):
+                text = (await c.get("/metrics")).text
+                if metric(text, "vllm:num_requests_running") == 0:
+                    break
+                await asyncio.sleep(0.02)
+        assert metric(text, "vllm:num_requests_running") == 0
+        assert metric(text, "vllm:request_success_total", finished_reason="abort") == 0
+        assert metric(text, "vllm:generation_tokens_total") < 400
+        assert metric(text, "vllm:kv_cache_usage_perc") == 0
+
+
+async def test_admission_limit_gives_503() -> None:
+    spec = EngineSpec(kind="vllm", overrides={"max_running": 1}, max_num_queued_reqs=1)
+    async with run_fleet([spec], "127.0.0.1", 0, model="m") as f:
+        async with httpx.AsyncClient(base_url=f.engines[0].url, timeout=20) as c:
+            body = {"prompt": "x", "max_tokens": 60, "ignore_eos": True}
+            running = asyncio.create_task(c.post("/v1/completions", json=body))
+            await asyncio.sleep(0.02)
+            waiting = asyncio.create_task(c.post("/v1/completions", json=body))
+            await asyncio.sleep(0.02)
+            r = await c.post("/v1/completions", json=body)
+            assert r.status_code == 503
+            assert r.json()["error"]["type"] == "Service Unavailable"
+            assert [(await t).status_code for t in (running, waiting)] == [200, 200]
+            text = (await c.get("/metrics")).text
+            assert (
+                metric(text, "vllm:admission_rejections_total", reason="max_num_queued_reqs") == 1
+            )
+
+
+async def test_trtllm_priority_higher_first() -> None:
+    spec = EngineSpec(kind="trtllm", overrides={"queue_policy": "priority", "max_running": 1})
+    async with run_fleet([spec], "127.0.0.1", 0, model="m") as f:
+        order: list[str] = []
+        async with httpx.AsyncClient(base_url=f.engines[0].url, timeout=20) as c:
+
+            async def send(tag: str, priority: float | None) -> None:
+                body: dict[str, Any] = {
+                    "prompt": f"{tag} the",
+                    "max_tokens": 20,
+                    "ignore_eos": True,
+                }
+                if priority is not None:
+                    body["priority"] = priority
+                r = await c.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                order.append(tag)
+
+            tasks = [asyncio.create_task(send("busy", 0.5))]
+            await asyncio.sleep(0.01)
+            for tag, p in (("low", 0.1), ("default", None), ("high", 0.9)):
+                tasks.append(asyncio.create_task(send(tag, p)))
+                await asyncio.sleep(0.005)
+            await asyncio.gather(*tasks)
+    assert order == ["busy", "high", "default", "low"]
+
+
+async def test_trtllm_health_generate_and_version() -> None:
+    async with run_fleet([EngineSpec(kind="trtllm")], "127.0.0.1", 0, model="m") as f:
+        async with httpx.AsyncClient(base_url=f.engines[0].url, timeout=10) as c:
+            r = await c.get("/health_generate")
+            assert r.status_code == 200 and r.text == "Generation health check OK"
+            assert (await c.get("/health")).status_code == 200
+            assert "version" in (await c.get("/version")).json()
+            assert (await c.get("/nope")).status_code == 404
+            assert (await c.get("/v1/completions")).status_code == 405
+
+
+async def test_same_seed_same_text_and_stop_strings() -> None:
+    async with run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, model="m") as f:
+        async with httpx.AsyncClient(base_url=f.engines[0].url, timeout=10) as c:
+            body = {"prompt": "Tell me", "max_tokens": 12, "ignore_eos": True, "seed": 7}
+            a = (await c.post("/v1/completions", json=body)).json()["choices"][0]["text"]
+            b = (await c.post("/v1/completions", json=body)).json()["choices"][0]["text"]
+            assert a == b and a
+            word = re.findall(r"\w+", a)[2]
+            r = (await c.post("/v1/completions", json={**body, "stop": [word]})).json()
+            choice = r["choices"][0]
+            assert choice["finish_reason"] == "stop" and choice["stop_reason"] == word
+            assert word not in choice["text"] and a.startswith(choice["text"])
+
+
+async def test_stop_fleet_under_open_stream_ends_in_band() -> None:
+    chunks: list[str] = []
+    async with run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, model="m") as f:
+        client = httpx.AsyncClient(base_url=f.engines[0].url, timeout=10)
+        body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        stream_cm = client.stream("POST", "/v1/completions", json=body)
+        resp = await stream_cm.__aenter__()
+        lines = resp.aiter_lines()
+        chunks.append(await anext(lines))
+        stopper = asyncio.create_task(f.engines[0].engine.driver.stop())
+        async for line in lines:
+            if line:
+                chunks.append(line)
+        await stopper
+        await stream_cm.__aexit__(None, None, None)
+        await client.aclose()
+    assert chunks[-1] == "data: [DONE]"
+    assert json.loads(chunks[-2].removeprefix("data: "))["error"]["code"] == 500
