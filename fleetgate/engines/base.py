@@ -45,6 +45,8 @@ class MetricsSource:
     path: str
     format: Literal["prometheus", "json"]
     drains: bool = False
+    port: int | None = None
+    """A port of its own (Triton serves metrics on 8002); None = the engine's HTTP port."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -156,7 +156,7 @@ class TrtllmSettings(BaseModel):
 
 PROMETHEUS = MetricsSource(name="prometheus", path="/prometheus/metrics", format="prometheus")
 ITERATION_STATS = MetricsSource(name="iteration-stats", path="/metrics", format="json", drains=True)
-TRITON = MetricsSource(name="triton", path="/metrics", format="prometheus")
+TRITON = MetricsSource(name="triton", path="/metrics", format="prometheus", port=8002)
 
 #: File name of the LLM-API options YAML inside ``ContainerPlan.config_mount_path``.
 CONFIG_FILE = "extra-llm-api-options.yaml"
