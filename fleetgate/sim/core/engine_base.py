@@ -202,8 +202,6 @@ class Counters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     iterations: int = 0
-    reused_blocks: int = 0
-    missed_blocks: int = 0
     last_step_duration: float = 0.0
 
 
@@ -243,9 +241,6 @@ class BaseEngine:
 
     def _drop_paused(self, st: RequestState) -> bool:
         return False
-
-    def _kv_usage(self) -> float:
-        return self.pool.usage()
 
     # -- EngineModel -----------------------------------------------------------
     def add_request(self, request: SimRequest) -> None:
@@ -295,15 +290,15 @@ class BaseEngine:
             running=len(self.running),
             waiting=len(self.waiting),
             paused=self._num_paused(),
-            kv_usage=self._kv_usage(),
+            kv_usage=self.pool.usage(),
             block_size=self.block_size,
             blocks_total=self.pool.num_blocks,
             blocks_free=self.pool.num_free,
             blocks_used=self.pool.num_used,
             prefix_query_tokens=self.pool.query_tokens,
             prefix_hit_tokens=self.pool.hit_tokens,
-            reused_blocks=c.reused_blocks,
-            missed_blocks=c.missed_blocks,
+            reused_blocks=self.pool.reused_blocks,
+            missed_blocks=self.pool.missed_blocks,
             preemptions=c.preemptions,
             prompt_tokens=c.prompt_tokens,
             generation_tokens=c.generation_tokens,

@@ -32,11 +32,6 @@ class TrtllmBlockPool(BlockPool):
 
     null_block = False
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True) -> None:
-        super().__init__(num_blocks, block_size, enable_caching=enable_caching)
-        self.reused_blocks = 0
-        self.missed_blocks = 0
-
     def usage(self) -> float:
         """``usedNumBlocks / maxNumBlocks``."""
         return self.num_used / self.num_blocks

@@ -72,6 +72,9 @@ class BlockPool:
         self.query_tokens = 0
         self.hit_tokens = 0
         self.evictions = 0
+        # TensorRT-LLM's block-level reuse accounting (kv_trtllm); vLLM leaves them 0.
+        self.reused_blocks = 0
+        self.missed_blocks = 0
 
     # -- gauges ------------------------------------------------------------
     @property

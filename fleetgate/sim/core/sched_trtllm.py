@@ -33,10 +33,8 @@ Facts used (``shared/reference/engines.md`` section 6):
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
-from fleetgate.sim.core.api import EngineStats
 from fleetgate.sim.core.engine_base import BaseEngine, CostModel, EngineConfig, RequestState
 from fleetgate.sim.core.kv_trtllm import TrtllmBlockPool
 
@@ -67,13 +65,6 @@ class TrtllmEngine(BaseEngine):
             self.paused.remove(st)
             return True
         return False
-
-    def stats(self) -> EngineStats:
-        return dataclasses.replace(
-            super().stats(),
-            reused_blocks=self.pool.reused_blocks,
-            missed_blocks=self.pool.missed_blocks,
-        )
 
     @property
     def guaranteed(self) -> bool:
