@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -37,7 +38,7 @@ from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import DynamicKubeApi, KubeError
 from fleetgate.operator.metrics import OperatorMetrics
 from fleetgate.operator.options import OperatorOptions
-from fleetgate.operator.reconcile import Reconciler
+from fleetgate.operator.reconcile import Reconciler, Resync
 
 __all__ = ["Endpoints", "StartupError", "load_credentials", "run"]
 
@@ -66,7 +67,7 @@ def load_credentials(kubeconfig: str | None) -> k8s_client.Configuration:
             raise StartupError(f"kubeconfig {first} does not exist")
         try:
             k8s_config.load_kube_config(config_file=first, client_configuration=cfg)  # type: ignore[no-untyped-call]
-        except (k8s_config.ConfigException, OSError, ValueError) as e:
+        except (k8s_config.ConfigException, OSError, ValueError, yaml.YAMLError) as e:
             raise StartupError(f"kubeconfig {first} is not usable: {e}") from e
         return cfg
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -81,7 +82,7 @@ def load_credentials(kubeconfig: str | None) -> k8s_client.Configuration:
             k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=str(default), client_configuration=cfg
             )
-        except (k8s_config.ConfigException, OSError, ValueError) as e:
+        except (k8s_config.ConfigException, OSError, ValueError, yaml.YAMLError) as e:
             raise StartupError(f"kubeconfig {default} is not usable: {e}") from e
         return cfg
     raise StartupError(
@@ -171,12 +172,7 @@ def run(
         metrics = OperatorMetrics()
         reconciler = Reconciler(api, options, metrics)
         registry = kopf.OperatorRegistry()
-        register(
-            registry,
-            reconciler,
-            interval=options.reconcile_interval,
-            connection=connection_info(cfg),
-        )
+        register(registry, reconciler, connection=connection_info(cfg))
         healthy = threading.Event()
         server = _http_server(endpoints or Endpoints(), metrics, healthy)
         if bound is not None:
@@ -184,6 +180,15 @@ def run(
         serving = threading.Thread(target=server.serve_forever, name="operator-http", daemon=True)
         serving.start()
         started = _Relay(healthy, ready_flag)
+        resync_stop = threading.Event()
+        resync = threading.Thread(
+            target=Resync(
+                api, reconciler, tuple(namespaces), options.reconcile_interval, resync_stop
+            ).run,
+            name="operator-resync",
+            daemon=True,
+        )
+        resync.start()
         try:
             kopf.run(
                 registry=registry,
@@ -195,6 +200,8 @@ def run(
             )
         finally:
             healthy.clear()
+            resync_stop.set()
+            resync.join(timeout=30)
             started.stop()
             server.shutdown()
             server.server_close()

@@ -8,13 +8,18 @@ CLI build independent operators.
 * ``on.event`` of the Deployments and Services we manage: a child edited or
   deleted by someone is restored at once, and Deployment status changes refresh
   the service's status promptly.
-* ``timer`` every ``reconcile_interval`` seconds: the level-based safety net (pods
-  that became unschedulable, drift of children we do not watch, lost events).
+
+The periodic level-based re-check (pods that became unschedulable, drift of
+children we do not watch, lost events) is *not* a kopf timer: kopf puts a
+finalizer on every object that has a timer or daemon, so deleting an
+InferenceService would hang while the operator is down. It is
+:class:`fleetgate.operator.reconcile.Resync`, a plain loop started by
+:mod:`fleetgate.operator.app`.
 
 Nothing is stored in the object by kopf: there are no create/update/delete
-handlers (no progress annotations, no finalizer), and the status is written by the
-reconciler itself through the status subresource (kopf#527: a structural schema
-would prune kopf's own status fields anyway).
+handlers (no progress annotations) and no timers or daemons (no finalizer); the
+status is written by the reconciler itself through the status subresource
+(kopf#527: a structural schema would prune kopf's own status fields anyway).
 """
 
 from __future__ import annotations
@@ -46,7 +51,6 @@ def register(
     registry: kopf.OperatorRegistry,
     reconciler: Reconciler,
     *,
-    interval: float,
     connection: kopf.ConnectionInfo,
 ) -> None:
     """Attach the operator's handlers to ``registry``."""
@@ -66,10 +70,6 @@ def register(
         if event.get("type") == "DELETED":
             reconciler.forget(body["metadata"]["namespace"], body["metadata"]["name"])
             return
-        reconciler.reconcile(body)
-
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=interval, registry=registry)
-    def on_tick(body: kopf.Body, **_: Any) -> None:
         reconciler.reconcile(body)
 
     @kopf.on.event("apps", "v1", "deployments", labels=_MANAGED, registry=registry)

@@ -77,7 +77,7 @@ class KubeApi(Protocol):
     def list(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[dict[str, Any]]:
-        """Objects matching a label selector."""
+        """Objects matching a label selector ("" = all); namespace "" = every namespace."""
         ...
 
     def apply(self, obj: Mapping[str, Any], field_manager: str) -> dict[str, Any]:
@@ -148,7 +148,9 @@ class DynamicKubeApi:
     ) -> list[dict[str, Any]]:
         resource = self._resource(api_version, kind)
         try:
-            found = self._client().get(resource, namespace=namespace, label_selector=selector)
+            found = self._client().get(
+                resource, namespace=namespace or None, label_selector=selector or None
+            )
         except ApiException as e:
             raise translate(e) from e
         return [dict(item) for item in found.to_dict().get("items", [])]

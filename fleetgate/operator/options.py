@@ -78,6 +78,8 @@ def parse_tolerations(text: str) -> tuple[dict[str, Any], ...]:
     text = text.strip()
     if not text:
         return ()
+    if text.startswith("{"):
+        raise OptionsError("tolerations: JSON must be a list of objects, e.g. [{...}]")
     if text.startswith("["):
         try:
             loaded = json.loads(text)

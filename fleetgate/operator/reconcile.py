@@ -1,8 +1,9 @@
 """One level-based reconcile of one ``InferenceService``: read, compare, apply, report.
 
 The kopf handlers (:mod:`fleetgate.operator.handlers`) call :meth:`Reconciler.reconcile`
-on every watch event of the service or of one of its children and on a periodic
-timer, and it always does the same thing regardless of *why* it was called:
+on every watch event of the service or of one of its children, and :class:`Resync`
+calls it for every service periodically; it always does the same thing regardless
+of *why* it was called:
 
 1. parse the spec with the API models (refused -> ``InvalidSpec``, no retry loop:
    the status says why and the next spec change is picked up by the watch);
@@ -45,7 +46,7 @@ from fleetgate.operator.kube import KubeApi, KubeError
 from fleetgate.operator.metrics import OperatorMetrics
 from fleetgate.operator.options import OperatorOptions
 
-__all__ = ["Outcome", "Reconciler", "event_object", "readable_validation_error"]
+__all__ = ["Outcome", "Reconciler", "Resync", "event_object", "readable_validation_error"]
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +311,54 @@ class Reconciler:
             status_written=written,
             events=report.transitions if written else (),
         )
+
+
+class Resync:
+    """Re-check every InferenceService every ``interval`` seconds until stopped.
+
+    The level-based safety net: whatever the watches missed (a pod that became
+    unschedulable, a child we do not watch, a lost event) is found here. One bad
+    object never stops the loop: its error is logged and the next one goes on.
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        reconciler: Reconciler,
+        namespaces: tuple[str, ...],
+        interval: float,
+        stop: threading.Event,
+    ) -> None:
+        self._api = api
+        self._reconciler = reconciler
+        self._namespaces = namespaces or ("",)
+        self._interval = interval
+        self._stop = stop
+
+    def run_once(self) -> int:
+        """One pass over all services; returns how many were reconciled."""
+        done = 0
+        for namespace in self._namespaces:
+            try:
+                bodies = self._api.list(API_VERSION, KIND, namespace, "")
+            except KubeError as e:
+                log.warning("resync: cannot list InferenceServices in %r: %s", namespace, e)
+                continue
+            for body in bodies:
+                if self._stop.is_set():
+                    return done
+                try:
+                    self._reconciler.reconcile(body)
+                    done += 1
+                except Exception:
+                    meta = body.get("metadata", {})
+                    log.exception("resync of %s/%s failed", meta.get("namespace"), meta.get("name"))
+        return done
+
+    def run(self) -> None:
+        """Loop until the stop event is set (first pass after one interval)."""
+        while not self._stop.wait(self._interval):
+            self.run_once()
 
 
 class _NameTaken(Exception):

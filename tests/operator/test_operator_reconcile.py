@@ -276,3 +276,24 @@ def test_deleting_object_is_left_alone(kube: FakeKube) -> None:
 
 def test_reconcile_by_name_of_missing_service(kube: FakeKube) -> None:
     assert _reconciler(kube).reconcile_by_name("ns", "nope") is None
+
+
+def test_resync_reconciles_every_service_and_survives_errors(kube: FakeKube) -> None:
+    import threading
+
+    from fleetgate.operator.reconcile import Resync
+
+    _isvc(kube)
+    other = _isvc(kube)
+    other["metadata"]["name"] = "other"
+    kube.put(other)
+    kube.put({"apiVersion": "fleetgate.dev/v1alpha1", "kind": "InferenceService",
+              "metadata": {"name": "broken", "namespace": "ns"}})  # fmt: skip
+    stop = threading.Event()
+    resync = Resync(kube, _reconciler(kube), ("ns",), 0.01, stop)
+    assert resync.run_once() == 3
+    assert sorted(d["metadata"]["name"] for d in kube.of_kind("Deployment")) == ["other", "svc"]
+    broken = kube.objects[("InferenceService", "ns", "broken")]["status"]
+    assert broken["conditions"][0]["reason"] == "InvalidSpec"
+    stop.set()
+    assert resync.run_once() == 0

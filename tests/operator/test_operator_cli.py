@@ -1,0 +1,154 @@
+"""``fleetgate operator`` start-up errors and option parsing (no cluster needed)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetgate.cli import CliError, main
+from fleetgate.operator import app, rbac
+from fleetgate.operator.cli import build_parser, options_from
+from fleetgate.operator.options import OptionsError, parse_tolerations
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    build_parser(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_missing_kubeconfig_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["operator", "--kubeconfig", str(tmp_path / "nope")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert (
+        err.strip() == f"fleetgate operator: error: kubeconfig {tmp_path / 'nope'} does not exist"
+    )
+
+
+def test_no_credentials_anywhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(app.StartupError, match="no Kubernetes credentials: pass --kubeconfig"):
+        app.load_credentials(None)
+
+
+def test_broken_kubeconfig(tmp_path: Path) -> None:
+    bad = tmp_path / "config"
+    bad.write_text("this: is: not: a kubeconfig")
+    with pytest.raises(app.StartupError, match="is not usable"):
+        app.load_credentials(str(bad))
+
+
+class _Api:
+    def __init__(self, served: bool | Exception) -> None:
+        self.served = served
+
+    def kind_exists(self, api_version: str, kind: str) -> bool:
+        if isinstance(self.served, Exception):
+            raise self.served
+        return self.served
+
+
+def test_crd_missing_is_explained() -> None:
+    with pytest.raises(app.StartupError) as info:
+        app.check_api(_Api(False), "https://127.0.0.1:6443")  # type: ignore[arg-type]
+    assert "CRD inferenceservices.fleetgate.dev is not installed" in str(info.value)
+    assert "kubectl apply -f crds/" in str(info.value)
+
+
+def test_unreachable_api_is_explained() -> None:
+    with pytest.raises(app.StartupError, match="unreachable: connection refused"):
+        app.check_api(_Api(ConnectionError("connection refused")), "https://127.0.0.1:1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("", (), id="empty"),
+        pytest.param(
+            "kwok.x-k8s.io/node=fake:NoSchedule",
+            (
+                {
+                    "key": "kwok.x-k8s.io/node",
+                    "operator": "Equal",
+                    "value": "fake",
+                    "effect": "NoSchedule",
+                },
+            ),
+            id="shorthand",
+        ),
+        pytest.param(
+            "gpu, b:NoExecute",
+            (
+                {"key": "gpu", "operator": "Exists"},
+                {"key": "b", "operator": "Exists", "effect": "NoExecute"},
+            ),
+            id="list",
+        ),
+        pytest.param(
+            '[{"key": "k", "operator": "Exists"}]', ({"key": "k", "operator": "Exists"},), id="json"
+        ),
+    ],
+)
+def test_parse_tolerations(text: str, expected: tuple[dict[str, Any], ...]) -> None:
+    assert parse_tolerations(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param("k:Sometimes", "effect must be one of", id="bad-effect"),
+        pytest.param("=v", "empty key", id="no-key"),
+        pytest.param("[oops", "invalid JSON", id="bad-json"),
+        pytest.param('{"key": "k"}', "must be a list", id="json-object-not-list"),
+    ],
+)
+def test_parse_tolerations_errors(text: str, message: str) -> None:
+    with pytest.raises(OptionsError, match=message):
+        parse_tolerations(text)
+
+
+def test_options_from_flags_and_env() -> None:
+    opts = options_from(
+        _args("--interval", "2", "--extra-toleration", "a=b:NoSchedule"),
+        {"FLEETGATE_EXTRA_TOLERATIONS": "c"},
+    )
+    assert opts.reconcile_interval == 2
+    assert [t["key"] for t in opts.extra_tolerations] == ["c", "a"]
+    assert options_from(_args(), {}).extra_tolerations == (), "production: no extra toleration"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--interval", "0"], "--interval must be > 0", id="interval"),
+        pytest.param(["--metrics-port", "70000"], "--metrics-port", id="port"),
+        pytest.param(["--extra-toleration", "x:Bad"], "effect must be one of", id="toleration"),
+    ],
+)
+def test_bad_options_are_cli_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(CliError, match=message):
+        options_from(_args(*argv), {})
+
+
+def test_cluster_role_lists_what_the_operator_touches() -> None:
+    role = rbac.cluster_role()
+    grants = {
+        (group, resource): set(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert grants[("fleetgate.dev", "inferenceservices")] == {"get", "list", "watch"}
+    assert grants[("fleetgate.dev", "inferenceservices/status")] == {"get", "patch"}
+    assert grants[("apps", "deployments")] >= {"create", "patch", "watch"}
+    assert "delete" not in grants[("apps", "deployments")], "children go by garbage collection"
+    assert grants[("", "events")] == {"create"}
+    assert grants[("", "pods")] == {"list"}
+    assert not any("*" in verbs or "*" in resource for (_, resource), verbs in grants.items())
+    assert ("", "secrets") not in grants

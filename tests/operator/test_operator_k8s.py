@@ -1,0 +1,381 @@
+"""The operator on the real Kubernetes test control plane (tests/k8s_fixtures.py).
+
+We test these aspects, each against the real API server, controller manager,
+scheduler and kwok fake GPU nodes:
+
+* the CRD installs and the API server enforces its schema and CEL rules;
+* a vLLM and a TensorRT-LLM service (the examples, applied as they are) get
+  Deployments with the right args, probes, resources, affinity; pods land on fake
+  GPU nodes; status turns Ready;
+* more GPUs than any node has gives Ready=False, reason InsufficientGPU;
+* a spec change rolls out; drift is restored; deletion garbage-collects;
+* a restarted operator creates no duplicates and writes nothing.
+
+The operator runs in a thread of the test process (fleetgate.operator.app.run),
+watching only the test's namespace, with the kwok toleration passed as an option
+exactly as ``FLEETGATE_EXTRA_TOLERATIONS`` would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from k8s_fixtures import k8s_cluster, k8s_namespace  # noqa: F401
+
+from fleetgate.api.crd import CRD_FILE_NAME, crd_name
+from fleetgate.devcluster import FAKE_NODE_TOLERATION, DevCluster
+from fleetgate.operator import app
+from fleetgate.operator.options import OperatorOptions
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture(scope="module")
+def crd(k8s_cluster: DevCluster) -> str:  # noqa: F811
+    k8s_cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / CRD_FILE_NAME))
+    k8s_cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd_name()}", "--timeout=60s")
+    return crd_name()
+
+
+@contextlib.contextmanager
+def operator(cluster: DevCluster, namespace: str, interval: float = 1.0) -> Iterator[int]:
+    """Run the operator in a thread; yields its metrics/health port; stops it."""
+    stop, ready = threading.Event(), threading.Event()
+    ports: list[int] = []
+    errors: list[BaseException] = []
+    options = OperatorOptions(
+        extra_tolerations=(FAKE_NODE_TOLERATION,), reconcile_interval=interval
+    )
+
+    def target() -> None:
+        try:
+            app.run(
+                options,
+                kubeconfig=str(cluster.kubeconfig),
+                namespaces=[namespace],
+                endpoints=app.Endpoints(host="127.0.0.1", port=0),
+                stop_flag=stop,
+                ready_flag=ready,
+                bound=ports,
+            )
+        except BaseException as e:  # reported by the test, not lost in a thread
+            errors.append(e)
+
+    thread = threading.Thread(target=target, name="operator-under-test")
+    thread.start()
+    try:
+        if not ready.wait(60):
+            pytest.fail(f"operator did not start: {errors!r}")
+        yield ports[0]
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive(), "operator thread did not stop"
+    assert errors == [], errors
+
+
+def isvc(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": {"uri": "hf://org/tiny"},
+        "engine": {"type": "vllm", "image": "vllm/vllm-openai:v0.32.0"},
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "fleetgate.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": body,
+    }
+
+
+def get(cluster: DevCluster, ns: str, *what: str) -> dict[str, Any] | None:
+    res = cluster.kubectl("-n", ns, "get", *what, "-o", "json", check=False)
+    if res.returncode != 0:
+        return None
+    loaded: dict[str, Any] = json.loads(res.stdout)
+    return loaded
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == kind:
+            result: dict[str, Any] = cond
+            return result
+    return {}
+
+
+def ready_with(cluster: DevCluster, ns: str, name: str, reason: str, status: str) -> Any:
+    def probe() -> dict[str, Any] | None:
+        obj = get(cluster, ns, "inferenceservice", name)
+        cond = condition(obj, "Ready")
+        if cond.get("reason") == reason and cond.get("status") == status:
+            return obj
+        return None
+
+    return probe
+
+
+def example(path: str, namespace: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / path).read_text())
+    doc["metadata"]["namespace"] = namespace
+    return doc
+
+
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        pytest.param(
+            {"parallelism": {"tensor": 2}, "gpu": {"count": 1}},
+            "parallelism.tensor x parallelism.pipeline must equal gpu.count",
+            id="tp-not-gpus",
+        ),
+        pytest.param(
+            {"engine": {"type": "vllm", "image": "i", "tensorrtLlm": {"maxBatchSize": 4}}},
+            "engine.tensorrtLlm settings are set but engine.type is not 'tensorrt-llm'",
+            id="settings-mismatch",
+        ),
+        pytest.param(
+            {"rollout": {"maxSurge": 0, "maxUnavailable": 0}},
+            "rollout.maxSurge and rollout.maxUnavailable cannot both be 0",
+            id="stuck-rollout",
+        ),
+        pytest.param(
+            {"storage": {"modelCache": {"pvc": {"claimName": "c"}, "emptyDir": {}}}},
+            "set either pvc or emptyDir, not both",
+            id="two-caches",
+        ),
+        pytest.param({"model": {"uri": "ftp://x"}}, "spec.model.uri", id="uri-pattern"),
+        pytest.param({"engine": {"type": "sglang", "image": "i"}}, "Unsupported value", id="enum"),
+    ],
+)
+def test_api_server_rejects_invalid_specs_with_cel_message(
+    k8s_cluster: DevCluster,  # noqa: F811
+    k8s_namespace: str,  # noqa: F811
+    crd: str,
+    spec: dict[str, Any],
+    message: str,
+) -> None:
+    body = isvc("bad", k8s_namespace, **spec)
+    res = k8s_cluster.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
+    assert res.returncode != 0, res.stdout
+    assert message in res.stderr, res.stderr
+    assert get(k8s_cluster, k8s_namespace, "inferenceservice", "bad") is None
+
+
+def test_defaults_are_applied_by_the_api_server(
+    k8s_cluster: DevCluster,  # noqa: F811
+    k8s_namespace: str,  # noqa: F811
+    crd: str,
+) -> None:
+    k8s_cluster.apply(isvc("defaults", k8s_namespace))
+    obj = get(k8s_cluster, k8s_namespace, "inferenceservice", "defaults")
+    assert obj is not None
+    spec = obj["spec"]
+    assert spec["replicas"] == 1
+    assert spec["rollout"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert spec["parallelism"] == {"tensor": 1, "pipeline": 1}
+    assert spec["gpu"]["count"] == 1 and spec["startupBudgetSeconds"] == 1800
+    assert "vllm" not in spec["engine"]
+    fgis = k8s_cluster.kubectl("-n", k8s_namespace, "get", "fgis").stdout
+    assert fgis.split()[:6] == ["NAME", "ENGINE", "MODEL", "REPLICAS", "READY", "REASON"]
+
+
+def test_examples_become_ready_on_fake_gpus(
+    k8s_cluster: DevCluster,  # noqa: F811
+    k8s_namespace: str,  # noqa: F811
+    crd: str,
+) -> None:
+    ns = k8s_namespace
+    k8s_cluster.kubectl(
+        "-n", ns, "create", "secret", "generic", "hf-token", "--from-literal=token=x"
+    )
+    vllm = example("vllm-llama-3.1-8b.yaml", ns)
+    vllm["spec"]["gpu"]["product"] = "NVIDIA-H100-80GB-HBM3"
+    trt = example("trtllm-qwen2.5-7b.yaml", ns)
+    with operator(k8s_cluster, ns):
+        k8s_cluster.apply(vllm, trt)
+        for name in ("llama-8b", "qwen-7b"):
+            wait_for(
+                f"{name} Ready",
+                ready_with(k8s_cluster, ns, name, "AllReplicasReady", "True"),
+                timeout=120,
+            )
+        dep = get(k8s_cluster, ns, "deployment", "llama-8b")
+        assert dep is not None
+        pod_spec = dep["spec"]["template"]["spec"]
+        (container,) = pod_spec["containers"]
+        args = container["args"]
+        for flag in (
+            "--enable-prompt-tokens-details",
+            "--enable-prefix-caching",
+            "--served-model-name",
+        ):
+            assert flag in args, args
+        assert args[args.index("--max-model-len") + 1] == "8192"
+        assert container["startupProbe"]["failureThreshold"] == 120  # 1200 s / 10 s
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        terms = pod_spec["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"][0]["values"] == ["NVIDIA-H100-80GB-HBM3"]
+        assert pod_spec["enableServiceLinks"] is False
+        pods = k8s_cluster.kubectl_json(
+            "-n", ns, "get", "pods", "-l", "app.kubernetes.io/instance=llama-8b"
+        )["items"]
+        assert len(pods) == 2
+        assert all(p["spec"]["nodeName"].startswith("gpu-h100-") for p in pods)
+        trt_dep = get(k8s_cluster, ns, "deployment", "qwen-7b")
+        assert trt_dep is not None
+        (trt_container,) = trt_dep["spec"]["template"]["spec"]["containers"]
+        assert trt_container["command"] == ["trtllm-serve"]
+        assert trt_container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+        assert get(k8s_cluster, ns, "configmap", "qwen-7b-engine-config") is not None
+        for kind in ("service", "poddisruptionbudget"):
+            assert get(k8s_cluster, ns, kind, "qwen-7b") is not None
+        status = get(k8s_cluster, ns, "inferenceservice", "llama-8b")
+        assert status is not None
+        st = status["status"]
+        assert st["readyReplicas"] == 2 and st["servedModel"] == "llama-3.1-8b"
+        assert st["url"] == f"http://llama-8b.{ns}.svc.cluster.local:8000"
+        assert st["observedGeneration"] == status["metadata"]["generation"]
+        events = k8s_cluster.kubectl_json(
+            "-n", ns, "get", "events", "--field-selector", "involvedObject.name=llama-8b"
+        )["items"]
+        assert "AllReplicasReady" in {e["reason"] for e in events}
+
+
+def test_too_many_gpus_is_insufficient_gpu(
+    k8s_cluster: DevCluster,  # noqa: F811
+    k8s_namespace: str,  # noqa: F811
+    crd: str,
+) -> None:
+    ns = k8s_namespace
+    with operator(k8s_cluster, ns) as port:
+        k8s_cluster.apply(isvc("huge", ns, parallelism={"tensor": 16}, gpu={"count": 16}))
+        obj = wait_for(
+            "Ready=False InsufficientGPU",
+            ready_with(k8s_cluster, ns, "huge", "InsufficientGPU", "False"),
+            timeout=90,
+        )
+        assert condition(obj, "Degraded")["status"] == "True"
+        assert "Insufficient nvidia.com/gpu" in condition(obj, "Ready")["message"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        assert 'fleetgate_operator_reconcile_errors_total{reason="InsufficientGPU"}' in text
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+
+
+def _deployment_uid(cluster: DevCluster, ns: str, name: str) -> str | None:
+    dep = get(cluster, ns, "deployment", name)
+    return None if dep is None else str(dep["metadata"]["uid"])
+
+
+def test_rollout_drift_restart_and_deletion(
+    k8s_cluster: DevCluster,  # noqa: F811
+    k8s_namespace: str,  # noqa: F811
+    crd: str,
+) -> None:
+    ns = k8s_namespace
+    body = isvc("svc", ns, engine={"type": "vllm", "image": "v:1", "vllm": {"maxNumSeqs": 8}})
+    with operator(k8s_cluster, ns):
+        k8s_cluster.apply(body)
+        wait_for("Ready", ready_with(k8s_cluster, ns, "svc", "AllReplicasReady", "True"), 90)
+
+        # a spec change rolls out
+        changed = copy.deepcopy(body)
+        changed["spec"]["engine"]["vllm"]["maxNumSeqs"] = 16
+        k8s_cluster.apply(changed)
+
+        def rolled() -> dict[str, Any] | None:
+            obj = ready_with(k8s_cluster, ns, "svc", "AllReplicasReady", "True")()
+            if obj and obj["status"]["observedGeneration"] == obj["metadata"]["generation"] == 2:
+                return obj
+            return None
+
+        wait_for("rollout of generation 2", rolled, 90)
+        dep = get(k8s_cluster, ns, "deployment", "svc")
+        assert dep is not None
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--max-num-seqs") + 1] == "16"
+        assert dep["metadata"]["generation"] >= 2
+        rs = k8s_cluster.kubectl_json("-n", ns, "get", "replicasets")["items"]
+        assert len(rs) == 2, "a new ReplicaSet for the new template"
+
+        # drift: an edited field comes back, a deleted child comes back
+        image_path = "/spec/template/spec/containers/0/image"
+        patch = json.dumps([{"op": "replace", "path": image_path, "value": "evil:1"}])
+        k8s_cluster.kubectl("-n", ns, "patch", "deployment", "svc", "--type=json", "-p", patch)
+        wait_for(
+            "image restored",
+            lambda: (
+                (get(k8s_cluster, ns, "deployment", "svc") or {})
+                .get("spec", {})
+                .get("template", {})
+                .get("spec", {})
+                .get("containers", [{}])[0]
+                .get("image")
+                == "v:1"
+            ),
+            30,
+        )
+        old_uid = _deployment_uid(k8s_cluster, ns, "svc")
+        k8s_cluster.kubectl("-n", ns, "delete", "service", "svc")
+        k8s_cluster.kubectl("-n", ns, "delete", "deployment", "svc", "--wait=false")
+        wait_for(
+            "deployment recreated",
+            lambda: _deployment_uid(k8s_cluster, ns, "svc") not in (None, old_uid),
+            60,
+        )
+        wait_for("service recreated", lambda: get(k8s_cluster, ns, "service", "svc"), 30)
+        wait_for("Ready again", ready_with(k8s_cluster, ns, "svc", "AllReplicasReady", "True"), 90)
+
+    # restart: a fresh operator finds everything in place and writes nothing
+    before = get(k8s_cluster, ns, "deployment", "svc")
+    isvc_before = get(k8s_cluster, ns, "inferenceservice", "svc")
+    assert before is not None and isvc_before is not None
+    with operator(k8s_cluster, ns, interval=0.5):
+        time.sleep(4)  # several timer ticks and the initial listing
+        after = get(k8s_cluster, ns, "deployment", "svc")
+        isvc_after = get(k8s_cluster, ns, "inferenceservice", "svc")
+    assert after is not None and isvc_after is not None
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert isvc_after["metadata"]["resourceVersion"] == isvc_before["metadata"]["resourceVersion"]
+    deployments = k8s_cluster.kubectl_json("-n", ns, "get", "deployments")["items"]
+    assert [d["metadata"]["name"] for d in deployments] == ["svc"]
+
+    # deletion garbage-collects every child (no operator needed: owner references)
+    k8s_cluster.kubectl("-n", ns, "delete", "inferenceservice", "svc")
+    for kind in ("deployment", "service", "poddisruptionbudget"):
+        wait_for(
+            f"{kind} collected", lambda kind=kind: get(k8s_cluster, ns, kind, "svc") is None, 60
+        )
