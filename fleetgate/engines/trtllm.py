@@ -62,17 +62,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from fleetgate.engines.base import (
-    LEVEL_MAX,
-    ContainerPlan,
-    ErrorInfo,
-    LaunchSpec,
-    LoadSnapshot,
-    MetricsParseError,
-    MetricsSource,
-    Probe,
-)
-from fleetgate.engines.vllm import (
+from fleetgate.engines._common import (
     PromSample,
     PromScanner,
     check_error_status,
@@ -82,6 +72,16 @@ from fleetgate.engines.vllm import (
     require_some,
     text_message,
     validate_launch,
+)
+from fleetgate.engines.base import (
+    LEVEL_MAX,
+    ContainerPlan,
+    ErrorInfo,
+    LaunchSpec,
+    LoadSnapshot,
+    MetricsParseError,
+    MetricsSource,
+    Probe,
 )
 
 __all__ = [

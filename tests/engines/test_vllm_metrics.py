@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetgate.engines._common import PromScanner
 from fleetgate.engines.base import LoadSnapshot, MetricsParseError, MetricsSource
-from fleetgate.engines.vllm import ADAPTER, PromScanner
+from fleetgate.engines.vllm import ADAPTER
 
 FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
 DATA = Path(__file__).parent / "data"
