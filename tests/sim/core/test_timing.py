@@ -19,11 +19,11 @@ def _latencies(kind: str, profile: str, concurrency: int) -> tuple[float, float]
         p = [tk.CHUNK_BASE + (i * 7919 + j * 31) % 18000 for j in range(200)]
         engine.add_request(request(f"c{i}", p, 200))
     result = run(engine)
-    ttft = [result.first_token_time(f"c{i}") for i in range(concurrency)]
-    gaps: list[float] = []
-    for i in range(concurrency):
-        times = [t for t, e in result.events if e.request_id == f"c{i}"]
-        gaps += [b - a for a, b in zip(times, times[1:], strict=False)]
+    times: dict[str, list[float]] = {}
+    for t, e in result.events:
+        times.setdefault(e.request_id, []).append(t)
+    ttft = [ts[0] for ts in times.values()]
+    gaps = [b - a for ts in times.values() for a, b in zip(ts, ts[1:], strict=False)]
     return sum(ttft) / len(ttft), sum(gaps) / len(gaps)
 
 
