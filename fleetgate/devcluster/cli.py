@@ -90,7 +90,8 @@ def _up(args: argparse.Namespace) -> int:
     print(f"kubeconfig: {cluster.kubeconfig}")
     print(f"api: {cluster.api_url}")
     print(f"nodes: {', '.join(cluster.node_names())}")
-    print(f"work dir: {cluster.work_dir}")
+    print(f"work dir: {cluster.work_dir} (component logs in logs/)")
+    print("pids: " + " ".join(f"{r.name}={r.pid}" for r in cluster.refs))
     print(f"started in: {timings}")
     sys.stdout.flush()
     if args.detach:
@@ -111,7 +112,9 @@ def _foreground(cluster: DevCluster) -> int:
     def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    # SIGINT too: a shell starts background jobs with SIGINT ignored, and then Python
+    # never installs its KeyboardInterrupt handler
+    previous = {sig: signal.signal(sig, on_term) for sig in (signal.SIGTERM, signal.SIGINT)}
     print("running; Ctrl-C to stop")
     sys.stdout.flush()
     code = 0
@@ -128,7 +131,8 @@ def _foreground(cluster: DevCluster) -> int:
     except KeyboardInterrupt:
         print("stopping")
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         outcome = cluster.stop()
         print("stopped: " + ", ".join(f"{k} {v}" for k, v in outcome.items()))
     return code

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,59 @@ def test_cli_up_detach_then_down(tmp_path: Path) -> None:
     assert leftovers == []
     assert not state_file.exists()
     assert not Path(state.work_dir).exists()
+
+
+def start_foreground(kubeconfig: Path) -> tuple[subprocess.Popen[str], dict[str, int], list[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetgate", "dev-cluster", "up", "--kubeconfig", str(kubeconfig)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip("\n"))
+        if line.startswith("running"):
+            break
+    pids_line = next((x for x in lines if x.startswith("pids: ")), None)
+    if pids_line is None:
+        proc.kill()
+        proc.communicate(timeout=30)
+        pytest.fail("foreground `up` never reported running:\n" + "\n".join(lines))
+    pids = {k: int(v) for k, v in (kv.split("=") for kv in pids_line[6:].split())}
+    return proc, pids, lines
+
+
+def refs_of(pids: dict[str, int]) -> list[ProcRef]:
+    out = []
+    for name, pid in pids.items():
+        ticks = start_ticks(pid)
+        assert ticks is not None, f"{name} pid {pid} is not running"
+        out.append(ProcRef(name, pid, ticks, ""))
+    return out
+
+
+def test_cli_foreground_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    proc, pids, _ = start_foreground(tmp_path / "kc.yaml")
+    refs = refs_of(pids)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "stopped: kwok terminated" in out
+    assert [r for r in refs if is_running(r)] == []
+
+
+def test_cli_foreground_exits_1_when_a_component_dies(tmp_path: Path) -> None:
+    proc, pids, _ = start_foreground(tmp_path / "kc.yaml")
+    refs = refs_of(pids)
+    os.kill(pids["kwok"], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert "component(s) died: kwok" in out
+    assert "----- kwok" in out, "the dead component's log is shown"
+    assert [r for r in refs if is_running(r)] == []
