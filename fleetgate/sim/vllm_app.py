@@ -51,6 +51,8 @@ from fleetgate.sim.vllm_protocol import (
     TokenizeRequest,
     parse_body,
 )
+from fleetgate.sim.vllm_requests import HttpError, check_model, gen_request, prompt_ids, render
+from fleetgate.sim.vllm_shapes import StreamOptions, chat_logprobs, completion_logprobs, usage
 
 __all__ = ["VllmApp", "default_fingerprint"]
 
@@ -59,26 +61,9 @@ M = TypeVar("M", bound=BaseModel)
 ErrorBody = Callable[[int, str, str, str | None], dict[str, Any]]
 
 
-class _HttpError(Exception):
-    def __init__(self, status: int, message: str, err_type: str, param: str | None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.err_type, self.param = status, message, err_type, param
-
-
 def default_fingerprint(version: str, model_name: str) -> str:
     digest = hashlib.sha256(f"{version}/{model_name}".encode()).hexdigest()[:8]
     return f"vllm-{version}-{digest}"
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text", "") for p in content if isinstance(p, dict)]
-        return "".join(str(p) for p in parts)
-    return str(content)
 
 
 class VllmApp:
@@ -128,7 +113,7 @@ class VllmApp:
                 return
             try:
                 await self._post[path](scope, body, receive, send)
-            except _HttpError as e:
+            except HttpError as e:
                 await self._send_error(send, e)
             return
         await send_json(send, 404, {"detail": "Not Found"})
@@ -136,8 +121,13 @@ class VllmApp:
     # -- simple GETs --------------------------------------------------------
 
     async def _health(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", b"0"), (b"vary", b"Origin")]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-length", b"0"), (b"vary", b"Origin")],
+            }
+        )
         await send({"type": "http.response.body", "body": b""})
 
     async def _models(self, send: Send) -> None:
@@ -178,143 +168,43 @@ class VllmApp:
 
     # -- errors -------------------------------------------------------------
 
-    def _body(self, e: _HttpError) -> dict[str, Any]:
+    def _body(self, e: HttpError) -> dict[str, Any]:
         return self.error_body(e.status, e.message, e.err_type, e.param)
 
-    async def _send_error(self, send: Send, e: _HttpError) -> None:
+    async def _send_error(self, send: Send, e: HttpError) -> None:
         await send_json(send, e.status, self._body(e))
 
     def _parse(self, scope: Scope, body: bytes, model: type[M]) -> M:
         try:
             return parse_body(body, header(scope, b"content-type"), model)
         except RequestParseError as e:
-            raise _HttpError(400, e.message, "Bad Request", e.param) from None
-
-    def _check_model(self, name: str | None) -> None:
-        served = self.engine.options.model_name
-        if name is not None and name != served:
-            raise _HttpError(
-                404,
-                f"The model `{name}` does not exist. Valid aliases: {served}.",
-                "NotFoundError",
-                "model",
-            )
-
-    # -- generation ---------------------------------------------------------
-
-    def _gen_request(
-        self, scope: Scope, req: CompletionRequest | ChatCompletionRequest, prompt: list[int],
-        max_tokens: int | None,
-    ) -> GenRequest:  # fmt: skip
-        o = self.engine.options
-        if max_tokens is not None and max_tokens < 1:
-            raise _HttpError(
-                400,
-                f"max_tokens must be at least 1, got {max_tokens}. "
-                f"(parameter=max_tokens, value={max_tokens})",
-                "BadRequestError",
-                "max_tokens",
-            )
-        if req.n != 1:
-            raise _HttpError(400, "n must be 1 on the emulator.", "BadRequestError", "n")
-        if len(prompt) >= o.max_model_len:
-            shown = o.max_model_len + 1 if len(prompt) > o.max_model_len else len(prompt)
-            raise _HttpError(
-                400,
-                f"This model's maximum context length is {o.max_model_len} tokens. However, "
-                f"your prompt contains at least {shown} input tokens, which exceeds this limit "
-                "even without any output tokens. Please reduce the length of the input prompt. "
-                f"(parameter=input_tokens, value={shown})",
-                "BadRequestError",
-                "input_tokens",
-            )
-        room = o.max_model_len - len(prompt)
-        limit = room if max_tokens is None else min(max_tokens, room)
-        priority = req.priority
-        hdr = header(scope, b"x-vllm-priority")
-        if hdr is not None:
-            try:
-                priority = int(hdr.strip())
-            except ValueError:
-                raise _HttpError(
-                    400, f"Invalid X-Vllm-Priority header: {hdr!r}", "BadRequestError", "priority"
-                ) from None
-        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-        external = header(scope, b"x-request-id") or req.request_id or uuid.uuid4().hex[:16]
-        return GenRequest(
-            request_id=self.engine.internal_id(external),
-            prompt_token_ids=tuple(prompt),
-            max_tokens=limit,
-            priority=float(priority),
-            ignore_eos=req.ignore_eos,
-            stop=stop,
-            stop_token_ids=tuple(req.stop_token_ids or ()),
-            seed=req.seed or 0,
-        )
+            raise HttpError(400, e.message, "Bad Request", e.param) from None
 
     def _usage(self, prompt: int, completion: int, cached: int, full: bool) -> dict[str, Any]:
-        usage: dict[str, Any] = {
-            "prompt_tokens": prompt,
-            "total_tokens": prompt + completion,
-            "completion_tokens": completion,
-        }
-        details = (
-            {"cached_tokens": cached} if self.engine.options.enable_prompt_tokens_details else None
-        )
-        if full:
-            usage["prompt_tokens_details"] = details
-            usage["completion_tokens_details"] = None
-        elif details is not None:
-            usage["prompt_tokens_details"] = details
-        return usage
+        details = self.engine.options.enable_prompt_tokens_details
+        return usage(prompt, completion, cached, details, full)
 
     async def _completions(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         req = self._parse(scope, body, CompletionRequest)
-        self._check_model(req.model)
-        prompt = self._prompt_ids(req.prompt)
-        gen = self._gen_request(scope, req, prompt, req.max_tokens)
+        check_model(self.engine, req.model)
+        prompt = prompt_ids(self.engine, req.prompt)
+        gen = gen_request(self.engine, _headers(scope), req, prompt, req.max_tokens)
         rid = "cmpl-" + gen.request_id.rsplit("#", 1)[0]
+        opts = _options(req, req.logprobs)
         run = self._start(gen)
-        return_ids = bool(req.return_token_ids)
         try:
             if req.stream:
-                include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                await race_disconnect(
-                    receive,
-                    self._stream_completion(send, gen, run, rid, include_usage, return_ids),
-                )
+                await race_disconnect(receive, self._stream_completion(send, gen, run, rid, opts))
             else:
-                await race_disconnect(
-                    receive, self._complete_completion(send, gen, run, rid, return_ids)
-                )
+                await race_disconnect(receive, self._complete_completion(send, gen, run, rid, opts))
         finally:
             run.close()
-
-    def _prompt_ids(self, prompt: Any) -> list[int]:
-        if isinstance(prompt, str):
-            return self.engine.tokenizer.encode(prompt)
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            vocab = self.engine.tokenizer.vocab_size
-            bad = [t for t in prompt if not 0 <= t < vocab]
-            if bad:
-                raise _HttpError(400, f"Token id {bad[0]} is out of vocabulary "
-                                 f"(vocab size {vocab}). (parameter=prompt, value={bad[0]})",
-                                 "BadRequestError", "prompt")  # fmt: skip
-            return list(prompt)
-        if isinstance(prompt, list) and len(prompt) == 1:
-            return self._prompt_ids(prompt[0])
-        if prompt is None or prompt == []:
-            raise _HttpError(400, "Prompt must not be empty. (parameter=prompt, value=None)",
-                             "BadRequestError", "prompt")  # fmt: skip
-        raise _HttpError(
-            400, "Batched prompts are not supported by the emulator.", "BadRequestError", "prompt"
-        )
 
     def _start(self, gen: GenRequest) -> Generation:
         limit = self.engine.options.max_num_queued_reqs
         if limit is not None and self.engine.driver.model.stats().waiting >= limit:
             self.metrics.rejections["max_num_queued_reqs"] += 1
-            raise _HttpError(
+            raise HttpError(
                 503,
                 "The engine is currently busy and cannot accept new requests. "
                 "Please try again later or on a different instance.",
@@ -324,7 +214,7 @@ class VllmApp:
         try:
             return generate(self.engine, gen)
         except ValueError as e:
-            raise _HttpError(400, str(e), "BadRequestError", getattr(e, "param", None)) from None
+            raise HttpError(400, str(e), "BadRequestError", getattr(e, "param", None)) from None
 
     async def _collect(self, run: Generation) -> tuple[list[Delta], str]:
         deltas: list[Delta] = []
@@ -333,7 +223,7 @@ class VllmApp:
         return deltas, "".join(d.text for d in deltas)
 
     async def _complete_completion(
-        self, send: Send, gen: GenRequest, run: Generation, rid: str, return_ids: bool
+        self, send: Send, gen: GenRequest, run: Generation, rid: str, opts: StreamOptions
     ) -> None:
         deltas, text = await self._collect(run)
         last = deltas[-1]
@@ -342,6 +232,12 @@ class VllmApp:
             return
         ids = [t for d in deltas for t in d.token_ids]
         cached = deltas[0].cached_prompt_tokens
+        logprobs = None
+        if opts.logprobs is not None:
+            logprobs = completion_logprobs(
+                ids, self.engine.tokenizer.decode, opts.logprobs, self.engine.tokenizer.vocab_size
+            )
+        return_ids = opts.return_token_ids
         out = {
             "id": rid,
             "object": "text_completion",
@@ -351,7 +247,7 @@ class VllmApp:
                 {
                     "index": 0,
                     "text": text,
-                    "logprobs": None,
+                    "logprobs": logprobs,
                     "finish_reason": last.finish_reason,
                     "stop_reason": last.stop_reason,
                     "token_ids": ids if return_ids else None,
@@ -370,102 +266,101 @@ class VllmApp:
         await send_json(send, 200, out)
 
     async def _stream_completion(
-        self,
-        send: Send,
-        gen: GenRequest,
-        run: Generation,
-        rid: str,
-        include_usage: bool,
-        return_ids: bool,
+        self, send: Send, gen: GenRequest, run: Generation, rid: str, opts: StreamOptions
     ) -> None:
         sse = SseWriter(send)
         await sse.start()
         created = int(time.time())
         model = self.engine.options.model_name
+        tok = self.engine.tokenizer
+        n_prompt = len(gen.prompt_token_ids)
         produced = 0
         cached = 0
+        offset = 0
         first = True
         # Fast path for the common middle-of-stream event: only the text varies, so the
         # bytes around it are built once (same bytes json.dumps would give).
         head = dumps({"id": rid, "object": "text_completion", "created": created, "model": model})
         pre = b"data: " + head[:-1] + b',"choices":[{"index":0,"text":'
-        post = (b',"logprobs":null,"finish_reason":null,"stop_reason":null,'
-                b'"prompt_token_ids":null,"token_ids":null}]}\n\n')  # fmt: skip
+        post = (
+            b',"logprobs":null,"finish_reason":null,"stop_reason":null,'
+            b'"prompt_token_ids":null,"token_ids":null}]}\n\n'
+        )
         async for d in run:
             if d.finish_reason == "abort":
                 await sse.event(self._body(_aborted()))
                 break
+            position = produced
             produced += len(d.token_ids)
             if first:
                 cached = d.cached_prompt_tokens
-            elif d.finish_reason is None and not return_ids:
+            elif d.finish_reason is None and opts.fast_path:
                 await sse.raw(pre + dumps(d.text) + post)
                 continue
+            logprobs = None
+            if opts.logprobs is not None:
+                logprobs = completion_logprobs(
+                    d.token_ids, tok.decode, opts.logprobs, tok.vocab_size, position, offset
+                )
+            offset += len(d.text)
+            ids = opts.return_token_ids
             choice = {
                 "index": 0,
                 "text": d.text,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": d.finish_reason,
                 "stop_reason": d.stop_reason,
-                "prompt_token_ids": list(gen.prompt_token_ids) if return_ids and first else None,
-                "token_ids": list(d.token_ids) if return_ids else None,
+                "prompt_token_ids": list(gen.prompt_token_ids) if ids and first else None,
+                "token_ids": list(d.token_ids) if ids else None,
             }
             first = False
-            chunk: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created,
-                                     "model": model, "choices": [choice]}  # fmt: skip
-            if d.finish_reason is not None and not include_usage:
+            chunk: dict[str, Any] = {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
+            if opts.continuous_usage:
+                chunk["usage"] = self._usage(n_prompt, produced, cached, full=False)
+            if d.finish_reason is not None and not opts.include_usage:
                 chunk["system_fingerprint"] = self.fingerprint
             await sse.event(chunk)
-            if d.finish_reason is not None and include_usage:
-                await sse.event({"id": rid, "object": "text_completion", "created": created,
-                                 "model": model, "choices": [],
-                                 "usage": self._usage(len(gen.prompt_token_ids), produced,
-                                                      cached, full=False),
-                                 "system_fingerprint": self.fingerprint})  # fmt: skip
+            if d.finish_reason is not None and opts.include_usage:
+                await sse.event(
+                    {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": self._usage(n_prompt, produced, cached, full=False),
+                        "system_fingerprint": self.fingerprint,
+                    }
+                )
         await sse.done()
 
     async def _chat(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         req = self._parse(scope, body, ChatCompletionRequest)
-        self._check_model(req.model)
-        prompt = self._render(req.messages, req.add_generation_prompt)
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else (
-            req.max_tokens
-        )  # fmt: skip
-        gen = self._gen_request(scope, req, prompt, max_tokens)
+        check_model(self.engine, req.model)
+        prompt = render(self.engine, req.messages, req.add_generation_prompt)
+        max_tokens = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else (req.max_tokens)
+        )
+        gen = gen_request(self.engine, _headers(scope), req, prompt, max_tokens)
         rid = "chatcmpl-" + gen.request_id.rsplit("#", 1)[0]
-        return_ids = bool(req.return_token_ids)
+        opts = _options(req, (req.top_logprobs or 0) if req.logprobs else None)
         run = self._start(gen)
         try:
             if req.stream:
-                include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                await race_disconnect(
-                    receive, self._stream_chat(send, gen, run, rid, include_usage, return_ids)
-                )
+                await race_disconnect(receive, self._stream_chat(send, gen, run, rid, opts))
             else:
-                await race_disconnect(receive, self._complete_chat(send, gen, run, rid, return_ids))
+                await race_disconnect(receive, self._complete_chat(send, gen, run, rid, opts))
         finally:
             run.close()
 
-    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
-        clean: list[dict[str, object]] = []
-        for i, m in enumerate(messages):
-            role = m.get("role")
-            if not isinstance(role, str):
-                raise _HttpError(
-                    400,
-                    f"1 validation error:\n  {{'type': 'missing', 'loc': 'body.messages.{i}.role',"
-                    " 'msg': 'Field required'}",
-                    "Bad Request",
-                    f"body.messages.{i}.role",
-                )
-            clean.append({"role": role, "content": _content_text(m.get("content"))})
-        try:
-            return self.engine.tokenizer.render_chat(clean, add_generation_prompt)
-        except ValueError as e:
-            raise _HttpError(400, str(e), "BadRequestError", "messages") from None
-
     async def _complete_chat(
-        self, send: Send, gen: GenRequest, run: Generation, rid: str, return_ids: bool
+        self, send: Send, gen: GenRequest, run: Generation, rid: str, opts: StreamOptions
     ) -> None:
         deltas, text = await self._collect(run)
         last = deltas[-1]
@@ -473,6 +368,11 @@ class VllmApp:
             await self._send_error(send, _aborted())
             return
         ids = [t for d in deltas for t in d.token_ids]
+        return_ids = opts.return_token_ids
+        logprobs = None
+        if opts.logprobs is not None:
+            tok = self.engine.tokenizer
+            logprobs = chat_logprobs(ids, tok.decode, opts.logprobs, tok.vocab_size)
         out = {
             "id": rid,
             "object": "chat.completion",
@@ -490,7 +390,7 @@ class VllmApp:
                         "function_call": None,
                         "reasoning": None,
                     },
-                    "logprobs": None,
+                    "logprobs": logprobs,
                     "finish_reason": last.finish_reason,
                     "stop_reason": last.stop_reason,
                     "token_ids": ids if return_ids else None,
@@ -512,24 +412,31 @@ class VllmApp:
         await send_json(send, 200, out)
 
     async def _stream_chat(
-        self,
-        send: Send,
-        gen: GenRequest,
-        run: Generation,
-        rid: str,
-        include_usage: bool,
-        return_ids: bool,
+        self, send: Send, gen: GenRequest, run: Generation, rid: str, opts: StreamOptions
     ) -> None:
         sse = SseWriter(send)
         await sse.start()
         created = int(time.time())
         model = self.engine.options.model_name
+        tok = self.engine.tokenizer
+        n_prompt = len(gen.prompt_token_ids)
+        return_ids = opts.return_token_ids
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-        await sse.event({**head, "choices": [{"index": 0,
-                         "delta": {"role": "assistant", "content": ""},
-                         "logprobs": None, "finish_reason": None}],
-                         "prompt_token_ids": list(gen.prompt_token_ids) if return_ids else None,
-                         "prompt_text": None})  # fmt: skip
+        await sse.event(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+                "prompt_token_ids": list(gen.prompt_token_ids) if return_ids else None,
+                "prompt_text": None,
+            }
+        )
         produced = 0
         cached = 0
         pre = b"data: " + dumps(head)[:-1] + b',"choices":[{"index":0,"delta":{"content":'
@@ -540,53 +447,91 @@ class VllmApp:
                 break
             if d.first:
                 cached = d.cached_prompt_tokens
+            position = produced
             produced += len(d.token_ids)
-            if d.finish_reason is None and not return_ids:
+            if d.finish_reason is None and opts.fast_path:
                 await sse.raw(pre + dumps(d.text) + post)
                 continue
-            choice: dict[str, Any] = {"index": 0, "delta": {"content": d.text}, "logprobs": None,
-                                      "finish_reason": d.finish_reason}  # fmt: skip
+            logprobs = None
+            if opts.logprobs is not None:
+                logprobs = chat_logprobs(
+                    d.token_ids, tok.decode, opts.logprobs, tok.vocab_size, position
+                )
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": {"content": d.text},
+                "logprobs": logprobs,
+                "finish_reason": d.finish_reason,
+            }
             if d.finish_reason is not None:
                 choice["stop_reason"] = d.stop_reason
             choice["token_ids"] = list(d.token_ids) if return_ids else None
             chunk: dict[str, Any] = {**head, "choices": [choice]}
-            if d.finish_reason is not None and not include_usage:
+            if opts.continuous_usage:
+                chunk["usage"] = self._usage(n_prompt, produced, cached, full=False)
+            if d.finish_reason is not None and not opts.include_usage:
                 chunk["system_fingerprint"] = self.fingerprint
             await sse.event(chunk)
-            if d.finish_reason is not None and include_usage:
-                await sse.event({**head, "choices": [],
-                                 "usage": self._usage(len(gen.prompt_token_ids), produced,
-                                                      cached, full=False),
-                                 "system_fingerprint": self.fingerprint})  # fmt: skip
+            if d.finish_reason is not None and opts.include_usage:
+                await sse.event(
+                    {
+                        **head,
+                        "choices": [],
+                        "usage": self._usage(n_prompt, produced, cached, full=False),
+                        "system_fingerprint": self.fingerprint,
+                    }
+                )
         await sse.done()
 
     # -- tokenizer endpoints ------------------------------------------------
 
     async def _tokenize(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         req = self._parse(scope, body, TokenizeRequest)
-        self._check_model(req.model)
+        check_model(self.engine, req.model)
         if req.messages is not None:
-            tokens = self._render(req.messages, req.add_generation_prompt)
+            tokens = render(self.engine, req.messages, req.add_generation_prompt)
         elif req.prompt is not None:
             tokens = self.engine.tokenizer.encode(req.prompt)
         else:
-            raise _HttpError(400, "Either prompt or messages must be given.", "BadRequestError",
-                             None)  # fmt: skip
+            raise HttpError(
+                400, "Either prompt or messages must be given.", "BadRequestError", None
+            )
         strs = (
             [self.engine.tokenizer.decode([t]) for t in tokens] if req.return_token_strs else None
         )
-        await send_json(send, 200, {"count": len(tokens),
-                                    "max_model_len": self.engine.options.max_model_len,
-                                    "tokens": tokens, "token_strs": strs})  # fmt: skip
+        await send_json(
+            send,
+            200,
+            {
+                "count": len(tokens),
+                "max_model_len": self.engine.options.max_model_len,
+                "tokens": tokens,
+                "token_strs": strs,
+            },
+        )
 
     async def _detokenize(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         req = self._parse(scope, body, DetokenizeRequest)
-        self._check_model(req.model)
+        check_model(self.engine, req.model)
         await send_json(send, 200, {"prompt": self.engine.tokenizer.decode(req.tokens)})
 
 
-def _aborted() -> _HttpError:
-    return _HttpError(500, "The engine aborted the request.", "InternalServerError", None)
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+
+
+def _options(req: CompletionRequest | ChatCompletionRequest, logprobs: int | None) -> StreamOptions:
+    so = req.stream_options
+    return StreamOptions(
+        include_usage=bool(so and so.include_usage),
+        continuous_usage=bool(so and so.include_usage and so.continuous_usage_stats),
+        return_token_ids=bool(req.return_token_ids),
+        logprobs=logprobs,
+    )
+
+
+def _aborted() -> HttpError:
+    return HttpError(500, "The engine aborted the request.", "InternalServerError", None)
 
 
 async def _method_not_allowed(send: Send, allow: bytes) -> None:

@@ -415,3 +415,42 @@ async def test_bad_input_never_crashes(client: httpx.AsyncClient, body: bytes) -
     assert r.status_code == 400
     ok = await client.post("/v1/completions", json={"prompt": "still alive", "max_tokens": 1})
     assert ok.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [
+        pytest.param("completions_logprobs.json", "/v1/completions", id="completion"),
+        pytest.param("chat_logprobs.json", "/v1/chat/completions", id="chat"),
+    ],
+)
+async def test_logprobs_shape_like_fixture(client: httpx.AsyncClient, name: str, path: str) -> None:
+    rec = fixture(name)
+    body = {**json.loads(rec["request"]["body"]), "ignore_eos": True}
+    got = (await client.post(path, json=body)).json()["choices"][0]["logprobs"]
+    want = rec["response"]["body_json"]["choices"][0]["logprobs"]
+    if "content" in got:
+        assert shape(got) == shape(want)
+        assert len(got["content"]) == 3 and len(got["content"][0]["top_logprobs"]) == 2
+        assert got["content"][0]["top_logprobs"][0]["token"] == got["content"][0]["token"]
+    else:
+        assert len(got["tokens"]) == 3 and got["text_offset"][0] == 0
+        assert all(lp <= 0 for lp in got["token_logprobs"])
+        assert got["tokens"][0] in got["top_logprobs"][0]
+        # top_logprobs keys are token strings: compare everything else by shape
+        tops = got.pop("top_logprobs")
+        assert [len(t) for t in tops] == [len(t) for t in want["top_logprobs"]] == [2, 2, 2]
+        assert shape({k: v for k, v in want.items() if k != "top_logprobs"}) == shape(got)
+
+
+async def test_continuous_usage_on_every_chunk(client: httpx.AsyncClient) -> None:
+    body = {
+        "prompt": "x y z",
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    r = await client.post("/v1/completions", json=body)
+    chunks = [json.loads(c[6:]) for c in r.text.split("\n\n") if c.startswith("data: {")]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 4, 4]

@@ -1,0 +1,155 @@
+"""vLLM request semantics after validation: model name, prompt, limits, priority.
+
+Messages and ``param`` values are vLLM 0.32's own (fixtures ``err_*.json``):
+unknown model -> 404 ``NotFoundError``; ``max_tokens`` < 1 and prompts of
+``max_model_len`` tokens or more -> 400 ``BadRequestError`` (the message shows
+``max_model_len + 1``, as vLLM truncates tokenisation there); ``max_tokens``
+beyond the context is clamped, not refused. ``X-Vllm-Priority`` overrides the
+body's ``priority`` (engines.md §2); ``X-Request-Id`` names the request.
+Pure: no I/O; raises :class:`HttpError` that the app turns into a response.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from fleetgate.sim.generation import GenRequest, SimEngine
+from fleetgate.sim.vllm_protocol import ChatCompletionRequest, CompletionRequest
+
+__all__ = ["HttpError", "check_model", "gen_request", "prompt_ids", "render"]
+
+
+class HttpError(Exception):
+    """An error response before any byte was sent (status + vLLM error fields)."""
+
+    def __init__(self, status: int, message: str, err_type: str, param: str | None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.err_type, self.param = status, message, err_type, param
+
+
+def content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, dict)]
+        return "".join(str(p) for p in parts)
+    return str(content)
+
+
+def check_model(engine: SimEngine, name: str | None) -> None:
+    served = engine.options.model_name
+    if name is not None and name != served:
+        raise HttpError(
+            404,
+            f"The model `{name}` does not exist. Valid aliases: {served}.",
+            "NotFoundError",
+            "model",
+        )
+
+
+def gen_request(
+    engine: SimEngine,
+    scope_headers: Mapping[str, str],
+    req: CompletionRequest | ChatCompletionRequest,
+    prompt: list[int],
+    max_tokens: int | None,
+) -> GenRequest:
+    o = engine.options
+    if max_tokens is not None and max_tokens < 1:
+        raise HttpError(
+            400,
+            f"max_tokens must be at least 1, got {max_tokens}. "
+            f"(parameter=max_tokens, value={max_tokens})",
+            "BadRequestError",
+            "max_tokens",
+        )
+    if req.n != 1:
+        raise HttpError(400, "n must be 1 on the emulator.", "BadRequestError", "n")
+    if len(prompt) >= o.max_model_len:
+        shown = o.max_model_len + 1 if len(prompt) > o.max_model_len else len(prompt)
+        raise HttpError(
+            400,
+            f"This model's maximum context length is {o.max_model_len} tokens. However, "
+            f"your prompt contains at least {shown} input tokens, which exceeds this limit "
+            "even without any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={shown})",
+            "BadRequestError",
+            "input_tokens",
+        )
+    room = o.max_model_len - len(prompt)
+    limit = room if max_tokens is None else min(max_tokens, room)
+    priority = req.priority
+    hdr = scope_headers.get("x-vllm-priority")
+    if hdr is not None:
+        try:
+            priority = int(hdr.strip())
+        except ValueError:
+            raise HttpError(
+                400, f"Invalid X-Vllm-Priority header: {hdr!r}", "BadRequestError", "priority"
+            ) from None
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    external = scope_headers.get("x-request-id") or req.request_id or uuid.uuid4().hex[:16]
+    return GenRequest(
+        request_id=engine.internal_id(external),
+        prompt_token_ids=tuple(prompt),
+        max_tokens=limit,
+        priority=float(priority),
+        ignore_eos=req.ignore_eos,
+        stop=stop,
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        seed=req.seed or 0,
+    )
+
+
+def prompt_ids(engine: SimEngine, prompt: Any) -> list[int]:
+    if isinstance(prompt, str):
+        return engine.tokenizer.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        vocab = engine.tokenizer.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise HttpError(
+                400,
+                f"Token id {bad[0]} is out of vocabulary "
+                f"(vocab size {vocab}). (parameter=prompt, value={bad[0]})",
+                "BadRequestError",
+                "prompt",
+            )
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1:
+        return prompt_ids(engine, prompt[0])
+    if prompt is None or prompt == []:
+        raise HttpError(
+            400,
+            "Prompt must not be empty. (parameter=prompt, value=None)",
+            "BadRequestError",
+            "prompt",
+        )
+    raise HttpError(
+        400, "Batched prompts are not supported by the emulator.", "BadRequestError", "prompt"
+    )
+
+
+def render(
+    engine: SimEngine, messages: list[dict[str, Any]], add_generation_prompt: bool
+) -> list[int]:
+    clean: list[dict[str, object]] = []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if not isinstance(role, str):
+            raise HttpError(
+                400,
+                f"1 validation error:\n  {{'type': 'missing', 'loc': 'body.messages.{i}.role',"
+                " 'msg': 'Field required'}",
+                "Bad Request",
+                f"body.messages.{i}.role",
+            )
+        clean.append({"role": role, "content": content_text(m.get("content"))})
+    try:
+        return engine.tokenizer.render_chat(clean, add_generation_prompt)
+    except ValueError as e:
+        raise HttpError(400, str(e), "BadRequestError", "messages") from None
