@@ -143,3 +143,18 @@ async def test_stop_fleet_under_open_stream_ends_in_band() -> None:
         await client.aclose()
     assert chunks[-1] == "data: [DONE]"
     assert json.loads(chunks[-2].removeprefix("data: "))["error"]["code"] == 500
+
+
+async def test_time_scale_stretches_wall_time_not_model_time() -> None:
+    body = {"prompt": "x", "max_tokens": 10, "ignore_eos": True}
+    walls = {}
+    for scale in (1.0, 20.0):
+        async with run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, time_scale=scale) as f:
+            async with httpx.AsyncClient(base_url=f.engines[0].url, timeout=30) as c:
+                t0 = asyncio.get_running_loop().time()
+                assert (await c.post("/v1/completions", json=body)).status_code == 200
+                walls[scale] = asyncio.get_running_loop().time() - t0
+                e2e = metric((await c.get("/metrics")).text, "vllm:e2e_request_latency_seconds_sum")
+        # "test" profile: ~1 ms per step, 10 decode steps (+ prefill) of model time
+        assert 0.009 < e2e < 0.05, (scale, e2e)
+    assert walls[20.0] > 0.2 > walls[1.0]
