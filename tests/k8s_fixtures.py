@@ -20,10 +20,13 @@ Fixtures:
 * ``k8s_namespace`` (function): a fresh namespace, deleted afterwards, whose
   ``default`` ServiceAccount already exists (so pods can be created immediately).
 
-Missing binaries are built (hack/build-k8s-bins.sh, can take long cold). A failed build
-or start is an ERROR of the test, never a skip: a silently skipped cluster test is a
-test that asserts nothing. Teardown stops every component by PID and fails if any
-survives.
+Missing binaries are built (hack/build-k8s-bins.sh: ~15 min cold on 2 cores). The
+``pytest_collection_finish`` hook below does that once collection is over and before any
+test runs, so a cold build is not cut short by a test's ``--timeout``; re-export the
+hook next to the fixtures (as tests/devcluster/conftest.py does) or register the plugin.
+A failed build or start is an ERROR of the test, never a skip: a silently skipped
+cluster test is a test that asserts nothing. Teardown stops every component by PID and
+fails if any survives.
 """
 
 from __future__ import annotations
@@ -34,12 +37,26 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleetgate.devcluster import ClusterConfig, DevCluster, ensure_binaries
+from fleetgate.devcluster import BuildError, ClusterConfig, DevCluster, ensure_binaries
 from fleetgate.devcluster.procs import is_running
+
+_BUILD_ERROR = pytest.StashKey[BuildError]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build missing binaries before the first test, outside any per-test timeout."""
+    if any(item.get_closest_marker("k8s") for item in session.items):
+        try:
+            ensure_binaries()
+        except BuildError as e:  # reported by every k8s_cluster user, not as a crash
+            session.config.stash[_BUILD_ERROR] = e
 
 
 @pytest.fixture(scope="session")
-def k8s_cluster() -> Iterator[DevCluster]:
+def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
+    earlier = request.config.stash.get(_BUILD_ERROR, None)
+    if earlier is not None:
+        raise earlier
     binset = ensure_binaries()  # BuildError propagates: the test errors, loudly
     cluster = DevCluster(binset, ClusterConfig())
     cluster.start()  # StartError (with component logs) propagates likewise

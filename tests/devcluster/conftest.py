@@ -6,6 +6,6 @@ this import so the session keeps a single cluster.
 
 from __future__ import annotations
 
-from k8s_fixtures import k8s_cluster, k8s_namespace
+from k8s_fixtures import k8s_cluster, k8s_namespace, pytest_collection_finish
 
-__all__ = ["k8s_cluster", "k8s_namespace"]
+__all__ = ["k8s_cluster", "k8s_namespace", "pytest_collection_finish"]

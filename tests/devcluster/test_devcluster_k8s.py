@@ -239,3 +239,35 @@ def test_a_server_bound_to_the_pod_ip_is_reachable(
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def test_deleting_a_deployment_garbage_collects_its_pods(
+    k8s_cluster: DevCluster, k8s_namespace: str
+) -> None:
+    """ownerReference GC (KCM) plus kwok's pod-delete stage: what operator cleanup relies on."""
+    ns = k8s_namespace
+    template = gpu_pod("x", ns, 1, A100)
+    k8s_cluster.apply(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "doomed", "namespace": ns},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "doomed"}},
+                "template": {"metadata": {"labels": {"app": "doomed"}}, "spec": template["spec"]},
+            },
+        }
+    )
+
+    def pods() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = k8s_cluster.kubectl_json(
+            "-n", ns, "get", "pods", "-l", "app=doomed"
+        )["items"]
+        return items
+
+    wait_for("2 doomed pods", lambda: len(pods()) == 2)
+    k8s_cluster.kubectl("-n", ns, "delete", "deployment", "doomed", "--wait=false")
+    wait_for("doomed pods garbage-collected", lambda: pods() == [], timeout_s=60)
+    rs = k8s_cluster.kubectl_json("-n", ns, "get", "replicasets")["items"]
+    assert rs == []
