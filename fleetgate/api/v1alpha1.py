@@ -80,11 +80,6 @@ _QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 _INT_OR_PERCENT = re.compile(r"^(100|[1-9]?[0-9])%$")
 
 
-#: Serves as the schema default of sub-objects so the API server creates them and then
-#: fills their own defaults (structural defaulting recurses into defaulted objects).
-_DEFAULT_EMPTY: dict[str, Any] = {"default": {}}
-
-
 def cel(*rules: tuple[str, str]) -> dict[str, Any]:
     """JSON-schema extra carrying CEL rules as ``(rule, message)`` pairs."""
     return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
@@ -98,6 +93,16 @@ class _Model(BaseModel):
         alias_generator=to_camel,
         use_attribute_docstrings=True,
     )
+
+
+def _default_of(model: type[_Model]) -> dict[str, Any]:
+    """Schema extra: the fully defaulted sub-object as the schema default.
+
+    The API server validates a default against the schema and its CEL rules as is,
+    without applying the nested properties' own defaults first, so ``default: {}``
+    would fail a rule such as ``self.maxSurge == 0`` ("no such key").
+    """
+    return {"default": model().model_dump(mode="json", by_alias=True, exclude_none=True)}
 
 
 class SecretKeyRef(_Model):
@@ -279,7 +284,7 @@ class StorageSpec(_Model):
     """Volumes of the engine pod."""
 
     model_cache: ModelCacheSpec = Field(
-        default_factory=ModelCacheSpec, json_schema_extra=_DEFAULT_EMPTY
+        default_factory=ModelCacheSpec, json_schema_extra=_default_of(ModelCacheSpec)
     )
     """Model cache volume, mounted at ``/models``."""
     shared_memory_size: str = Field(default="2Gi", pattern=_QUANTITY_PATTERN)
@@ -370,29 +375,35 @@ class InferenceServiceSpec(_Model):
     engine: EngineSpec
     """The engine that serves it."""
     parallelism: ParallelismSpec = Field(
-        default_factory=ParallelismSpec, json_schema_extra=_DEFAULT_EMPTY
+        default_factory=ParallelismSpec, json_schema_extra=_default_of(ParallelismSpec)
     )
     """Tensor / pipeline parallelism inside one replica."""
-    gpu: GpuSpec = Field(default_factory=GpuSpec, json_schema_extra=_DEFAULT_EMPTY)
+    gpu: GpuSpec = Field(default_factory=GpuSpec, json_schema_extra=_default_of(GpuSpec))
     """GPUs per replica and which GPU model."""
     replicas: int = Field(default=1, ge=0, le=1000)
     """Number of engine replicas (also the scale subresource)."""
     scheduling: SchedulingSpec = Field(
-        default_factory=SchedulingSpec, json_schema_extra=_DEFAULT_EMPTY
+        default_factory=SchedulingSpec, json_schema_extra=_default_of(SchedulingSpec)
     )
     """Node placement."""
-    storage: StorageSpec = Field(default_factory=StorageSpec, json_schema_extra=_DEFAULT_EMPTY)
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec, json_schema_extra=_default_of(StorageSpec)
+    )
     """Model cache and shared memory."""
     startup_budget_seconds: int = Field(default=1800, ge=60, le=86_400)
     """How long a replica may take to download and load the model before Kubernetes
     restarts it; sizes the startup probe (kserve/kserve#5062: big models need minutes)."""
     rollout: RolloutStrategy = Field(
-        default_factory=RolloutStrategy, json_schema_extra=_DEFAULT_EMPTY
+        default_factory=RolloutStrategy, json_schema_extra=_default_of(RolloutStrategy)
     )
     """Rolling-update limits."""
-    routing: RoutingSpec = Field(default_factory=RoutingSpec, json_schema_extra=_DEFAULT_EMPTY)
+    routing: RoutingSpec = Field(
+        default_factory=RoutingSpec, json_schema_extra=_default_of(RoutingSpec)
+    )
     """Router pool, role and weight."""
-    metrics: MetricsSpec = Field(default_factory=MetricsSpec, json_schema_extra=_DEFAULT_EMPTY)
+    metrics: MetricsSpec = Field(
+        default_factory=MetricsSpec, json_schema_extra=_default_of(MetricsSpec)
+    )
     """Prometheus scraping."""
 
     @model_validator(mode="after")

@@ -22,6 +22,7 @@ import http.server
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from urllib3.exceptions import InsecureRequestWarning
 
 from fleetgate.api.crd import crd_name
 from fleetgate.api.v1alpha1 import GROUP, KIND, VERSION
@@ -165,6 +167,10 @@ def run(
     ``bound`` (tests) receives the actual metrics/health port.
     """
     cfg = load_credentials(kubeconfig)
+    if not cfg.verify_ssl:
+        # The kubeconfig asked for it (insecure-skip-tls-verify): say so once, not per request.
+        log.warning("TLS verification of the API server is disabled by the kubeconfig")
+        warnings.filterwarnings("ignore", category=InsecureRequestWarning)
     api_client = k8s_client.ApiClient(configuration=cfg)
     try:
         api = DynamicKubeApi(api_client)

@@ -85,9 +85,13 @@ def test_defaults_enums_and_bounds() -> None:
     vllm = spec["engine"]["properties"]["vllm"]["properties"]
     assert vllm["gpuMemoryUtilization"]["exclusiveMinimum"] is True
     assert spec["scheduling"]["properties"]["affinity"]["x-kubernetes-preserve-unknown-fields"]
-    # sub-objects default to {} so the API server fills their own defaults
-    for name in ("parallelism", "gpu", "rollout", "routing", "storage", "metrics"):
-        assert spec[name]["default"] == {}, name
+    # sub-objects default to their fully defaulted value: the API server checks a
+    # default against CEL without applying nested defaults first
+    assert spec["rollout"]["default"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert spec["parallelism"]["default"] == {"tensor": 1, "pipeline": 1}
+    assert spec["gpu"]["default"] == {"count": 1, "resourceName": "nvidia.com/gpu"}
+    for name in ("routing", "storage", "metrics", "scheduling"):
+        assert isinstance(spec[name]["default"], dict), name
     assert "vllm" not in spec["engine"].get("required", [])
     assert "default" not in spec["engine"]["properties"]["vllm"]
 
