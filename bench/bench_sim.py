@@ -138,14 +138,14 @@ def bench_cpu_per_token(rounds: int) -> None:
             )
 
 
-def bench_fleet_size(max_engines: int) -> None:
-    print("B) Largest fleet at 64 concurrent streams/engine (vllm-llama8b-h100, real time)")
+def bench_fleet_size(max_engines: int, profile: str) -> None:
+    print(f"B) Largest fleet at 64 concurrent streams/engine ({profile}, real time)")
     body = {"prompt": "fleet bench " * 30, "max_tokens": 64, "ignore_eos": True, "stream": True}
     base_wall = None
     n = 1
     best = 0
     while n <= max_engines:
-        args = ["--vllm", str(n), "--profile", "vllm-llama8b-h100", "--time-scale", "1"]
+        args = ["--vllm", str(n), "--profile", profile, "--time-scale", "1"]
         with fleet(args) as (pid, urls):
             asyncio.run(batch(urls, 4, body, 60))  # warm up connections / caches
             cpu0, t0 = cpu_seconds(pid), time.perf_counter()
@@ -172,7 +172,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds, at most 4 engines")
     args = parser.parse_args()
     bench_cpu_per_token(2 if args.quick else 5)
-    bench_fleet_size(4 if args.quick else 32)
+    for profile in ("vllm-llama8b-h100", "vllm-llama70b-4xh100"):
+        bench_fleet_size(4 if args.quick else 32, profile)
 
 
 if __name__ == "__main__":

@@ -158,3 +158,23 @@ async def test_time_scale_stretches_wall_time_not_model_time() -> None:
         # "test" profile: ~1 ms per step, 10 decode steps (+ prefill) of model time
         assert 0.009 < e2e < 0.05, (scale, e2e)
     assert walls[20.0] > 0.2 > walls[1.0]
+
+
+async def test_prefix_cache_hits_show_in_usage_and_metrics() -> None:
+    prefix = " ".join(f"alpha{i} beta" for i in range(120)) + "."
+    async with run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, model="m") as f:
+        async with httpx.AsyncClient(base_url=f.engines[0].url, timeout=10) as c:
+            a = await c.post(
+                "/v1/completions", json={"prompt": prefix + " Question A?", "max_tokens": 2}
+            )
+            before = metric((await c.get("/metrics")).text, "vllm:prefix_cache_hits_total")
+            b = await c.post(
+                "/v1/completions", json={"prompt": prefix + " Question B?", "max_tokens": 2}
+            )
+            text = (await c.get("/metrics")).text
+    assert a.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = b.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    hits = metric(text, "vllm:prefix_cache_hits_total") - before
+    assert cached > 0 and cached % 16 == 0, "whole 16-token blocks"
+    assert hits == cached
+    assert metric(text, "vllm:prompt_tokens_cached_total") == hits
