@@ -1,0 +1,167 @@
+"""The router's ASGI app: routes, lifespan, and the objects it wires together.
+
+``build_router(config)`` builds everything per app (no globals): the fleet,
+prefix index, pipeline, upstream client, metrics registry, poller, admission
+and in-flight table, all reachable as ``app.state.router`` (a ``Services``).
+The lifespan starts the client and the per-endpoint background loops and
+stops them again; ``start_background=False`` lets tests drive the poller by
+hand.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (proxied),
+``GET /v1/models`` (union over healthy endpoints), ``GET /health`` (the router
+process is up), ``GET /ready`` (at least one healthy endpoint with models),
+``GET /metrics`` (Prometheus text).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fleetgate.engines import get_adapter
+from fleetgate.router.client import make_client
+from fleetgate.router.config import ConfigError, RouterConfig
+from fleetgate.router.dispatch import Admission, ImmediateAdmission, InFlightTable
+from fleetgate.router.errors import error_body
+from fleetgate.router.metrics import RouterMetrics
+from fleetgate.router.poller import Poller
+from fleetgate.router.proxy import ProxyEndpoint, Services
+from fleetgate.router.scheduling.load import LoadParams
+from fleetgate.router.scheduling.pipeline import PipelineWeights, default_pipeline
+from fleetgate.router.scheduling.prefix import PrefixIndex
+from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.router.state import Endpoint, Fleet
+
+
+def build_fleet(config: RouterConfig) -> Fleet:
+    endpoints = []
+    for pool, b in config.backends():
+        adapter = get_adapter(b.engine)
+        sources = {s.name: s for s in adapter.metrics_sources}
+        if b.metrics_source is not None and b.metrics_source not in sources:
+            raise ConfigError(
+                f"backend {b.endpoint_id}: metrics_source {b.metrics_source!r} unknown; "
+                f"{adapter.name} offers {', '.join(sources)}"
+            )
+        source = sources[b.metrics_source] if b.metrics_source else adapter.metrics_sources[0]
+        endpoints.append(
+            Endpoint(
+                id=EndpointId(b.endpoint_id),
+                pool=pool,
+                engine=adapter.name,
+                url=b.url,
+                adapter=adapter,
+                metrics_source=source,
+            )
+        )
+    sched = config.scheduling
+    return Fleet(
+        endpoints,
+        index=PrefixIndex(sched.index_capacity),
+        load_params=LoadParams(fresh_for=sched.fresh_for_s, stale_after=sched.stale_after_s),
+    )
+
+
+def build_router(
+    config: RouterConfig,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    admission: Admission | None = None,
+    start_background: bool = True,
+) -> Starlette:
+    """The router app. ``transport`` replaces the network (tests use MockTransport)."""
+    config.check_loopback()
+    fleet = build_fleet(config)
+    sched = config.scheduling
+    pipeline = default_pipeline(
+        PipelineWeights(sched.weights.prefix, sched.weights.load, sched.weights.kv),
+        load_bound=sched.load_bound,
+        slack_requests=sched.slack_requests,
+        queue_work=sched.queue_work,
+    )
+    n = max(1, len(fleet.endpoints))
+    client = make_client(
+        test_mode=config.effective_test_mode,
+        max_connections=config.limits.connections_per_endpoint * n,
+        connect_timeout=config.timeouts.connect_s,
+        read_timeout=max(config.timeouts.first_byte_s, config.timeouts.idle_s),
+        transport=transport,
+    )
+    metrics = RouterMetrics()
+    metrics.watch_fleet(fleet, clock)
+    services = Services(
+        config=config,
+        fleet=fleet,
+        pipeline=pipeline,
+        client=client,
+        metrics=metrics,
+        admission=admission or ImmediateAdmission(),
+        inflight=InFlightTable(),
+        clock=clock,
+        rng=rng or random.Random(sched.seed),
+    )
+    poller = Poller(fleet, client, config, metrics, clock)
+
+    async def models(request: Request) -> Response:
+        now = clock()
+        data = [
+            {"id": m, "object": "model", "owned_by": "fleetgate"}
+            for m in fleet.models(healthy_only=True, now=now)
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        return Response(b"", status_code=200)
+
+    async def ready(request: Request) -> Response:
+        now = clock()
+        ok = bool(fleet.models(healthy_only=True, now=now))
+        if ok:
+            return JSONResponse({"status": "ready"})
+        return Response(
+            error_body(503, "no healthy endpoint with models yet"),
+            status_code=503,
+            media_type="application/json",
+            headers={"retry-after": "1"},
+        )
+
+    async def prometheus(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if start_background:
+            await poller.start()
+        try:
+            yield
+        finally:
+            await poller.stop()
+            await client.aclose()
+
+    routes = [
+        Route("/v1/completions", ProxyEndpoint(services, "/v1/completions"), methods=["POST"]),
+        Route(
+            "/v1/chat/completions",
+            ProxyEndpoint(services, "/v1/chat/completions"),
+            methods=["POST"],
+        ),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.router = services
+    app.state.poller = poller
+    return app

@@ -1,0 +1,79 @@
+"""``fleetgate router --port P [--host H] [--config FILE.yaml] [--backend ENGINE=URL ...]``.
+
+Serves with uvicorn on httptools (and uvloop when installed; ``--loop asyncio``
+to compare, see bench/bench_router_overhead.py). ``--backend`` flags join the
+pool ``default`` of the config file (or form it). The host defaults to
+127.0.0.1: exposing the router is an explicit choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+
+from fleetgate.cli import CliError
+from fleetgate.router.config import ConfigError, RouterConfig, load_config, with_backends
+
+
+def build_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, required=True, help="port to listen on")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--config", metavar="FILE.yaml", help="router configuration file")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="ENGINE=URL",
+        help="add an engine endpoint, e.g. vllm=http://127.0.0.1:18100 (repeatable)",
+    )
+    parser.add_argument(
+        "--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop"
+    )
+    parser.add_argument("--log-level", default="warning", help="python log level (default warning)")
+
+
+def resolve_config(args: argparse.Namespace) -> RouterConfig:
+    try:
+        config = load_config(args.config) if args.config else RouterConfig()
+        config = with_backends(config, list(args.backend))
+        config.backends()
+        config.check_loopback()
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+    if not config.backends():
+        raise CliError("no backends: pass --backend ENGINE=URL or a --config with pools")
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise CliError(f"--port {args.port}: must be 1-65535")
+    config = resolve_config(args)
+    import uvicorn
+
+    from fleetgate.router.app import build_router
+
+    level = str(args.log_level).upper()
+    if level not in logging.getLevelNamesMapping():
+        raise CliError(f"--log-level {args.log_level!r}: unknown level")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = build_router(config)
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+    loop = args.loop
+    if loop == "auto":
+        loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        loop=loop,
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level=level.lower(),
+        timeout_keep_alive=75,
+    )
+    return 0

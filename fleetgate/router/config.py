@@ -1,0 +1,245 @@
+"""Router configuration: one pydantic model, loaded from YAML and/or CLI flags.
+
+Every model forbids unknown keys, so a typo is an error that names the field
+(``scheduling.weights.prefx: Extra inputs are not permitted``). Defaults are
+what ``fleetgate router --backend ...`` runs with.
+
+Example::
+
+    test_mode: false
+    pools:
+      - name: chat
+        backends:
+          - {engine: vllm, url: "http://10.0.0.5:8000"}
+          - {engine: trtllm, url: "http://10.0.0.6:8000"}
+    scheduling: {weights: {prefix: 3, load: 2, kv: 1}, seed: 0}
+    scrape: {interval_s: 0.2}
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fleetgate.engines import UnknownEngineError, get_adapter
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Backend(_Strict):
+    engine: str
+    """``vllm`` or ``trtllm`` (any adapter name or alias)."""
+    url: str
+    name: str | None = None
+    """Endpoint id in metrics and logs; defaults to ``host:port``."""
+    metrics_source: str | None = None
+    """Which of the adapter's ``metrics_sources`` to poll (default: its first)."""
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        try:
+            return get_adapter(value).name
+        except UnknownEngineError as e:
+            raise ValueError(str(e.args[0])) from None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http(s) URL with a host, got {value!r}")
+        return value.rstrip("/")
+
+    @property
+    def endpoint_id(self) -> str:
+        if self.name:
+            return self.name
+        parts = urlsplit(self.url)
+        return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+class Pool(_Strict):
+    name: str = "default"
+    backends: tuple[Backend, ...] = ()
+
+
+class Weights(_Strict):
+    prefix: float = Field(3.0, ge=0)
+    load: float = Field(2.0, ge=0)
+    kv: float = Field(1.0, ge=0)
+
+
+class Scheduling(_Strict):
+    weights: Weights = Weights()
+    seed: int = 0
+    """Seed of the picker's tie-break random generator."""
+    chunk_bytes: int = Field(256, ge=16)
+    """Prefix chunk size in rendered bytes (~64 tokens of English)."""
+    bytes_per_token: float = Field(4.0, gt=0)
+    """Used to estimate prompt tokens without a tokenizer."""
+    index_capacity: int = Field(65536, ge=1)
+    """Chain hashes remembered per endpoint (LRU)."""
+    load_bound: float = Field(0.25, ge=0)
+    """Spill when an affinity target's work exceeds ``(1 + load_bound) x`` the pool mean."""
+    slack_requests: float = Field(2.0, ge=0)
+    queue_work: float = Field(1.0, gt=0)
+    default_max_tokens: int = Field(256, ge=1)
+    """KV need assumed for requests that do not say ``max_tokens``."""
+    fresh_for_s: float = Field(0.5, gt=0)
+    stale_after_s: float = Field(3.0, gt=0)
+
+
+class Scrape(_Strict):
+    interval_s: float = Field(0.2, gt=0)
+    timeout_s: float = Field(1.0, gt=0)
+
+
+class Health(_Strict):
+    interval_s: float = Field(1.0, gt=0)
+    timeout_s: float = Field(1.0, gt=0)
+    models_refresh_s: float = Field(15.0, gt=0)
+    eject_after_failures: int = Field(3, ge=1)
+    """Consecutive connect errors / 5xx that eject an endpoint (passive)."""
+    eject_base_s: float = Field(2.0, gt=0)
+    eject_max_s: float = Field(60.0, gt=0)
+
+
+class Timeouts(_Strict):
+    connect_s: float = Field(2.0, gt=0)
+    first_byte_s: float = Field(300.0, gt=0)
+    """Headers from the engine (queueing + prefill for a stream)."""
+    idle_s: float = Field(120.0, gt=0)
+    """Longest gap between two body chunks."""
+    total_s: float = Field(1800.0, gt=0)
+
+
+class Limits(_Strict):
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    max_attempts: int = Field(3, ge=1)
+    """Endpoints tried per request (connect error / 5xx before the first byte)."""
+    connections_per_endpoint: int = Field(512, ge=1)
+    retry_after_s: int = Field(1, ge=0)
+
+
+class Discovery(_Strict):
+    kind: Literal["static"] = "static"
+
+
+class RouterConfig(_Strict):
+    test_mode: bool = False
+    """Refuse every non-loopback backend (also forced by FLEETGATE_TEST_MODE=1)."""
+    pools: tuple[Pool, ...] = ()
+    scheduling: Scheduling = Scheduling()
+    scrape: Scrape = Scrape()
+    health: Health = Health()
+    timeouts: Timeouts = Timeouts()
+    limits: Limits = Limits()
+    discovery: Discovery = Discovery()
+    priority: dict[str, Any] | None = None
+    """Priority classes; validated by ``fleetgate.router.priority`` (next issue)."""
+
+    @property
+    def effective_test_mode(self) -> bool:
+        return self.test_mode or os.environ.get("FLEETGATE_TEST_MODE") == "1"
+
+    def backends(self) -> list[tuple[str, Backend]]:
+        """(pool name, backend) for every backend, ids checked unique."""
+        out: list[tuple[str, Backend]] = []
+        seen: set[str] = set()
+        for pool in self.pools:
+            for b in pool.backends:
+                if b.endpoint_id in seen:
+                    raise ConfigError(f"pools: duplicate endpoint {b.endpoint_id!r}")
+                seen.add(b.endpoint_id)
+                out.append((pool.name, b))
+        return out
+
+    def check_loopback(self) -> None:
+        """In test mode every backend must be a 127.0.0.0/8 (or ::1) literal."""
+        if not self.effective_test_mode:
+            return
+        for _, b in self.backends():
+            host = urlsplit(b.url).hostname or ""
+            if not is_loopback_host(host):
+                raise ConfigError(f"test mode: backend {b.url!r} is not a loopback address")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, as one line naming the field."""
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _describe(err: ValidationError) -> str:
+    items = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        items.append(f"{where}: {e['msg']}")
+    return "; ".join(items)
+
+
+def parse_config(data: Any) -> RouterConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("config must be a YAML mapping at the top level")
+    try:
+        return RouterConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e)) from None
+
+
+def load_config(path: str | Path) -> RouterConfig:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    return parse_config(data)
+
+
+def parse_backend_flag(flag: str) -> Backend:
+    """``ENGINE=URL`` from ``--backend``."""
+    engine, sep, url = flag.partition("=")
+    if not sep or not engine or not url:
+        raise ConfigError(
+            f"--backend {flag!r}: expected ENGINE=URL, e.g. vllm=http://127.0.0.1:8000"
+        )
+    try:
+        return Backend(engine=engine, url=url)
+    except ValidationError as e:
+        raise ConfigError(f"--backend {flag!r}: {_describe(e)}") from None
+
+
+def with_backends(config: RouterConfig, flags: list[str]) -> RouterConfig:
+    """Add ``--backend`` flags as (or into) the pool named ``default``."""
+    if not flags:
+        return config
+    extra = tuple(parse_backend_flag(f) for f in flags)
+    pools = list(config.pools)
+    for i, pool in enumerate(pools):
+        if pool.name == "default":
+            pools[i] = pool.model_copy(update={"backends": pool.backends + extra})
+            break
+    else:
+        pools.append(Pool(name="default", backends=extra))
+    return config.model_copy(update={"pools": tuple(pools)})

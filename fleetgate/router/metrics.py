@@ -1,0 +1,204 @@
+"""The router's Prometheus metrics: names and labels are a stable interface.
+
+Dashboards depend on these; docs/router.md lists every one. A fresh
+``CollectorRegistry`` is built per app (no process-global registry), so tests
+and several routers in one process never collide.
+
+Labels are bounded: ``model`` (served models), ``engine`` (adapter name),
+``endpoint`` (configured endpoints), ``status`` (HTTP status code as text),
+``reason`` / ``decided_by`` (fixed sets from the pipeline).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from fleetgate.router.state import Fleet
+
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_ITL = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5)
+_SCRAPE = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        ep = ["endpoint", "engine"]
+        self.requests = Counter(
+            "fleetgate_requests",
+            "Requests answered, by model, engine, endpoint and HTTP status "
+            "(engine and endpoint are 'none' when no endpoint was reached).",
+            ["model", "engine", "endpoint", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "fleetgate_time_to_first_token_seconds",
+            "Router-observed time from request arrival to the first body byte sent.",
+            ["model", "engine"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "fleetgate_inter_token_latency_seconds",
+            "Router-observed gap between consecutive streamed chunks.",
+            ["model", "engine"],
+            buckets=_ITL,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "fleetgate_e2e_request_latency_seconds",
+            "Router-observed time from request arrival to the last byte.",
+            ["model", "engine", "stream"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "fleetgate_endpoint_in_flight",
+            "Requests this router has in flight on the endpoint.",
+            ep,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "fleetgate_decisions",
+            "Scheduling decisions by reason (affinity-hit, spill, cold, fallback, single) "
+            "and deciding plugin.",
+            ["model", "reason", "decided_by"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "fleetgate_retries",
+            "Requests re-sent to another endpoint before any byte reached the client.",
+            ["model", "cause"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "fleetgate_upstream_errors",
+            "Failed upstream attempts by cause (connect, timeout, status_5xx, overload, "
+            "stream_broken).",
+            ["endpoint", "engine", "cause"],
+            registry=r,
+        )
+        self.predicted_cached = Counter(
+            "fleetgate_predicted_cached_tokens",
+            "Prompt tokens the router predicted the endpoint had cached (prefix index).",
+            ep,
+            registry=r,
+        )
+        self.actual_cached = Counter(
+            "fleetgate_actual_cached_tokens",
+            "Prompt tokens the engine reported as cached "
+            "(usage.prompt_tokens_details.cached_tokens).",
+            ep,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "fleetgate_prompt_tokens",
+            "Prompt tokens the engine reported (usage.prompt_tokens).",
+            ep,
+            registry=r,
+        )
+        self.usage_without_cache = Counter(
+            "fleetgate_usage_without_cached_details",
+            "Responses whose usage had no prompt_tokens_details.cached_tokens "
+            "(engine not run with --enable-prompt-tokens-details).",
+            ep,
+            registry=r,
+        )
+        self.scrape_duration = Histogram(
+            "fleetgate_scrape_duration_seconds",
+            "Time to fetch and parse one load scrape.",
+            ep,
+            buckets=_SCRAPE,
+            registry=r,
+        )
+        self.scrape_errors = Counter(
+            "fleetgate_scrape_errors",
+            "Failed load scrapes (connect, status, parse).",
+            ep,
+            registry=r,
+        )
+        self.ejections = Counter(
+            "fleetgate_endpoint_ejections",
+            "Passive outlier ejections.",
+            ep,
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "fleetgate_client_disconnects",
+            "Requests whose client went away before the end; the upstream request was closed.",
+            ep,
+            registry=r,
+        )
+
+    def watch_fleet(self, fleet: Fleet, clock: Callable[[], float]) -> None:
+        """Export per-endpoint state computed at scrape time (health, ages, engine counters)."""
+        self.registry.register(_FleetCollector(fleet, clock))
+
+
+class _FleetCollector(Collector):
+    def __init__(self, fleet: Fleet, clock: Callable[[], float]) -> None:
+        self.fleet = fleet
+        self.clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self.clock()
+        ep = ["endpoint", "engine"]
+        healthy = GaugeMetricFamily(
+            "fleetgate_endpoint_healthy", "1 when the last /health probe answered 200.", labels=ep
+        )
+        ejected = GaugeMetricFamily(
+            "fleetgate_endpoint_ejected", "1 while passive outlier ejection is on.", labels=ep
+        )
+        age = GaugeMetricFamily(
+            "fleetgate_scrape_age_seconds",
+            "Seconds since the last successful load scrape (+Inf before the first).",
+            labels=ep,
+        )
+        kv = GaugeMetricFamily(
+            "fleetgate_endpoint_kv_usage",
+            "KV-cache fraction in use from the last scrape.",
+            labels=ep,
+        )
+        queued = GaugeMetricFamily(
+            "fleetgate_endpoint_requests",
+            "Requests in the engine (running + waiting + paused) from the last scrape.",
+            labels=ep,
+        )
+        hits = GaugeMetricFamily(
+            "fleetgate_engine_prefix_cache_hit_tokens",
+            "The engine's own cumulative prefix-cache hit tokens (its counter, as scraped).",
+            labels=ep,
+        )
+        queries = GaugeMetricFamily(
+            "fleetgate_engine_prefix_cache_query_tokens",
+            "The engine's own cumulative prefix-cache query tokens (its counter, as scraped).",
+            labels=ep,
+        )
+        index = GaugeMetricFamily(
+            "fleetgate_prefix_index_entries",
+            "Chain hashes the router's prefix index holds for the endpoint.",
+            labels=ep,
+        )
+        for e in self.fleet:
+            lv = [e.id, e.engine]
+            healthy.add_metric(lv, 1.0 if e.healthy else 0.0)
+            ejected.add_metric(lv, 1.0 if e.is_ejected(now) else 0.0)
+            s = e.snapshot
+            age.add_metric(lv, math.inf if s is None else max(0.0, now - s.scraped_at))
+            index.add_metric(lv, float(self.fleet.index.size(e.id)))
+            if s is None:
+                continue
+            if s.kv_usage is not None:
+                kv.add_metric(lv, s.kv_usage)
+            if s.running is not None or s.waiting is not None:
+                queued.add_metric(lv, float((s.running or 0) + (s.waiting or 0) + (s.paused or 0)))
+            if s.prefix_hit_tokens is not None:
+                hits.add_metric(lv, s.prefix_hit_tokens)
+            if s.prefix_query_tokens is not None:
+                queries.add_metric(lv, s.prefix_query_tokens)
+        yield from (healthy, ejected, age, kv, queued, hits, queries, index)

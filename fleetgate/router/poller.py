@@ -1,0 +1,144 @@
+"""Background I/O per endpoint: load scrapes, /health probes, /v1/models refresh.
+
+One asyncio task per endpoint per loop; nothing else reads an engine's
+metrics source, which matters for TensorRT-LLM's JSON ``/metrics`` (reading
+drains it: exactly ONE poller per engine, ``engines.md`` §4). Scrape results
+go through the engine adapter (``parse_metrics``) into ``Endpoint.scraped``;
+a failed scrape marks the endpoint ``scrape_failing`` so its load estimate
+turns pessimistic at once instead of reading idle.
+
+Errors are caught narrowly (HTTP/transport, adapter parse errors), counted
+in metrics and logged at most once per state change, never swallowed
+silently and never fatal to the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from fleetgate.engines.base import EngineError
+from fleetgate.router.config import RouterConfig
+from fleetgate.router.metrics import RouterMetrics
+from fleetgate.router.state import Endpoint, Fleet
+
+log = logging.getLogger("fleetgate.router.poller")
+
+
+class Poller:
+    def __init__(
+        self,
+        fleet: Fleet,
+        client: httpx.AsyncClient,
+        config: RouterConfig,
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self.fleet = fleet
+        self.client = client
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self._tasks: list[asyncio.Task[None]] = []
+        self._models_at: dict[str, float] = {}
+
+    async def start(self, initial_timeout: float = 2.0) -> None:
+        """One probe + models + scrape round for every endpoint, then the loops."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(initial_timeout):
+                await asyncio.gather(*(self.refresh(e) for e in self.fleet))
+        loop = asyncio.get_running_loop()
+        for e in self.fleet:
+            self._tasks.append(loop.create_task(self._scrape_loop(e), name=f"scrape:{e.id}"))
+            self._tasks.append(loop.create_task(self._health_loop(e), name=f"health:{e.id}"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+
+    async def refresh(self, e: Endpoint) -> None:
+        await self.probe(e)
+        if e.healthy:
+            await self.load_models(e)
+            await self.scrape(e)
+
+    async def _scrape_loop(self, e: Endpoint) -> None:
+        interval = self.config.scrape.interval_s
+        while True:
+            await asyncio.sleep(interval)
+            await self.scrape(e)
+
+    async def _health_loop(self, e: Endpoint) -> None:
+        cfg = self.config.health
+        while True:
+            await asyncio.sleep(cfg.interval_s)
+            was = e.healthy
+            await self.probe(e)
+            due = self.clock() - self._models_at.get(e.id, float("-inf")) >= cfg.models_refresh_s
+            if e.healthy and (not was or due or not e.models):
+                await self.load_models(e)
+
+    async def probe(self, e: Endpoint) -> None:
+        ok = False
+        try:
+            resp = await self.client.get(e.url + "/health", timeout=self.config.health.timeout_s)
+            ok = resp.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok != e.healthy:
+            log.info("endpoint %s is now %s", e.id, "healthy" if ok else "unhealthy")
+        e.probe_result(ok, self.clock())
+
+    async def load_models(self, e: Endpoint) -> None:
+        try:
+            resp = await self.client.get(e.url + "/v1/models", timeout=self.config.health.timeout_s)
+            resp.raise_for_status()
+            data = resp.json().get("data", [])
+        except (httpx.HTTPError, ValueError, AttributeError) as err:
+            log.warning("endpoint %s: cannot list models: %s", e.id, err)
+            return
+        models: set[str] = set()
+        max_len: int | None = None
+        for card in data if isinstance(data, list) else []:
+            if isinstance(card, dict) and isinstance(card.get("id"), str):
+                models.add(card["id"])
+                value: Any = card.get("max_model_len")
+                if isinstance(value, int) and value > 0:
+                    max_len = value if max_len is None else min(max_len, value)
+        e.models = frozenset(models)
+        e.max_model_len = max_len
+        self._models_at[e.id] = self.clock()
+
+    async def scrape(self, e: Endpoint) -> None:
+        source = e.metrics_source
+        lv = (e.id, e.engine)
+        started = self.clock()
+        try:
+            resp = await self.client.get(e.url + source.path, timeout=self.config.scrape.timeout_s)
+            resp.raise_for_status()
+            now = self.clock()
+            snap = e.adapter.parse_metrics(source, resp.content, now, e.snapshot)
+        except (httpx.HTTPError, EngineError, ValueError) as err:
+            if not e.scrape_failing:
+                log.warning("endpoint %s: scrape failed: %s", e.id, err)
+            e.scrape_failed()
+            self.metrics.scrape_errors.labels(*lv).inc()
+            return
+        if e.scrape_failing:
+            log.info("endpoint %s: scrape recovered", e.id)
+        if snap.prefix_hit_tokens is not None and e.snapshot is not None:
+            prev = e.snapshot.prefix_hit_tokens
+            if prev is not None and snap.prefix_hit_tokens < prev:
+                # Counters went backwards: the engine restarted and lost its cache.
+                self.fleet.index.forget(e.id)
+        e.scraped(snap)
+        self.metrics.scrape_duration.labels(*lv).observe(self.clock() - started)

@@ -1,0 +1,174 @@
+"""Live router state per endpoint: health, ejection, scrapes and own traffic.
+
+``Endpoint`` is the only mutable per-engine record; the scheduling pipeline
+never sees it, only the frozen ``EndpointView`` that :meth:`Fleet.views`
+builds from it at decision time. Everything here runs on the router's event
+loop (no locks) and takes time as an argument (no clock reads), so ejection
+and accounting are unit-tested with plain numbers.
+
+Accounting invariant: every dispatch is matched by exactly one
+:meth:`Endpoint.finish` (the proxy guarantees it in a ``finally``), so
+``in_flight`` returns to 0 and the since-scrape counters stay honest.
+
+Ejection (passive outlier detection): ``eject_after`` consecutive failures
+(connect error, 5xx or timeout before the first byte) eject the endpoint for
+``base x 2^(ejections-1)`` seconds (capped). When the time is up the endpoint
+returns only after a successful ``/health`` probe; a success resets the
+failure streak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+
+from fleetgate.engines.base import EngineAdapter, LoadSnapshot, MetricsSource
+from fleetgate.router.scheduling.load import LoadParams, RouterCounts, estimate_load
+from fleetgate.router.scheduling.prefix import PrefixIndex
+from fleetgate.router.scheduling.types import EndpointId, EndpointView
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EjectionPolicy:
+    after_failures: int = 3
+    base_s: float = 2.0
+    max_s: float = 60.0
+
+
+@dataclasses.dataclass(eq=False)
+class Endpoint:
+    id: EndpointId
+    pool: str
+    engine: str
+    url: str
+    adapter: EngineAdapter
+    metrics_source: MetricsSource
+    models: frozenset[str] = frozenset()
+    max_model_len: int | None = None
+    healthy: bool = False
+    """Last /health probe answered 200 (False until the first probe)."""
+    ejected_until: float | None = None
+    ejections: int = 0
+    consecutive_failures: int = 0
+    snapshot: LoadSnapshot | None = None
+    scrape_failing: bool = False
+    scrape_errors: int = 0
+    counts: RouterCounts = dataclasses.field(default_factory=RouterCounts)
+    prefix_hits_at_reset: float | None = None
+
+    # ---------------------------------------------------------------- traffic
+
+    def dispatch(self, kv_tokens: int) -> None:
+        c = self.counts
+        self.counts = dataclasses.replace(
+            c,
+            in_flight=c.in_flight + 1,
+            dispatched_since_scrape=c.dispatched_since_scrape + 1,
+            dispatched_tokens_since_scrape=c.dispatched_tokens_since_scrape + kv_tokens,
+        )
+
+    def finish(self, kv_tokens: int) -> None:
+        c = self.counts
+        self.counts = dataclasses.replace(
+            c,
+            in_flight=max(0, c.in_flight - 1),
+            finished_since_scrape=c.finished_since_scrape + 1,
+            finished_tokens_since_scrape=c.finished_tokens_since_scrape + kv_tokens,
+        )
+
+    def scraped(self, snapshot: LoadSnapshot) -> None:
+        self.snapshot = snapshot
+        self.scrape_failing = False
+        self.counts = RouterCounts(in_flight=self.counts.in_flight)
+
+    def scrape_failed(self) -> None:
+        self.scrape_failing = True
+        self.scrape_errors += 1
+
+    # ---------------------------------------------------------------- health
+
+    def is_ejected(self, now: float) -> bool:
+        return self.ejected_until is not None and (now < self.ejected_until or not self.healthy)
+
+    def record_success(self) -> None:
+        self.consecutive_failures = 0
+
+    def record_failure(self, now: float, policy: EjectionPolicy) -> bool:
+        """Count a failure; True when this one ejected the endpoint."""
+        self.consecutive_failures += 1
+        if self.consecutive_failures < policy.after_failures or self.is_ejected(now):
+            return False
+        self.ejections += 1
+        duration = min(policy.max_s, policy.base_s * 2 ** (self.ejections - 1))
+        self.ejected_until = now + duration
+        self.consecutive_failures = 0
+        return True
+
+    def probe_result(self, ok: bool, now: float) -> None:
+        """A /health probe finished. Ejection ends on the first good probe after its time."""
+        self.healthy = ok
+        if ok and self.ejected_until is not None and now >= self.ejected_until:
+            self.ejected_until = None
+            self.consecutive_failures = 0
+
+    def reset_ejections(self) -> None:
+        self.ejections = 0
+
+
+class Fleet:
+    """All endpoints, plus the prefix index over them. Built per app, never global."""
+
+    def __init__(
+        self,
+        endpoints: Iterable[Endpoint],
+        *,
+        index: PrefixIndex,
+        load_params: LoadParams,
+    ) -> None:
+        self.endpoints: dict[EndpointId, Endpoint] = {}
+        for e in endpoints:
+            if e.id in self.endpoints:
+                raise ValueError(f"duplicate endpoint id {e.id!r}")
+            self.endpoints[e.id] = e
+        self.index = index
+        self.load_params = load_params
+
+    def __iter__(self) -> Iterator[Endpoint]:
+        return iter(self.endpoints.values())
+
+    def models(self, *, healthy_only: bool, now: float) -> list[str]:
+        out: set[str] = set()
+        for e in self.endpoints.values():
+            if healthy_only and (not e.healthy or e.is_ejected(now)):
+                continue
+            out |= e.models
+        return sorted(out)
+
+    def views(
+        self, chain: tuple[int, ...], rendezvous: list[EndpointId], now: float
+    ) -> list[EndpointView]:
+        rank = {eid: i for i, eid in enumerate(rendezvous)}
+        out = []
+        for e in self.endpoints.values():
+            load = estimate_load(
+                e.snapshot,
+                e.counts,
+                now,
+                self.load_params,
+                block_size_hint=e.adapter.default_block_size,
+                scrape_failing=e.scrape_failing,
+            )
+            out.append(
+                EndpointView(
+                    id=e.id,
+                    engine=e.engine,
+                    models=e.models,
+                    healthy=e.healthy,
+                    ejected=e.is_ejected(now),
+                    load=load,
+                    max_model_len=e.max_model_len,
+                    prefix_match=self.index.match(e.id, chain) if chain else 0,
+                    rendezvous_rank=rank.get(e.id, len(rank)),
+                )
+            )
+        return out
