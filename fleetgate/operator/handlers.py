@@ -62,6 +62,9 @@ def register(
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.enabled = False  # events are posted by the reconciler
+        # No CRD watching (kopf would need list/watch on customresourcedefinitions):
+        # the handled resources are fixed and checked at start-up.
+        settings.scanning.disabled = True
         settings.watching.server_timeout = 60
         settings.watching.client_timeout = 90
 

@@ -34,7 +34,7 @@ from k8s_fixtures import k8s_cluster, k8s_namespace  # noqa: F401
 
 from fleetgate.api.crd import CRD_FILE_NAME, crd_name
 from fleetgate.devcluster import FAKE_NODE_TOLERATION, DevCluster
-from fleetgate.operator import app
+from fleetgate.operator import app, rbac
 from fleetgate.operator.options import OperatorOptions
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
@@ -63,7 +63,9 @@ def crd(k8s_cluster: DevCluster) -> str:  # noqa: F811
 
 
 @contextlib.contextmanager
-def operator(cluster: DevCluster, namespace: str, interval: float = 1.0) -> Iterator[int]:
+def operator(
+    cluster: DevCluster, namespace: str, interval: float = 1.0, kubeconfig: Path | None = None
+) -> Iterator[int]:
     """Run the operator in a thread; yields its metrics/health port; stops it."""
     stop, ready = threading.Event(), threading.Event()
     ports: list[int] = []
@@ -76,7 +78,7 @@ def operator(cluster: DevCluster, namespace: str, interval: float = 1.0) -> Iter
         try:
             app.run(
                 options,
-                kubeconfig=str(cluster.kubeconfig),
+                kubeconfig=str(kubeconfig or cluster.kubeconfig),
                 namespaces=[namespace],
                 endpoints=app.Endpoints(host="127.0.0.1", port=0),
                 stop_flag=stop,
@@ -287,6 +289,17 @@ def test_too_many_gpus_is_insufficient_gpu(
         )
         assert condition(obj, "Degraded")["status"] == "True"
         assert "Insufficient nvidia.com/gpu" in condition(obj, "Ready")["message"]
+        # a child name taken by someone else's object: Degraded, never adopted
+        k8s_cluster.kubectl("-n", ns, "create", "service", "clusterip", "taken", "--tcp=80:80")
+        k8s_cluster.apply(isvc("taken", ns))
+        taken = wait_for(
+            "Ready=False NameConflict",
+            ready_with(k8s_cluster, ns, "taken", "NameConflict", "False"),
+            timeout=60,
+        )
+        assert "Service taken already exists" in condition(taken, "Degraded")["message"]
+        foreign = get(k8s_cluster, ns, "service", "taken")
+        assert foreign is not None and "ownerReferences" not in foreign["metadata"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             text = resp.read().decode()
         assert 'fleetgate_operator_reconcile_errors_total{reason="InsufficientGPU"}' in text
@@ -329,6 +342,23 @@ def test_rollout_drift_restart_and_deletion(
         assert dep["metadata"]["generation"] >= 2
         rs = k8s_cluster.kubectl_json("-n", ns, "get", "replicasets")["items"]
         assert len(rs) == 2, "a new ReplicaSet for the new template"
+
+        # the scale subresource drives spec.replicas (HPA / kubectl scale)
+        k8s_cluster.kubectl("-n", ns, "scale", "inferenceservice", "svc", "--replicas=2")
+        wait_for(
+            "2 ready replicas after scale",
+            lambda: (
+                (get(k8s_cluster, ns, "inferenceservice", "svc") or {})
+                .get("status", {})
+                .get("readyReplicas")
+                == 2
+            ),
+            90,
+        )
+        scale_path = f"/apis/fleetgate.dev/v1alpha1/namespaces/{ns}/inferenceservices/svc/scale"
+        scale = json.loads(k8s_cluster.kubectl("get", "--raw", scale_path).stdout)
+        assert scale["status"]["replicas"] == 2
+        assert "app.kubernetes.io/instance=svc" in scale["status"]["selector"]
 
         # drift: an edited field comes back, a deleted child comes back
         image_path = "/spec/template/spec/containers/0/image"
@@ -379,3 +409,63 @@ def test_rollout_drift_restart_and_deletion(
         wait_for(
             f"{kind} collected", lambda kind=kind: get(k8s_cluster, ns, kind, "svc") is None, 60
         )
+
+
+def test_operator_works_with_exactly_its_cluster_role(
+    k8s_cluster: DevCluster,  # noqa: F811
+    k8s_namespace: str,  # noqa: F811
+    crd: str,
+    tmp_path: Path,
+) -> None:
+    """Least privilege, checked: run as a ServiceAccount bound to rbac.CLUSTER_ROLE_RULES."""
+    ns = k8s_namespace
+    role_name = f"fleetgate-operator-{ns}"
+    k8s_cluster.kubectl("-n", ns, "create", "serviceaccount", "fleetgate-operator")
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": role_name},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": role_name,
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "fleetgate-operator", "namespace": ns}],
+    }
+    k8s_cluster.apply(rbac.cluster_role(role_name), binding)
+    try:
+        token = k8s_cluster.kubectl(
+            "-n", ns, "create", "token", "fleetgate-operator", "--duration=1h"
+        ).stdout.strip()
+        config = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
+        for user in config["users"]:
+            user["user"] = {"token": token}
+        restricted = tmp_path / "operator.kubeconfig"
+        restricted.write_text(yaml.safe_dump(config))
+        denied = k8s_cluster.kubectl(
+            f"--kubeconfig={restricted}", "-n", ns, "get", "secrets", check=False
+        )
+        assert denied.returncode != 0 and "forbidden" in denied.stderr, "the token is restricted"
+
+        trt = isvc("trt", ns, engine={"type": "tensorrt-llm", "image": "t:1"})
+        with operator(k8s_cluster, ns, kubeconfig=restricted):
+            k8s_cluster.apply(trt)
+            wait_for("Ready", ready_with(k8s_cluster, ns, "trt", "AllReplicasReady", "True"), 90)
+            assert get(k8s_cluster, ns, "configmap", "trt-engine-config") is not None
+            k8s_cluster.kubectl("-n", ns, "delete", "deployment", "trt", "--wait=false")
+            wait_for("deployment restored", lambda: get(k8s_cluster, ns, "deployment", "trt"), 60)
+            switched = copy.deepcopy(trt)
+            switched["spec"]["engine"] = {"type": "vllm", "image": "v:1"}
+            k8s_cluster.apply(switched)
+            wait_for(
+                "TensorRT-LLM ConfigMap pruned",
+                lambda: get(k8s_cluster, ns, "configmap", "trt-engine-config") is None,
+                60,
+            )
+            events = k8s_cluster.kubectl_json(
+                "-n", ns, "get", "events", "--field-selector", "involvedObject.name=trt"
+            )["items"]
+            assert events, "Events are posted with the role's create permission"
+    finally:
+        k8s_cluster.kubectl("delete", "clusterrolebinding", role_name, check=False)
+        k8s_cluster.kubectl("delete", "clusterrole", role_name, check=False)
