@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -69,6 +70,8 @@ class ClusterConfig:
     keep_work_dir: bool = False
     #: SIGKILL the components if this Python process dies (off for ``up --detach``)
     die_with_parent: bool = True
+    #: kubeconfig carries the API server's self-signed CA (False: insecure-skip-tls-verify)
+    verify_tls: bool = True
     start_timeout_s: float = 120.0
 
 
@@ -191,6 +194,7 @@ class DevCluster:
             self._spawn("kube-apiserver")
             self._wait("kube-apiserver /readyz", deadline, self._api_ready)
             self.timings["kube-apiserver"] = self._clock() - t0
+            self._write_kubeconfigs()
             for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
                 self._spawn(name)
             self._create_nodes()
@@ -265,13 +269,24 @@ class DevCluster:
             capture_output=True,
         )
         layout.tokens_csv.write_text(manifests.tokens_csv(self.token))
-        text = yaml.safe_dump(manifests.kubeconfig(self.api_url, self.token), sort_keys=False)
-        layout.internal_kubeconfig.write_text(text)
-        layout.internal_kubeconfig.chmod(0o600)
+
+    def _write_kubeconfigs(self) -> None:
+        """After the API server is up: its self-signed CA exists only from then on."""
+        assert self.layout is not None
+        ca = None
+        if self.config.verify_tls:
+            bundle = (self.layout.cert_dir / "apiserver.crt").read_text()
+            ca = manifests.ca_from_cert_bundle(bundle)
+        text = yaml.safe_dump(manifests.kubeconfig(self.api_url, self.token, ca), sort_keys=False)
+        paths = [self.layout.internal_kubeconfig]
         if self.config.kubeconfig_path is not None:
             self.config.kubeconfig_path.parent.mkdir(parents=True, exist_ok=True)
-            self.config.kubeconfig_path.write_text(text)
-            self.config.kubeconfig_path.chmod(0o600)
+            paths.append(self.config.kubeconfig_path)
+        for path in paths:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            path.chmod(0o600)  # an existing file keeps its old mode through O_CREAT
 
     def _argv(self, name: str) -> list[str]:
         assert self.layout is not None and self.ports is not None

@@ -27,6 +27,7 @@ nodes whose Ready is not True, keeps our capacity/allocatable and marks them Rea
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -215,14 +216,39 @@ def tokens_csv(token: str) -> str:
     return f'{token},admin,admin,"system:masters"\n'
 
 
-def kubeconfig(server: str, token: str, name: str = "fleetgate-dev") -> dict[str, Any]:
-    """Token + ``insecure-skip-tls-verify`` kubeconfig (readable by kubectl and kopf)."""
+def ca_from_cert_bundle(pem: str) -> str:
+    """The CA certificate of the API server's self-signed ``--cert-dir`` bundle.
+
+    kube-apiserver writes ``apiserver.crt`` as the serving certificate followed by the
+    self-signed CA that issued it (CN ``<host>-ca@<time>``); the CA is the last block.
+    """
+    end = "-----END CERTIFICATE-----"
+    blocks = [b.strip() + "\n" + end + "\n" for b in pem.split(end) if "BEGIN CERTIFICATE" in b]
+    if len(blocks) < 2:
+        raise ValueError(f"expected serving cert + CA, found {len(blocks)} certificate(s)")
+    return blocks[-1]
+
+
+def kubeconfig(
+    server: str, token: str, ca_pem: str | None = None, name: str = "fleetgate-dev"
+) -> dict[str, Any]:
+    """Admin-token kubeconfig, readable by kubectl, helm, kopf and the kubernetes client.
+
+    With ``ca_pem`` TLS is verified (``certificate-authority-data``); without it the
+    kubeconfig says ``insecure-skip-tls-verify: true``. Verified is the default in
+    :class:`~fleetgate.devcluster.cluster.DevCluster`: the kubernetes client (urllib3)
+    emits ``InsecureRequestWarning`` on every unverified request, and this project's
+    pytest turns warnings into errors.
+    """
+    tls: dict[str, Any]
+    if ca_pem is None:
+        tls = {"insecure-skip-tls-verify": True}
+    else:
+        tls = {"certificate-authority-data": base64.b64encode(ca_pem.encode()).decode()}
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": name, "cluster": {"server": server, "insecure-skip-tls-verify": True}}
-        ],
+        "clusters": [{"name": name, "cluster": {"server": server, **tls}}],
         "users": [{"name": "admin", "user": {"token": token}}],
         "contexts": [{"name": name, "context": {"cluster": name, "user": "admin"}}],
         "current-context": name,

@@ -10,20 +10,29 @@ We test these aspects, against the shared session cluster:
   a pod without the fake-node toleration;
 * a process can serve on a pod's 127.0.1.x IP and be reached there (the loopback design);
 * a Deployment becomes Available (KCM's deployment + replicaset controllers run);
-* every listening socket of every component is on 127.0.0.0/8.
+* every listening socket of every component is on 127.0.0.0/8;
+* deleting a Deployment garbage-collects its pods;
+* the kubernetes Python client and the built helm (``install --wait``) both work.
 """
 
 from __future__ import annotations
 
+import base64
 import http.server
 import ipaddress
+import json
+import ssl
+import stat
+import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from fleetgate.devcluster import FAKE_NODE_TOLERATION, GPU_PRODUCT_LABEL, GPU_RESOURCE, DevCluster
 from fleetgate.devcluster.procs import listening_addresses
@@ -271,3 +280,93 @@ def test_deleting_a_deployment_garbage_collects_its_pods(
     wait_for("doomed pods garbage-collected", lambda: pods() == [], timeout_s=60)
     rs = k8s_cluster.kubectl_json("-n", ns, "get", "replicasets")["items"]
     assert rs == []
+
+
+def test_kubeconfig_verifies_tls_against_the_api_server_ca(k8s_cluster: DevCluster) -> None:
+    kc = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
+    cluster = kc["clusters"][0]["cluster"]
+    assert "insecure-skip-tls-verify" not in cluster
+    ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
+    ctx = ssl.create_default_context(cadata=ca)  # hostname check on: the cert has IP SAN
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
+    )
+    req = urllib.request.Request(k8s_cluster.api_url + "/version")
+    req.add_header("Authorization", f"Bearer {kc['users'][0]['user']['token']}")
+    with opener.open(req, timeout=10) as resp:
+        assert json.loads(resp.read())["gitVersion"] == "v1.36.3"
+    assert stat.S_IMODE(k8s_cluster.kubeconfig.stat().st_mode) == 0o600
+
+
+def test_python_kubernetes_client_reads_the_kubeconfig(k8s_cluster: DevCluster) -> None:
+    """The operator's client (and kopf, which reads the same fields) can log in.
+
+    Also proves TLS is verified: an unverified request would raise urllib3's
+    InsecureRequestWarning, which this project's pytest turns into an error.
+    """
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=str(k8s_cluster.kubeconfig))
+    try:
+        nodes = client.CoreV1Api(api_client).list_node()
+        names = sorted(n.metadata.name for n in nodes.items)
+        assert names == ["gpu-a100-0", "gpu-a100-1", "gpu-h100-0", "gpu-h100-1"]
+        assert nodes.items[0].status.capacity[GPU_RESOURCE] in {"4", "8"}
+    finally:
+        api_client.close()
+
+
+CHART_DEPLOYMENT = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ .Release.Name }}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: {{ .Release.Name }}}
+  template:
+    metadata:
+      labels: {app: {{ .Release.Name }}}
+    spec:
+      tolerations:
+      - {key: kwok.x-k8s.io/node, operator: Exists, effect: NoSchedule}
+      nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}
+      containers:
+      - name: engine
+        image: fleetgate.invalid/engine:test
+        resources: {limits: {nvidia.com/gpu: "1"}}
+"""
+
+
+def test_helm_install_wait_succeeds(
+    k8s_cluster: DevCluster, k8s_namespace: str, tmp_path: Path
+) -> None:
+    """The built helm talks to the cluster and ``--wait`` sees Deployments go Available."""
+    chart = tmp_path / "mini"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: mini\nversion: 0.1.0\n")
+    (chart / "templates" / "deployment.yaml").write_text(CHART_DEPLOYMENT)
+    helm = [str(k8s_cluster.bin_dir / "helm"), f"--kubeconfig={k8s_cluster.kubeconfig}"]
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}  # no user helm config leaks in
+    run = subprocess.run(
+        [*helm, "install", "mini", str(chart), "-n", k8s_namespace, "--wait", "--timeout=90s"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "STATUS: deployed" in run.stdout
+    d = k8s_cluster.kubectl_json("-n", k8s_namespace, "get", "deployment", "mini")
+    assert d["status"]["availableReplicas"] == 2
+    listed = subprocess.run(
+        [*helm, "list", "-n", k8s_namespace, "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    )
+    assert [r["name"] for r in json.loads(listed.stdout)] == ["mini"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
@@ -93,14 +94,35 @@ def test_kwok_loads_every_stage_file_once() -> None:
     }
 
 
-def test_kubeconfig_uses_token_and_skips_tls_verify() -> None:
+def test_kubeconfig_with_ca_verifies_tls() -> None:
+    kc = m.kubeconfig("https://127.0.0.1:2003", "tok", ca_pem="PEM")
+    assert kc["clusters"][0]["cluster"] == {
+        "server": "https://127.0.0.1:2003",
+        "certificate-authority-data": base64.b64encode(b"PEM").decode(),
+    }
+    assert kc["users"][0]["user"] == {"token": "tok"}
+    assert kc["current-context"] == kc["contexts"][0]["name"]
+
+
+def test_kubeconfig_without_ca_skips_tls_verify() -> None:
     kc = m.kubeconfig("https://127.0.0.1:2003", "tok")
     assert kc["clusters"][0]["cluster"] == {
         "server": "https://127.0.0.1:2003",
         "insecure-skip-tls-verify": True,
     }
-    assert kc["users"][0]["user"] == {"token": "tok"}
-    assert kc["current-context"] == kc["contexts"][0]["name"]
+
+
+LEAF = "-----BEGIN CERTIFICATE-----\nLEAF\n-----END CERTIFICATE-----\n"
+CA = "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n"
+
+
+def test_ca_is_the_last_block_of_the_apiserver_bundle() -> None:
+    assert m.ca_from_cert_bundle(LEAF + CA) == CA
+
+
+def test_a_bundle_without_ca_is_rejected() -> None:
+    with pytest.raises(ValueError, match="found 1 certificate"):
+        m.ca_from_cert_bundle(LEAF)
 
 
 def test_tokens_csv_grants_system_masters() -> None:

@@ -1,4 +1,4 @@
-"""The --detach state file round-trips and rejects garbage with a clear error."""
+"""The --detach state file round-trips and rejects garbage; the API client stays on loopback."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetgate.devcluster.apiclient import ApiClient
 from fleetgate.devcluster.errors import StateError
 from fleetgate.devcluster.procs import ProcRef
 from fleetgate.devcluster.state import ClusterState, read_state, write_state
@@ -45,3 +46,20 @@ def test_malformed_state_is_rejected(tmp_path: Path, text: str) -> None:
     path.write_text(text)
     with pytest.raises(StateError):
         read_state(path)
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        pytest.param("https://10.0.0.1:6443", id="private"),
+        pytest.param("https://kubernetes.example:6443", id="name"),
+        pytest.param("https://0.0.0.0:6443", id="wildcard"),
+    ],
+)
+def test_api_client_refuses_non_loopback_servers(server: str) -> None:
+    with pytest.raises(ValueError, match="only talks to loopback"):
+        ApiClient(server, "token")
+
+
+def test_api_client_accepts_any_127_address() -> None:
+    assert ApiClient("https://127.0.1.7:443", "t").server == "https://127.0.1.7:443"
