@@ -306,9 +306,9 @@ def test_python_kubernetes_client_reads_the_kubeconfig(k8s_cluster: DevCluster) 
     """
     from kubernetes import client, config
 
-    api_client = config.new_client_from_config(config_file=str(k8s_cluster.kubeconfig))
+    api_client = config.new_client_from_config(config_file=str(k8s_cluster.kubeconfig))  # type: ignore[no-untyped-call]
     try:
-        nodes = client.CoreV1Api(api_client).list_node()
+        nodes: Any = client.CoreV1Api(api_client).list_node()
         names = sorted(n.metadata.name for n in nodes.items)
         assert names == ["gpu-a100-0", "gpu-a100-1", "gpu-h100-0", "gpu-h100-1"]
         assert nodes.items[0].status.capacity[GPU_RESOURCE] in {"4", "8"}
