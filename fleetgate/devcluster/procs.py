@@ -8,7 +8,9 @@ Design:
   components in order instead of racing their own signal handlers.
 * Attached clusters (tests, foreground ``up``) also set ``PR_SET_PDEATHSIG=SIGKILL`` so
   that a crashed or SIGKILLed parent cannot leak an API server onto a shared 2-core box.
-  ``--detach`` clears that on purpose.
+  ``--detach`` clears that on purpose. The kernel fires it when the *thread* that
+  forked the child exits, so it is only set when spawning from the main thread (a
+  worker thread of ``asyncio.to_thread`` may exit while the cluster is still in use).
 * A :class:`ProcRef` records the PID *and* the kernel start time (``/proc/PID/stat``
   field 22). :func:`stop` refuses to signal a PID whose start time changed, so a stale
   state file can never kill an unrelated process that reused the PID.
@@ -26,6 +28,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -90,6 +93,10 @@ def _pdeathsig_kill() -> Callable[[], None]:
     return preexec
 
 
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def spawn(
     name: str,
     argv: Sequence[str],
@@ -110,7 +117,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_pdeathsig_kill() if die_with_parent else None,
+            preexec_fn=_pdeathsig_kill() if die_with_parent and _on_main_thread() else None,
         )
     ticks = start_ticks(proc.pid)
     if ticks is None:  # exited before we could look: it is still our (zombie) child

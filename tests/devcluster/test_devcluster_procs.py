@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -110,3 +111,19 @@ def test_child_dies_with_its_parent(tmp_path: Path) -> None:
     while procs.is_running(ref) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not procs.is_running(ref)
+
+
+def test_child_spawned_from_a_worker_thread_outlives_that_thread(tmp_path: Path) -> None:
+    """PDEATHSIG follows the forking *thread*: it must not be set off the main thread."""
+    box: list[tuple[subprocess.Popen[bytes], procs.ProcRef]] = []
+    worker = threading.Thread(
+        target=lambda: box.append(procs.spawn("t", ["sleep", "60"], tmp_path / "t.log"))
+    )
+    worker.start()
+    worker.join(timeout=10)
+    proc, ref = box[0]
+    try:
+        time.sleep(0.3)  # a pending PDEATHSIG would have fired by now
+        assert procs.is_running(ref)
+    finally:
+        assert procs.stop(ref, proc) == "terminated"
