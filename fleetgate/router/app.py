@@ -61,13 +61,18 @@ def build_fleet(config: RouterConfig) -> Fleet:
                 url=b.url,
                 adapter=adapter,
                 metrics_source=source,
+                capacity_hint=b.capacity,
             )
         )
     sched = config.scheduling
     return Fleet(
         endpoints,
         index=PrefixIndex(sched.index_capacity),
-        load_params=LoadParams(fresh_for=sched.fresh_for_s, stale_after=sched.stale_after_s),
+        load_params=LoadParams(
+            fresh_for=sched.fresh_for_s,
+            stale_after=sched.stale_after_s,
+            default_capacity=sched.default_capacity,
+        ),
     )
 
 

@@ -42,6 +42,9 @@ class Backend(_Strict):
     """Endpoint id in metrics and logs; defaults to ``host:port``."""
     metrics_source: str | None = None
     """Which of the adapter's ``metrics_sources`` to poll (default: its first)."""
+    capacity: int | None = Field(None, ge=1)
+    """Concurrent sequences (vLLM ``max_num_seqs``, TRT max batch size), used when the
+    engine's metrics do not carry it (vLLM's do not)."""
 
     @field_validator("engine")
     @classmethod
@@ -82,8 +85,8 @@ class Scheduling(_Strict):
     weights: Weights = Weights()
     seed: int = 0
     """Seed of the picker's tie-break random generator."""
-    chunk_bytes: int = Field(256, ge=16)
-    """Prefix chunk size in rendered bytes (~64 tokens of English)."""
+    chunk_bytes: int = Field(128, ge=16)
+    """Prefix chunk size in rendered bytes (~32 tokens of English)."""
     bytes_per_token: float = Field(4.0, gt=0)
     """Used to estimate prompt tokens without a tokenizer."""
     index_capacity: int = Field(65536, ge=1)
@@ -92,6 +95,8 @@ class Scheduling(_Strict):
     """Spill when an affinity target's work exceeds ``(1 + load_bound) x`` the pool mean."""
     slack_requests: float = Field(2.0, ge=0)
     queue_work: float = Field(1.0, gt=0)
+    default_capacity: int = Field(64, ge=1)
+    """Concurrent sequences assumed when neither metrics nor the backend say."""
     default_max_tokens: int = Field(256, ge=1)
     """KV need assumed for requests that do not say ``max_tokens``."""
     fresh_for_s: float = Field(0.5, gt=0)

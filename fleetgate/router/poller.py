@@ -19,6 +19,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -28,6 +29,16 @@ from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.state import Endpoint, Fleet
 
 log = logging.getLogger("fleetgate.router.poller")
+
+
+def metrics_url(base: str, port: int | None) -> str:
+    """``base`` with its port replaced when a metrics source has a port of its own."""
+    if port is None:
+        return base
+    parts = urlsplit(base)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    return urlunsplit((parts.scheme, f"{host}:{port}", parts.path, "", ""))
 
 
 class Poller:
@@ -123,7 +134,9 @@ class Poller:
         lv = (e.id, e.engine)
         started = self.clock()
         try:
-            resp = await self.client.get(e.url + source.path, timeout=self.config.scrape.timeout_s)
+            resp = await self.client.get(
+                metrics_url(e.url, source.port) + source.path, timeout=self.config.scrape.timeout_s
+            )
             resp.raise_for_status()
             now = self.clock()
             snap = e.adapter.parse_metrics(source, resp.content, now, e.snapshot)

@@ -43,6 +43,7 @@ class Endpoint:
     url: str
     adapter: EngineAdapter
     metrics_source: MetricsSource
+    capacity_hint: int | None = None
     models: frozenset[str] = frozenset()
     max_model_len: int | None = None
     healthy: bool = False
@@ -155,6 +156,7 @@ class Fleet:
                 e.counts,
                 now,
                 self.load_params,
+                capacity_hint=e.capacity_hint,
                 block_size_hint=e.adapter.default_block_size,
                 scrape_failing=e.scrape_failing,
             )

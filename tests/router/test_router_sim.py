@@ -1,0 +1,224 @@
+"""The router against emulated fleets (``fleetgate.sim.run_fleet``), all on 127.0.0.1.
+
+We test these aspects:
+* passthrough: completions and chat, streaming and not, content identical to a direct call;
+* /v1/models, /health, /ready, /metrics;
+* a mixed vLLM + TensorRT-LLM pool serves both engines and scrapes both without errors;
+* shared long prefixes stick to one engine and its own prefix-cache counters show hits;
+* distinct prefixes spread over the pool (rendezvous);
+* a hot prefix spills to other engines under a flood;
+* a client disconnect aborts the upstream request in the engine;
+* a backend 4xx passes through byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import json
+import re
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+from routerkit import router_config, serve
+
+from fleetgate.router.app import build_router
+from fleetgate.sim import EngineSpec, run_fleet
+
+MODEL = "m"
+PREFIX = " ".join(f"alpha{i} beta" for i in range(36))  # ~450 chars, ~130 tokens
+
+
+def sse_texts(body: bytes) -> list[str]:
+    """The generated text pieces of an SSE body, in order."""
+    out = []
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            doc = json.loads(line[6:])
+            for choice in doc.get("choices", []):
+                piece = choice.get("text")
+                if piece is None:
+                    piece = (choice.get("delta") or {}).get("content")
+                out.append(piece or "")
+    return out
+
+
+@dataclasses.dataclass
+class Rig:
+    router: str
+    engines: list[str]
+    app: Any
+
+
+@contextlib.asynccontextmanager
+async def rig(
+    specs: Sequence[EngineSpec], time_scale: float = 1.0, **cfg: Any
+) -> AsyncIterator[Rig]:
+    async with run_fleet(specs, "127.0.0.1", 0, model=MODEL, time_scale=time_scale) as fleet:
+        backends = [(e.kind, e.url) for e in fleet.engines]
+        app = build_router(router_config(backends, **cfg))
+        async with serve(app) as url:
+            yield Rig(url, [e.url for e in fleet.engines], app)
+
+
+def scrape_sum(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line[len(name)] not in " {":
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def metric(c: httpx.AsyncClient, url: str, name: str, **labels: str) -> float:
+    return scrape_sum((await c.get(url + "/metrics")).text, name, **labels)
+
+
+async def test_passthrough_nonstream_and_stream_match_direct() -> None:
+    async with rig([EngineSpec(kind="vllm")]) as r, httpx.AsyncClient(timeout=30) as c:
+        for path, body in [
+            ("/v1/completions", {"prompt": "Hello there, router", "max_tokens": 12}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                      "max_tokens": 12}),
+        ]:  # fmt: skip
+            req = {"model": MODEL, "temperature": 0, "ignore_eos": True, **body}
+            direct = (await c.post(r.engines[0] + path, json=req)).json()
+            via = await c.post(r.router + path, json=req)
+            assert via.status_code == 200, via.text
+            assert via.headers["x-fleetgate-endpoint"].startswith("127.0.0.1:")
+            assert via.json()["choices"] == direct["choices"]
+            assert via.json()["usage"]["completion_tokens"] == 12
+            sreq = {**req, "stream": True, "stream_options": {"include_usage": True}}
+            d = await c.post(r.engines[0] + path, json=sreq)
+            v = await c.post(r.router + path, json=sreq)
+            assert v.headers["content-type"].startswith("text/event-stream")
+            assert sse_texts(v.content) == sse_texts(d.content)
+            assert len(sse_texts(v.content)) >= 12
+            assert v.content.endswith(b"data: [DONE]\n\n")
+            # Same framing: identical bytes apart from ids and timestamps.
+            norm = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
+            assert norm.sub(b"", v.content) == norm.sub(b"", d.content)
+
+
+async def test_models_health_ready_metrics_mixed_pool() -> None:
+    specs = [EngineSpec(kind="vllm"), EngineSpec(kind="trtllm")]
+    async with rig(specs) as r, httpx.AsyncClient(timeout=30) as c:
+        models = (await c.get(r.router + "/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == [MODEL]
+        assert (await c.get(r.router + "/health")).status_code == 200
+        assert (await c.get(r.router + "/ready")).json() == {"status": "ready"}
+        for i in range(12):
+            path = "/v1/completions" if i % 2 else "/v1/chat/completions"
+            body: dict[str, Any] = {"model": MODEL, "max_tokens": 4}
+            if i % 2:
+                body["prompt"] = f"x{i}"
+            else:
+                body["messages"] = [{"role": "user", "content": f"x{i}"}]
+            resp = await c.post(r.router + path, json=body)
+            assert resp.status_code == 200, resp.text
+        await asyncio.sleep(0.3)
+        text = (await c.get(r.router + "/metrics")).text
+        for name in (
+            "fleetgate_requests_total",
+            "fleetgate_decisions_total",
+            "fleetgate_e2e_request_latency_seconds_bucket",
+            "fleetgate_scrape_duration_seconds_bucket",
+            "fleetgate_endpoint_healthy",
+            "fleetgate_scrape_age_seconds",
+            "fleetgate_endpoint_kv_usage",
+        ):
+            assert name in text, name
+        assert scrape_sum(text, "fleetgate_scrape_errors_total") == 0
+        assert scrape_sum(text, "fleetgate_endpoint_healthy") == 2
+        for engine in ("vllm", "trtllm"):
+            assert scrape_sum(text, "fleetgate_requests_total", engine=engine, status="200") > 0
+            assert scrape_sum(text, "fleetgate_scrape_duration_seconds_count", engine=engine) > 0
+
+
+async def test_shared_prefix_sticks_and_engine_counts_hits() -> None:
+    specs = [EngineSpec(kind="vllm") for _ in range(3)]
+    async with rig(specs) as r, httpx.AsyncClient(timeout=30) as c:
+        used = []
+        for q in range(6):
+            body = {"model": MODEL, "prompt": f"{PREFIX} question {q}?", "max_tokens": 4}
+            resp = await c.post(r.router + "/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            used.append(resp.headers["x-fleetgate-endpoint"])
+        assert len(set(used)) == 1, used
+        engine_url = next(u for u in r.engines if u.endswith(used[0].split(":")[1]))
+        hits = await metric(c, engine_url, "vllm:prefix_cache_hits_total")
+        assert hits >= 5 * 16  # every repeat hit whole blocks of the prefix
+        assert await metric(c, r.router, "fleetgate_decisions_total", reason="affinity-hit") == 5
+        assert await metric(c, r.router, "fleetgate_decisions_total", reason="cold") == 1
+        predicted = await metric(c, r.router, "fleetgate_predicted_cached_tokens_total")
+        actual = await metric(c, r.router, "fleetgate_actual_cached_tokens_total")
+        assert predicted > 0 and actual > 0
+        # Chunk-granular prediction vs block-granular engine hits: same order of size.
+        assert 0.5 <= actual / predicted <= 3.0, (actual, predicted)
+        # Distinct prefixes spread over the pool.
+        spread = collections.Counter()
+        for k in range(12):
+            body = {"model": MODEL, "prompt": f"topic {k}: " + PREFIX, "max_tokens": 2}
+            resp = await c.post(r.router + "/v1/completions", json=body)
+            spread[resp.headers["x-fleetgate-endpoint"]] += 1
+        assert len(spread) == 3, spread
+
+
+async def test_hot_prefix_spills_under_flood() -> None:
+    specs = [EngineSpec(kind="vllm") for _ in range(3)]
+    async with rig(specs) as r, httpx.AsyncClient(timeout=60) as c:
+        body = {"model": MODEL, "prompt": PREFIX + " go", "max_tokens": 48, "ignore_eos": True}
+
+        async def one() -> str:
+            resp = await c.post(r.router + "/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            return resp.headers["x-fleetgate-endpoint"]
+
+        used = collections.Counter(await asyncio.gather(*(one() for _ in range(24))))
+        assert len(used) == 3, used
+        assert max(used.values()) <= 12, used  # no engine takes the whole flood
+        assert await metric(c, r.router, "fleetgate_decisions_total", reason="spill") > 0
+
+
+async def test_client_disconnect_aborts_upstream() -> None:
+    async with (
+        rig([EngineSpec(kind="vllm")], time_scale=5.0) as r,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        body = {"model": MODEL, "prompt": "tell a long story", "max_tokens": 400,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        async with c.stream("POST", r.router + "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            async for _ in resp.aiter_raw():
+                break
+            running = await metric(c, r.engines[0], "vllm:num_requests_running")
+            assert running == 1
+        # The client closed: the engine must drop the request quickly.
+        for _ in range(100):
+            if await metric(c, r.engines[0], "vllm:num_requests_running") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert await metric(c, r.engines[0], "vllm:num_requests_running") == 0
+        generated = await metric(c, r.engines[0], "vllm:generation_tokens_total")
+        assert generated < 200
+        await asyncio.sleep(0.1)
+        assert await metric(c, r.router, "fleetgate_client_disconnects_total") == 1
+        assert await metric(c, r.router, "fleetgate_endpoint_in_flight") == 0
+
+
+async def test_backend_4xx_passes_through_unchanged() -> None:
+    async with rig([EngineSpec(kind="vllm")]) as r, httpx.AsyncClient(timeout=30) as c:
+        for body in (
+            {"model": MODEL, "prompt": "x", "max_tokens": 0},
+            {"model": MODEL, "prompt": "hello world " * 400, "max_tokens": 8},
+            {"model": MODEL, "prompt": "x", "temperature": "hot"},
+        ):
+            direct = await c.post(r.engines[0] + "/v1/completions", json=body)
+            via = await c.post(r.router + "/v1/completions", json=body)
+            assert direct.status_code == 400
+            assert via.status_code == direct.status_code
+            assert via.content == direct.content
