@@ -18,7 +18,13 @@ Fixtures:
   ``NVIDIA-A100-SXM4-80GB``). Every node is tainted ``kwok.x-k8s.io/node=fake:NoSchedule``:
   pods need ``fleetgate.devcluster.FAKE_NODE_TOLERATION``. Pods get 127.0.1.x IPs.
 * ``k8s_namespace`` (function): a fresh namespace, deleted afterwards, whose
-  ``default`` ServiceAccount already exists (so pods can be created immediately).
+  ``default`` ServiceAccount already exists (so pods can be created immediately). It
+  first fails, with the logs, if a cluster component has died.
+
+The cluster is shared by the whole session: work inside your namespace and never
+cordon, taint, relabel or delete the fake nodes. Each module that imports the fixture
+*function* gets its own session-scoped definition and therefore its own cluster; one
+``pytest_plugins = ["k8s_fixtures"]`` in the root tests/conftest.py avoids that.
 
 Missing binaries are built (hack/build-k8s-bins.sh: ~15 min cold on 2 cores). The
 ``pytest_collection_finish`` hook below does that once collection is over and before any
@@ -72,6 +78,9 @@ def k8s_cluster(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
 
 @pytest.fixture
 def k8s_namespace(k8s_cluster: DevCluster) -> Iterator[str]:
+    dead = k8s_cluster.dead_components()
+    if dead:  # say so plainly instead of letting kubectl time out in the test
+        pytest.fail(f"dev cluster component(s) died: {dead}\n{k8s_cluster.log_tails()}")
     name = f"t-{uuid.uuid4().hex[:10]}"
     k8s_cluster.kubectl("create", "namespace", name)
     deadline = time.monotonic() + 30
