@@ -18,6 +18,8 @@ B) Fleet size: N vLLM engines (``vllm-llama8b-h100`` profile, real time), 64
    concurrent streams per engine, 64 tokens each. The process "keeps up" while its
    CPU stays under 85 % of one core (one event loop) and the batch takes at most
    1.5x as long as with one engine. N doubles until it does not keep up.
+C) 16 engines x 64 streams (8B profile): the smallest ``--time-scale`` (model
+   slowed down) at which the one process keeps up.
 Everything is bounded in request count and wall time.
 """
 
@@ -148,16 +150,18 @@ def bench_fleet_size(max_engines: int, profile: str) -> None:
         args = ["--vllm", str(n), "--profile", profile, "--time-scale", "1"]
         with fleet(args) as (pid, urls):
             asyncio.run(batch(urls, 4, body, 60))  # warm up connections / caches
-            cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+            cpu0, t0, c0 = cpu_seconds(pid), time.perf_counter(), time.process_time()
             wall = asyncio.run(batch(urls, 64, body, 120))
             cpu = cpu_seconds(pid) - cpu0
             elapsed = time.perf_counter() - t0
+            client = (time.process_time() - c0) / elapsed
         util = cpu / elapsed
         base_wall = base_wall or wall
         keeps_up = util < 0.85 and wall <= 1.5 * base_wall
         print(
             f"   engines={n:2d} streams={64 * n:5d}  batch wall {wall:6.2f} s "
-            f"(x{wall / base_wall:4.2f} of 1 engine)  server CPU {100 * util:5.1f}% of a core"
+            f"(x{wall / base_wall:4.2f} of 1 engine)  CPU server {100 * util:5.1f}%"
+            f" client {100 * client:5.1f}%"
             f"  {'keeps up' if keeps_up else 'SATURATED'}"
         )
         if not keeps_up:
@@ -167,6 +171,35 @@ def bench_fleet_size(max_engines: int, profile: str) -> None:
     print(f"   => largest fleet that keeps up: {best} engines x 64 streams")
 
 
+def run_batch(n: int, profile: str, scale: float) -> tuple[float, float, float]:
+    """(batch wall s, server and load-generator CPU shares of one core), n x 64 streams."""
+    body = {"prompt": "fleet bench " * 30, "max_tokens": 64, "ignore_eos": True, "stream": True}
+    args = ["--vllm", str(n), "--profile", profile, "--time-scale", str(scale)]
+    with fleet(args) as (pid, urls):
+        asyncio.run(batch(urls, 2, body, 120))
+        cpu0, t0, c0 = cpu_seconds(pid), time.perf_counter(), time.process_time()
+        wall = asyncio.run(batch(urls, 64, body, 300))
+        elapsed = time.perf_counter() - t0
+        util = (cpu_seconds(pid) - cpu0) / elapsed
+        client = (time.process_time() - c0) / elapsed
+    return wall, util, client
+
+
+def bench_sixteen(profile: str) -> None:
+    print(f"C) 16 engines x 64 streams ({profile}): slowest-down time scale that keeps up")
+    for scale in (2.0, 4.0, 8.0, 16.0):
+        one, _, _ = run_batch(1, profile, scale)
+        wall, util, client = run_batch(16, profile, scale)
+        ok = util < 0.85 and wall <= 1.5 * one
+        print(
+            f"   --time-scale {scale:4.1f}: 1 engine {one:6.2f} s, 16 engines {wall:6.2f} s "
+            f"(x{wall / one:4.2f}), CPU server {100 * util:5.1f}% client {100 * client:5.1f}%  "
+            f"{'keeps up' if ok else 'SATURATED'}"
+        )
+        if ok:
+            break
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, at most 4 engines")
@@ -174,6 +207,8 @@ def main() -> None:
     bench_cpu_per_token(2 if args.quick else 5)
     for profile in ("vllm-llama8b-h100", "vllm-llama70b-4xh100"):
         bench_fleet_size(4 if args.quick else 32, profile)
+    if not args.quick:
+        bench_sixteen("vllm-llama8b-h100")
 
 
 if __name__ == "__main__":
