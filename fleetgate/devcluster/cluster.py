@@ -182,8 +182,25 @@ class DevCluster:
         self.stop()
 
     def start(self) -> DevCluster:
+        """Start everything; retried once if a component lost its port to a race.
+
+        Ports are picked free by the kernel and handed to the component a moment later;
+        on a busy machine another process can take one in between. Only that failure
+        ("address already in use" in a log, temp work dir) is retried, with new ports.
+        """
         if self._running:
             raise DevClusterError("cluster already started")
+        try:
+            return self._start_once()
+        except StartError as e:
+            if "address already in use" not in str(e) or self.config.work_dir is not None:
+                raise
+            if self.layout is not None:
+                shutil.rmtree(self.layout.work_dir, ignore_errors=True)
+            self.layout, self.ports, self.timings = None, None, {}
+            return self._start_once()
+
+    def _start_once(self) -> DevCluster:
         t0 = self._clock()
         deadline = t0 + self.config.start_timeout_s
         try:
@@ -208,7 +225,7 @@ class DevCluster:
             self.stop(remove_work_dir=False)
             if isinstance(e, StartError):
                 raise StartError(f"{e}\n{logs}") from e
-            if isinstance(e, (DevClusterError, OSError, subprocess.SubprocessError)):
+            if isinstance(e, (DevClusterError, OSError, ValueError, subprocess.SubprocessError)):
                 raise StartError(f"dev cluster failed to start: {e}\n{logs}") from e
             raise
         return self

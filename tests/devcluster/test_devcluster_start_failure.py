@@ -6,6 +6,7 @@ a message, and a fake etcd that never becomes healthy.
 
 from __future__ import annotations
 
+import shutil
 import stat
 import time
 from pathlib import Path
@@ -85,3 +86,30 @@ def test_non_empty_work_dir_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StartError, match="not empty"):
         cluster.start()
     assert (work / "leftover").exists()
+
+
+def test_a_lost_port_race_is_retried_once_with_new_ports(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    body = (
+        f'echo "$@" >> {calls}\necho "listen tcp 127.0.0.1: bind: address already in use"\nexit 1\n'
+    )
+    cluster = DevCluster(fake_bins(tmp_path, body), ClusterConfig(start_timeout_s=20))
+    with pytest.raises(StartError, match="address already in use"):
+        cluster.start()
+    shutil.rmtree(cluster.work_dir)  # kept for its logs after a failed start
+    attempts = calls.read_text().splitlines()
+    assert len(attempts) == 2, "exactly one retry"
+    assert attempts[0] != attempts[1], "the retry uses other ports and another work dir"
+    # the first attempt's temp work dir was removed before retrying
+    first_dir = next(a for a in attempts[0].split() if a.startswith("--data-dir=")).split("=")[1]
+    assert not Path(first_dir).parent.exists()
+
+
+def test_other_start_failures_are_not_retried(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    body = f'echo run >> {calls}\necho "etcd: corrupt" >&2\nexit 1\n'
+    cluster = DevCluster(fake_bins(tmp_path, body), ClusterConfig(start_timeout_s=20))
+    with pytest.raises(StartError, match="etcd: corrupt"):
+        cluster.start()
+    shutil.rmtree(cluster.work_dir)  # kept for its logs after a failed start
+    assert calls.read_text().splitlines() == ["run"]
