@@ -4,7 +4,13 @@ It replays a workload's sessions (see ``workloads``) against one base URL with
 streaming chat completions, and records per request: time to first token,
 inter-token gaps, output tokens, status. It is bounded three ways: the schedule
 ends at ``duration``, a hard ``deadline`` cancels whatever is still running, and
-``max_in_flight`` caps concurrency. Only loopback URLs are accepted.
+``max_in_flight`` caps concurrency. Only loopback URLs are accepted, and proxy
+settings from the environment are ignored (``trust_env=False``).
+
+``priority_header`` maps a session's class name to the ``x-fleetgate-priority``
+value (None: send no header), for routers that take integer levels instead of
+class names; ``keep_text`` stores each answer on its result for twin-run
+comparisons.
 """
 
 from __future__ import annotations
@@ -42,9 +48,10 @@ async def _one_turn(
     session: Session,
     turn_index: int,
     answers: list[str],
-    t0: float,
+    result: RequestResult,
     clock: Callable[[], float],
-) -> tuple[RequestResult, str]:
+    priority_header: Callable[[str], str | None] | None = None,
+) -> str:
     turn = session.turns[turn_index]
     body: dict[str, Any] = {
         "model": model,
@@ -57,13 +64,16 @@ async def _one_turn(
     }
     headers = {"x-fleetgate-session": session.session_id}
     if session.priority_class:
-        headers["x-fleetgate-priority"] = session.priority_class
+        value = (
+            session.priority_class
+            if priority_header is None
+            else priority_header(session.priority_class)
+        )
+        if value is not None:
+            headers["x-fleetgate-priority"] = value
     if session.tenant:
         headers["x-fleetgate-tenant"] = session.tenant
     start = clock()
-    result = RequestResult(
-        session.session_id, turn_index, session.priority_class or "standard", start - t0
-    )
     pieces: list[str] = []
     last = start
     try:
@@ -74,7 +84,7 @@ async def _one_turn(
             if resp.status_code != 200:
                 raw = await resp.aread()
                 result.error = raw[:200].decode("utf-8", "replace")
-                return result, ""
+                return ""
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -104,7 +114,7 @@ async def _one_turn(
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         result.error = f"{type(e).__name__}: {e}"[:200]
     result.e2e = clock() - start
-    return result, "".join(pieces)
+    return "".join(pieces)
 
 
 async def run_sessions(
@@ -117,14 +127,24 @@ async def run_sessions(
     request_timeout_s: float = 120.0,
     clock: Callable[[], float] = time.perf_counter,
     on_result: Callable[[RequestResult], None] | None = None,
+    keep_text: bool = False,
+    priority_header: Callable[[str], str | None] | None = None,
+    send_until_s: float | None = None,
 ) -> list[RequestResult]:
-    """Replay ``sessions`` against ``base_url``; never runs past ``deadline_s``."""
+    """Replay ``sessions`` against ``base_url``; never runs past ``deadline_s``.
+
+    No new request starts after ``send_until_s`` (default: never stop early);
+    requests still in flight at the deadline are returned with the error
+    ``unfinished at deadline`` so that a slow contender's worst requests count
+    as misses instead of vanishing.
+    """
     require_loopback(base_url)
     results: list[RequestResult] = []
+    pending: dict[int, RequestResult] = {}
     limit = asyncio.Semaphore(max_in_flight)
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         t0 = clock()
 
         async def play(session: Session) -> None:
@@ -135,10 +155,19 @@ async def run_sessions(
             for k, turn in enumerate(session.turns):
                 if k and turn.think_s:
                     await asyncio.sleep(turn.think_s)
+                if send_until_s is not None and clock() - t0 > send_until_s:
+                    return
                 async with limit:
-                    res, text = await _one_turn(
-                        client, base_url, model, session, k, answers, t0, clock
+                    res = RequestResult(
+                        session.session_id, k, session.priority_class or "standard", clock() - t0
                     )
+                    pending[id(res)] = res
+                    text = await _one_turn(
+                        client, base_url, model, session, k, answers, res, clock, priority_header
+                    )
+                    del pending[id(res)]
+                if keep_text:
+                    res.text = text
                 results.append(res)
                 if on_result is not None:
                     on_result(res)
@@ -155,4 +184,7 @@ async def run_sessions(
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+    for res in pending.values():
+        res.error = "unfinished at deadline"
+        results.append(res)
     return results

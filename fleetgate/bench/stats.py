@@ -21,6 +21,8 @@ class RequestResult:
     output_tokens: int = 0
     cached_tokens: int | None = None
     error: str | None = None
+    text: str | None = None
+    """The streamed answer, kept only when the caller asks (twin-run comparisons)."""
 
     @property
     def ok(self) -> bool:

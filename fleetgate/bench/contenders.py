@@ -1,0 +1,198 @@
+"""The routers a benchmark compares, as pure data: names, command lines, configs.
+
+A :class:`Contender` is turned into an argv by :func:`command` given the
+engine URLs and the ports chosen for this run; nothing here starts a process.
+Every command binds the contender to 127.0.0.1, including the peers' separate
+Prometheus listeners (``--prometheus-host``; sglang-router would otherwise bind
+0.0.0.0), and points it only at the emulated engines' loopback URLs.
+
+fleetgate ablations are configuration variations of the same router
+(``scheduling.weights`` in ``fleetgate/router/config.py``):
+
+* ``fleetgate``              default weights (prefix 3, load 2, kv 1)
+* ``fleetgate-random``       all weights 0: the seeded tie-break picks. The router
+  has no round-robin picker, so this stands in for "round robin" (see docs).
+* ``fleetgate-least-loaded`` load only
+* ``fleetgate-kv-only``      KV headroom only
+* ``fleetgate-affinity-only`` prefix affinity only (with its load bound)
+
+Peers (PyPI, flags from each CLI's ``--help``): ``vllm-router`` 0.1.17 with
+``--policy cache_aware|power_of_two|round_robin`` and ``sglang-router`` 0.3.2
+(``python -m sglang_router.launch_router``) with ``--policy cache_aware``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+ContenderKind = Literal["fleetgate", "vllm-router", "sglang-router"]
+
+PEER_VERSIONS: dict[str, str] = {"vllm-router": "0.1.17", "sglang-router": "0.3.2"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Contender:
+    name: str
+    kind: ContenderKind
+    policy: str | None = None
+    """Peer ``--policy`` value."""
+    weights: tuple[float, float, float] | None = None
+    """fleetgate (prefix, load, kv) weights; None = the router's defaults."""
+    description: str = ""
+
+
+CONTENDERS: dict[str, Contender] = {
+    c.name: c
+    for c in (
+        Contender("fleetgate", "fleetgate", description="default weights prefix 3, load 2, kv 1"),
+        Contender(
+            "fleetgate-random",
+            "fleetgate",
+            weights=(0.0, 0.0, 0.0),
+            description="all scorers off: seeded random pick (stand-in for round robin)",
+        ),
+        Contender(
+            "fleetgate-least-loaded", "fleetgate", weights=(0.0, 1.0, 0.0), description="load only"
+        ),
+        Contender(
+            "fleetgate-kv-only",
+            "fleetgate",
+            weights=(0.0, 0.0, 1.0),
+            description="KV headroom only",
+        ),
+        Contender(
+            "fleetgate-affinity-only",
+            "fleetgate",
+            weights=(1.0, 0.0, 0.0),
+            description="prefix affinity only (with its load bound)",
+        ),
+        Contender("vllm-router-cache_aware", "vllm-router", policy="cache_aware"),
+        Contender("vllm-router-power_of_two", "vllm-router", policy="power_of_two"),
+        Contender("vllm-router-round_robin", "vllm-router", policy="round_robin"),
+        Contender("sglang-router-cache_aware", "sglang-router", policy="cache_aware"),
+    )
+}
+
+#: Asked for by the issue but not expressible with the integrated router yet.
+UNAVAILABLE: dict[str, str] = {
+    "fleetgate-no-preemption": (
+        "the router config has no preemption switch yet (priority classes are not "
+        "integrated into fleetgate/router: RouterConfig.priority is unvalidated)"
+    ),
+}
+
+DEFAULT_SET = (
+    "fleetgate",
+    "fleetgate-random",
+    "fleetgate-least-loaded",
+    "fleetgate-kv-only",
+    "fleetgate-affinity-only",
+    "vllm-router-cache_aware",
+    "vllm-router-power_of_two",
+    "vllm-router-round_robin",
+    "sglang-router-cache_aware",
+)
+
+
+class UnknownContender(ValueError):
+    pass
+
+
+def parse_contenders(text: str) -> list[Contender]:
+    """``a,b,c`` -> contenders; ``all`` = :data:`DEFAULT_SET`; names checked."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        names = list(DEFAULT_SET)
+    if not names:
+        raise UnknownContender("--contenders: give at least one name")
+    out = []
+    for n in names:
+        if n in UNAVAILABLE:
+            raise UnknownContender(f"contender {n!r} is not available: {UNAVAILABLE[n]}")
+        if n not in CONTENDERS:
+            raise UnknownContender(
+                f"unknown contender {n!r}; known: {', '.join(CONTENDERS)} (or 'all')"
+            )
+        out.append(CONTENDERS[n])
+    if len(set(names)) != len(names):
+        raise UnknownContender("--contenders: a name is given twice")
+    return out
+
+
+def fleetgate_config(
+    contender: Contender, backends: Sequence[tuple[str, str]], seed: int
+) -> dict[str, Any]:
+    """The router YAML (as a dict) for ``contender`` over ``(engine, url)`` backends."""
+    config: dict[str, Any] = {
+        "test_mode": True,
+        "pools": [{"name": "default", "backends": [{"engine": k, "url": u} for k, u in backends]}],
+        "scheduling": {"seed": seed},
+    }
+    if contender.weights is not None:
+        prefix, load, kv = contender.weights
+        config["scheduling"]["weights"] = {"prefix": prefix, "load": load, "kv": kv}
+    return config
+
+
+def peer_dir(kind: str, root: Path) -> Path:
+    return root / f"{kind}-{PEER_VERSIONS[kind]}"
+
+
+def command(
+    contender: Contender,
+    *,
+    port: int,
+    metrics_port: int,
+    backends: Sequence[tuple[str, str]],
+    config_path: Path | None = None,
+    peers_root: Path | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """The argv that starts ``contender`` on 127.0.0.1:``port``."""
+    urls = [u for _, u in backends]
+    if contender.kind == "fleetgate":
+        if config_path is None:
+            raise ValueError("fleetgate needs a config file")
+        return [
+            python,
+            "-m",
+            "fleetgate",
+            "router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--config",
+            str(config_path),
+        ]
+    if peers_root is None:
+        raise ValueError(f"{contender.kind} needs the peers directory")
+    venv = peer_dir(contender.kind, peers_root)
+    common = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *urls,
+        "--policy",
+        str(contender.policy),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(metrics_port),
+    ]
+    if contender.kind == "vllm-router":
+        return [str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"]
+    return [
+        str(venv / "bin" / "python"),
+        "-m",
+        "sglang_router.launch_router",
+        *common,
+        "--log-level",
+        "warn",
+    ]
