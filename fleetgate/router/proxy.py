@@ -282,6 +282,13 @@ class ProxyEndpoint:
                 r.status = r.status or 499
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            if task.cancelled() and item.cancel_reason != "client-disconnect":
+                # Cancelled by the router (InFlight.cancel): finish the response cleanly.
+                why = f"request cancelled by the router: {item.cancel_reason}"
+                if not send.started:
+                    await send_error(send, 503, why, retry_after=s.config.limits.retry_after_s)
+                elif not send.ended:
+                    await send.end_with_error(r.stream, why)
         finally:
             s.inflight.remove(item)
             for t in (task, watcher):
@@ -316,6 +323,12 @@ class ProxyEndpoint:
                     await send_error(send, 504, "request timed out in the router")
                 elif not send.ended:
                     await send.end_with_error(r.stream, "request timed out in the router")
+            except (httpx.HTTPError, OSError) as e:
+                log.warning("request %s: upstream failure: %r", r.request_id, e)
+                if not send.started:
+                    await send_error(send, 502, f"upstream failure: {type(e).__name__}")
+                elif not send.ended:
+                    await send.end_with_error(r.stream, f"upstream failure: {type(e).__name__}")
         finally:
             s.admission.release(ticket)
 

