@@ -49,6 +49,9 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-gpu-blocks", type=int, help="KV cache blocks per engine")
     group.add_argument("--block-size", type=int, help="tokens per KV block")
     group.add_argument(
+        "--vllm-version", help="version vLLM engines report (default 0.33.0; fixtures: 0.32.0)"
+    )
+    group.add_argument(
         "--max-num-queued-reqs", type=int, help="vLLM admission limit: 503 beyond it"
     )
     group.add_argument("--scheduling-policy", choices=("fcfs", "priority"), help="queue policy")
@@ -134,6 +137,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int
                 overrides=overrides,
                 enable_prompt_tokens_details=details,
                 max_num_queued_reqs=args.max_num_queued_reqs,
+                version=args.vllm_version if kind == "vllm" else None,
             )
             for _ in range(count)
         ]

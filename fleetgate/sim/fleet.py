@@ -78,6 +78,9 @@ class EngineSpec(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
     """Passed to the engine-model factory (e.g. ``num_gpu_blocks``, ``max_num_seqs``)."""
     enable_prompt_tokens_details: bool = True
+    version: str | None = Field(default=None, min_length=1)
+    """Reported by ``/version`` (and in vLLM's ``system_fingerprint``); default
+    ``0.33.0`` for vLLM (engines.md), ``1.2.0`` for TensorRT-LLM."""
     max_num_queued_reqs: int | None = Field(default=None, ge=0)
     """vLLM admission control (503 when this many requests already wait)."""
     seed: int | None = None
@@ -190,7 +193,7 @@ def build_engine(
         max_num_seqs=stats.max_running,
         enable_prompt_tokens_details=spec.enable_prompt_tokens_details,
         max_num_queued_reqs=spec.max_num_queued_reqs,
-        version=VLLM_VERSION if spec.kind == "vllm" else TRTLLM_VERSION,
+        version=spec.version or (VLLM_VERSION if spec.kind == "vllm" else TRTLLM_VERSION),
     )
     adapter = get_adapter(spec.kind)
     if spec.kind == "vllm":
