@@ -87,9 +87,10 @@ class Rig:
         return self.services.fleet.endpoints[host]  # type: ignore[index]
 
 
-async def post(url: str, body: Any, path: str = "/v1/completions", **kw: Any) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=10) as c:
-        return await c.post(url + path, json=body, **kw)
+async def post(
+    c: httpx.AsyncClient, url: str, body: Any, path: str = "/v1/completions"
+) -> httpx.Response:
+    return await c.post(url + path, json=body)
 
 
 def error_of(resp: httpx.Response) -> dict[str, Any]:
@@ -106,15 +107,14 @@ def refuse(request: httpx.Request) -> httpx.Response:
 
 async def test_connect_errors_retry_eject_and_recover() -> None:
     rig = Rig({A: refuse, B: ok})
-    async with serve(rig.app) as url:
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
         for _ in range(12):
-            resp = await post(url, {"model": "m", "prompt": "x", "max_tokens": 1})
+            resp = await post(c, url, {"model": "m", "prompt": "x", "max_tokens": 1})
             assert resp.status_code == 200 and resp.headers["x-fleetgate-endpoint"] == B
         assert rig.calls[A] == 3  # ejected after the third consecutive failure
         a = rig.endpoint(A)
         assert a.is_ejected(rig.clock.t)
-        async with httpx.AsyncClient() as c:
-            text = (await c.get(url + "/metrics")).text
+        text = (await c.get(url + "/metrics")).text
         assert (
             'fleetgate_endpoint_ejections_total{endpoint="127.0.0.1:18001",engine="vllm"} 1.0'
             in text
@@ -130,7 +130,7 @@ async def test_connect_errors_retry_eject_and_recover() -> None:
         assert not a.is_ejected(rig.clock.t)
         seen = Counter()
         for _ in range(12):
-            resp = await post(url, {"model": "m", "prompt": "x", "max_tokens": 1})
+            resp = await post(c, url, {"model": "m", "prompt": "x", "max_tokens": 1})
             seen[resp.headers["x-fleetgate-endpoint"]] += 1
         assert seen[A] > 0
 
@@ -138,14 +138,14 @@ async def test_connect_errors_retry_eject_and_recover() -> None:
 async def test_5xx_and_overload_before_first_byte_retry() -> None:
     body = {"error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}}
     rig = Rig({A: lambda r: httpx.Response(500, json=body), B: ok})
-    async with serve(rig.app) as url:
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
         for _ in range(6):
-            resp = await post(url, {"model": "m", "prompt": "x"})
+            resp = await post(c, url, {"model": "m", "prompt": "x"})
             assert resp.status_code == 200
     rig = Rig({A: lambda r: httpx.Response(429, json=body), B: ok})
-    async with serve(rig.app) as url:
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
         for _ in range(6):
-            resp = await post(url, {"model": "m", "prompt": "x"})
+            resp = await post(c, url, {"model": "m", "prompt": "x"})
             assert resp.status_code == 200
 
 
@@ -158,11 +158,11 @@ async def test_all_endpoints_failing() -> None:
         return httpx.Response(500, content=engine_body)
 
     fail = {A: dead, B: dead}
-    async with serve(Rig(fail).app) as url:
-        resp = await post(url, {"model": "m", "prompt": "x"})
+    async with serve(Rig(fail).app) as url, httpx.AsyncClient(timeout=10) as c:
+        resp = await post(c, url, {"model": "m", "prompt": "x"})
         assert resp.status_code == 500 and resp.content == engine_body
-    async with serve(Rig({A: refuse, B: refuse}).app) as url:
-        resp = await post(url, {"model": "m", "prompt": "x"})
+    async with serve(Rig({A: refuse, B: refuse}).app) as url, httpx.AsyncClient(timeout=10) as c:
+        resp = await post(c, url, {"model": "m", "prompt": "x"})
         assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
         assert "connect" in error_of(resp)["message"]
 
@@ -198,9 +198,9 @@ async def test_stream_broken_before_first_chunk_is_retried() -> None:
         return httpx.Response(200, headers=sse_type, stream=Chunks(sse[:20], sse[20:]))
 
     rig = Rig({A: broken, B: good})
-    async with serve(rig.app) as url:
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
         for _ in range(4):
-            resp = await post(url, {"model": "m", "prompt": "x", "stream": True})
+            resp = await post(c, url, {"model": "m", "prompt": "x", "stream": True})
             assert resp.status_code == 200 and resp.content == sse
 
 
@@ -260,15 +260,15 @@ async def test_saturated_engine_avoided_and_stale_is_not_idle() -> None:
     t = rig.clock.t
     rig.endpoint(A).scraped(snapshot(t, kv_usage=0.99, running=8, waiting=30, blocks_free=5))
     rig.endpoint(B).scraped(snapshot(t))
-    async with serve(rig.app) as url:
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
         for i in range(20):
-            resp = await post(url, {"model": "m", "prompt": f"p{i}", "max_tokens": 8})
+            resp = await post(c, url, {"model": "m", "prompt": f"p{i}", "max_tokens": 8})
             assert resp.headers["x-fleetgate-endpoint"] == B
         # B's scrape goes stale while A reports idle: B no longer looks idle.
         rig.clock.t += 30
         rig.endpoint(A).scraped(snapshot(rig.clock.t))
         for i in range(10):
-            resp = await post(url, {"model": "m", "prompt": f"q{i}", "max_tokens": 8})
+            resp = await post(c, url, {"model": "m", "prompt": f"q{i}", "max_tokens": 8})
             assert resp.headers["x-fleetgate-endpoint"] == A
 
 
@@ -291,8 +291,8 @@ async def test_total_timeout_gives_504() -> None:
         return ok(request)
 
     rig = Rig({A: slow}, timeouts={"total_s": 0.2})
-    async with serve(rig.app) as url:
-        resp = await post(url, {"model": "m", "prompt": "x"})
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
+        resp = await post(c, url, {"model": "m", "prompt": "x"})
         assert resp.status_code == 504
         assert error_of(resp)["type"] == "GatewayTimeoutError"
 

@@ -1,0 +1,119 @@
+"""Router config (YAML, pydantic) and the ``fleetgate router`` CLI's one-line errors.
+
+We test these aspects:
+* a typo or bad value is an error naming the field path;
+* ``--backend ENGINE=URL`` parsing and merging into the default pool;
+* duplicate endpoints, non-loopback backends in test mode, missing backends;
+* the CLI exits 2 with one line for each user error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetgate.cli import main
+from fleetgate.router.config import (
+    ConfigError,
+    RouterConfig,
+    load_config,
+    parse_backend_flag,
+    parse_config,
+    with_backends,
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        pytest.param(
+            {"scheduling": {"weights": {"prefx": 1}}}, "scheduling.weights.prefx", id="typo"
+        ),
+        pytest.param(
+            {"scheduling": {"weights": {"load": -1}}}, "scheduling.weights.load", id="neg"
+        ),
+        pytest.param({"scrape": {"interval_s": 0}}, "scrape.interval_s", id="zero-interval"),
+        pytest.param(
+            {"pools": [{"backends": [{"engine": "sglang", "url": "http://127.0.0.1:1"}]}]},
+            "pools.0.backends.0.engine",
+            id="unknown-engine",
+        ),
+        pytest.param(
+            {"pools": [{"backends": [{"engine": "vllm", "url": "127.0.0.1:1"}]}]},
+            "pools.0.backends.0.url",
+            id="url-without-scheme",
+        ),
+    ],
+)
+def test_errors_name_the_field(data: dict[str, object], where: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert str(err.value).startswith(where), str(err.value)
+
+
+def test_yaml_file_and_backend_flags(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(
+        "pools:\n"
+        "  - name: default\n"
+        "    backends:\n"
+        "      - {engine: vllm, url: 'http://127.0.0.1:18100/', capacity: 16}\n"
+        "scheduling: {seed: 7, weights: {prefix: 4}}\n"
+    )
+    config = with_backends(load_config(path), ["trtllm=http://127.0.0.1:18101"])
+    assert config.scheduling.seed == 7 and config.scheduling.weights.prefix == 4
+    backends = config.backends()
+    assert [(p, b.engine, b.url) for p, b in backends] == [
+        ("default", "vllm", "http://127.0.0.1:18100"),
+        ("default", "trtllm", "http://127.0.0.1:18101"),
+    ]
+    assert backends[0][1].endpoint_id == "127.0.0.1:18100"
+    (tmp_path / "bad.yaml").write_text("pools: [\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    "flag", ["vllm", "=http://127.0.0.1:1", "vllm=", "nope=http://127.0.0.1:1", "vllm=ftp://x"]
+)
+def test_bad_backend_flags(flag: str) -> None:
+    with pytest.raises(ConfigError, match="--backend"):
+        parse_backend_flag(flag)
+
+
+def test_duplicates_and_loopback() -> None:
+    dup = with_backends(RouterConfig(), ["vllm=http://127.0.0.1:1", "vllm=http://127.0.0.1:1"])
+    with pytest.raises(ConfigError, match="duplicate endpoint"):
+        dup.backends()
+    remote = with_backends(RouterConfig(test_mode=True), ["vllm=http://192.0.2.1:8000"])
+    with pytest.raises(ConfigError, match="not a loopback"):
+        remote.check_loopback()
+    named = with_backends(RouterConfig(test_mode=True), ["vllm=http://engine.local:8000"])
+    with pytest.raises(ConfigError, match="not a loopback"):
+        named.check_loopback()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--port", "18200"], "no backends", id="no-backends"),
+        pytest.param(["--port", "18200", "--backend", "x=y"], "--backend", id="bad-backend"),
+        pytest.param(["--port", "0", "--backend", "vllm=http://127.0.0.1:1"], "--port", id="port"),
+        pytest.param(
+            ["--port", "18200", "--config", "/nonexistent/router.yaml"], "cannot read", id="config"
+        ),
+        pytest.param(
+            ["--port", "18200", "--backend", "vllm=http://192.0.2.1:1"],
+            "not a loopback",
+            id="test-mode",
+        ),
+    ],
+)
+def test_cli_user_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["router", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fleetgate router: error:") and message in err
+    assert len(err.splitlines()) == 1
