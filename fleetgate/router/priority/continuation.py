@@ -118,6 +118,10 @@ class ContinuationPlan:
     mode: Mode
     remaining_tokens: int | None
     """Tokens still to generate, or None when the original set no limit."""
+    seam_prefix: str | None = None
+    """The text the engine decodes the original prompt to, when known (a
+    completions text prompt); pass it to ``StreamSplicer.begin_continuation``
+    so a vLLM detokenizer leak at the seam is repaired exactly."""
 
 
 def request_kind(path: str) -> Kind:
@@ -201,12 +205,13 @@ def build_continuation(
         ids = delivered.prompt_token_ids
         if ids is None and isinstance(prompt, list):
             ids = tuple(prompt)
+        seam = prompt if isinstance(prompt, str) else None
         if accepts_token_ids and ids is not None and delivered.token_ids is not None:
             base["prompt"] = [*ids, *delivered.token_ids]
-            return ContinuationPlan(COMPLETIONS_PATH, base, "token-ids", remaining)
+            return ContinuationPlan(COMPLETIONS_PATH, base, "token-ids", remaining, seam)
         if isinstance(prompt, str):
             base["prompt"] = prompt + delivered.text
-            return ContinuationPlan(COMPLETIONS_PATH, base, "text", remaining)
+            return ContinuationPlan(COMPLETIONS_PATH, base, "text", remaining, seam)
         raise ContinuationError(
             "token-id prompt but the generated token ids are unknown or the engine "
             "does not accept token-id prompts"

@@ -19,7 +19,7 @@ from fleetgate.router.priority.continuation import (
     COMPLETIONS_PATH,
     build_continuation,
 )
-from fleetgate.router.priority.splice import DONE, StreamSplicer, encode_json, merge_responses
+from fleetgate.router.priority.splice import DONE, StreamSplicer, encode_json, merge_responses, sse
 
 FIX = Path("/work/shared/fixtures/vllm-0.32-cpu")
 
@@ -448,3 +448,79 @@ def test_role_is_stripped_from_a_continuation_delta_that_carries_content() -> No
     out += s.feed(("data: " + encode_json(ev) + "\n\n").encode())
     out += _run(s, _cont_events(_events(up)[3:], new_id="chatcmpl-other", prompt_ids=None))
     assert out == b"".join(up)
+
+
+# The first event after a seam as the real vLLM 0.32 server sent it when the
+# token-id prompt's tail decoded to U+FFFD (tests/router/priority/test_realvllm_resume.py).
+_LEAK_PROMPT = "Preemption test: the quick brown fox jumps over the lazy dog."
+_LEAK_DELIVERED = " 40091 994\ufffdquest1808 923"
+
+
+@pytest.mark.parametrize(
+    ("seam_prefix", "first_text", "expected"),
+    [
+        pytest.param(
+            _LEAK_PROMPT, _LEAK_PROMPT + _LEAK_DELIVERED + "\ufffd290", "\ufffd290", id="leak-exact"
+        ),
+        pytest.param(_LEAK_PROMPT, "\ufffd290", "\ufffd290", id="no-leak"),
+        pytest.param(
+            None, "<|user|>\nhi\n" + _LEAK_DELIVERED + "\ufffd290", "\ufffd290", id="chat-leak"
+        ),
+        pytest.param(None, "\ufffd290", "\ufffd290", id="chat-no-leak"),
+        pytest.param(
+            None, "x" + _LEAK_DELIVERED + "y", "x" + _LEAK_DELIVERED + "y", id="too-short"
+        ),
+    ],
+)
+def test_seam_repair_of_vllm_detokenizer_leak(
+    seam_prefix: str | None, first_text: str, expected: str
+) -> None:
+    s = StreamSplicer("completions", include_usage=False, return_token_ids=False)
+    first = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "text": _LEAK_DELIVERED,
+                "logprobs": None,
+                "finish_reason": None,
+                "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
+        ],
+    }
+    s.feed(sse(first))
+    s.begin_continuation("token-ids", seam_prefix=seam_prefix)
+    second = json.loads(json.dumps(first))
+    second["id"] = "cmpl-2"
+    second["choices"][0]["text"] = first_text
+    out = s.feed(sse(second))
+    assert json.loads(out[6:])["choices"][0]["text"] == expected
+    assert s.text == _LEAK_DELIVERED + expected
+    third = json.loads(json.dumps(second))
+    third["choices"][0]["text"] = _LEAK_PROMPT  # only the first event after a seam is repaired
+    assert json.loads(s.feed(sse(third))[6:])["choices"][0]["text"] == _LEAK_PROMPT
+
+
+def test_continuation_cache_hits_are_capped_at_the_original_prompt() -> None:
+    up = _chunks("completions_stream_return_token_ids.json")
+    s = StreamSplicer("completions", include_usage=True, return_token_ids=False)
+    for c in up[:3]:
+        s.feed(c)
+    s.begin_continuation("token-ids")
+    events = _events(up)
+    cont = _cont_events(events[3:], new_id="c", prompt_ids=None)
+    usage = json.loads(_usage_event("text_completion", "c", 11, 5)[6:])
+    usage["usage"]["prompt_tokens_details"] = {"cached_tokens": 11}
+    out = _run(s, [*cont, sse(usage), DONE])
+    final = json.loads(out.split(b"\n\n")[-3][6:])
+    assert final["usage"] == {
+        "prompt_tokens": 8,
+        "total_tokens": 16,
+        "completion_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 8},
+    }
