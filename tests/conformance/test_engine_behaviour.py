@@ -1,0 +1,212 @@
+"""Engine behaviour the router depends on: prefix caching, priority, disconnects.
+
+Both backends run with 24 KV blocks of 128 tokens and ``max_num_seqs`` 4 (the
+fixtures' server S1), so the load gauges move with a handful of requests.
+
+What real vLLM 0.32 does (fixture README sections 6-8, quirks 5-6):
+
+* Prefix caching counts TOKENS and hits only whole 128-token blocks; a request's
+  ``usage.prompt_tokens_details.cached_tokens`` equals its hit tokens.
+* Under ``--scheduling-policy priority`` the waiting queue is ordered by
+  (priority, arrival): a late ``priority=-10`` request is scheduled before
+  earlier ``priority=10`` ones that are still waiting.
+* A client disconnect aborts the request in the engine (``num_requests_running``
+  falls, generation stops), but ``request_success_total{finished_reason="abort"}``
+  is NOT incremented.
+
+Every /metrics condition is polled with a deadline, never read once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from .backends import BLOCK_SIZE, MAX_NUM_SEQS, Backend
+from .wire import RawStream, Scrape, poll, scrape, sse_events
+
+pytestmark = pytest.mark.slow
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+
+
+@pytest.fixture
+async def client(backend: Backend) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=120) as c:
+        # Start from an idle engine: earlier checks must not bleed into this one.
+        await poll(
+            c,
+            backend.base_url,
+            lambda s: s.value(RUNNING) == 0 and s.value(WAITING) == 0,
+            timeout_s=60,
+            what="idle engine",
+        )
+        yield c
+
+
+def _prefix(tag: str) -> str:
+    # ~360 tokens with the real tokenizer (3+ blocks of 128); unique per check so
+    # earlier checks never warm this check's blocks.
+    return f"{tag}: " + " ".join(f"alpha{i} beta" for i in range(120)) + "."
+
+
+async def _complete(
+    client: httpx.AsyncClient, backend: Backend, prompt: str, max_tokens: int, **extra: Any
+) -> dict[str, Any]:
+    payload = {"model": backend.model, "prompt": prompt, "max_tokens": max_tokens}
+    payload |= {"temperature": 0, "ignore_eos": True} | extra
+    resp = await client.post(f"{backend.base_url}/v1/completions", json=payload)
+    assert resp.status_code == 200, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+async def test_prefix_cache_hits_rise_on_shared_prefix(
+    backend: Backend, client: httpx.AsyncClient
+) -> None:
+    prefix = _prefix(f"prefix-{backend.name}")
+    before = await scrape(client, backend.base_url)
+    a = await _complete(client, backend, prefix + " Question A: what is gamma?", 4)
+    b = await _complete(client, backend, prefix + " Question B: what is delta?", 4)
+    prompt_total = a["usage"]["prompt_tokens"] + b["usage"]["prompt_tokens"]
+    assert a["usage"]["prompt_tokens"] > 2 * BLOCK_SIZE
+
+    def grew(s: Scrape) -> bool:
+        return (
+            s.value("vllm:prefix_cache_queries_total")
+            >= before.value("vllm:prefix_cache_queries_total") + prompt_total
+        )
+
+    after = await poll(client, backend.base_url, grew, timeout_s=15, what="queries += prompts")
+    hits = after.value("vllm:prefix_cache_hits_total") - before.value(
+        "vllm:prefix_cache_hits_total"
+    )
+    assert hits >= BLOCK_SIZE, f"no whole-block hit for a shared {prompt_total // 2}-token prefix"
+    assert hits % BLOCK_SIZE == 0, f"hits {hits} are not whole {BLOCK_SIZE}-token blocks"
+    assert hits <= a["usage"]["prompt_tokens"]
+    # cached_tokens (--enable-prompt-tokens-details) reports the same hit, per request.
+    assert a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == hits
+
+
+async def test_cached_tokens_in_stream_usage_chunk(
+    backend: Backend, client: httpx.AsyncClient
+) -> None:
+    prompt = _prefix(f"stream-usage-{backend.name}")
+    await _complete(client, backend, prompt, 2)  # warm the blocks
+    payload = {
+        "model": backend.model,
+        "prompt": prompt,
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    resp = await client.post(f"{backend.base_url}/v1/completions", json=payload)
+    events = sse_events(resp.content)
+    usage = json.loads(events[-2])["usage"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= BLOCK_SIZE and cached % BLOCK_SIZE == 0, usage
+    assert cached < usage["prompt_tokens"], "the last prompt token is never served from cache"
+
+
+async def test_priority_orders_the_waiting_queue(
+    backend: Backend, client: httpx.AsyncClient
+) -> None:
+    """Fixture run 7's design: a late priority=-10 request overtakes queued priority=10 ones.
+
+    Four long ``priority=10`` requests fill the 4 slots, four 300-token
+    ``priority=10`` requests wait; once the engine reports them waiting, a
+    100-token ``priority=-10`` request arrives. It must take the first free
+    slot, so it finishes before every one of the four queued low ones (under
+    FCFS it would start after all of them and finish after at least one).
+    """
+    prompt = "priority: " + "the " * 40
+    finished: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    async def job(tag: str, max_tokens: int, priority: int) -> None:
+        await _complete(client, backend, f"{tag} {prompt}", max_tokens, priority=priority)
+        finished[tag] = time.monotonic() - t0
+
+    running = [
+        asyncio.create_task(job(f"long{i}", n, 10)) for i, n in enumerate((400, 700, 1000, 1300))
+    ]
+    await asyncio.sleep(0.05)
+    queued = [asyncio.create_task(job(f"queued{i}", 300, 10)) for i in range(4)]
+    tasks = running + queued
+    try:
+        seen = await poll(
+            client,
+            backend.base_url,
+            lambda s: s.value(WAITING) >= 2 and s.value(RUNNING) >= MAX_NUM_SEQS - 1,
+            timeout_s=30,
+            interval_s=0.05,
+            what="saturation (running >= 3, waiting >= 2)",
+        )
+        assert seen.value(RUNNING) <= MAX_NUM_SEQS
+        early = [k for k in finished if k.startswith("queued")]
+        assert not early, f"queued requests done before the urgent one was sent: {finished}"
+        tasks.append(asyncio.create_task(job("urgent", 100, -10)))
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=240)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    late = {k: v for k, v in finished.items() if k.startswith("queued") and v < finished["urgent"]}
+    assert not late, f"priority=10 requests queued earlier finished before urgent: {finished}"
+
+
+async def _running_at_least_one(client: httpx.AsyncClient, backend: Backend) -> Scrape:
+    return await poll(
+        client, backend.base_url, lambda s: s.value(RUNNING) >= 1, timeout_s=30, what="running >= 1"
+    )
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "nonstream"])
+async def test_client_disconnect_aborts_the_request(
+    backend: Backend, client: httpx.AsyncClient, stream: bool
+) -> None:
+    before = await scrape(client, backend.base_url)
+    max_tokens = 1800
+    payload = {
+        "model": backend.model,
+        "prompt": f"Disconnect test ({stream=}): tell a long story.",
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": stream,
+    }
+    body = json.dumps(payload).encode()
+    if stream:
+        conn = await RawStream.open(backend.base_url, "POST", "/v1/completions", body)
+    else:  # no response head comes before the end: send and never read
+        conn = await RawStream.send(backend.base_url, "POST", "/v1/completions", body)
+    try:
+        if stream:
+            assert conn.status == 200
+            for _ in range(3):
+                assert await conn.next_chunk() is not None
+        await _running_at_least_one(client, backend)
+    finally:
+        await conn.close()
+    after = await poll(
+        client,
+        backend.base_url,
+        lambda s: s.value(RUNNING) == 0 and s.value(WAITING) == 0,
+        timeout_s=20,
+        what="running back to 0 after the disconnect",
+    )
+    generated = after.value("vllm:generation_tokens_total") - before.value(
+        "vllm:generation_tokens_total"
+    )
+    assert generated < max_tokens, f"{generated} tokens: the request was not aborted"
+    # Quirk 5: vLLM 0.32 does not count client aborts as finished requests.
+    key = "vllm:request_success_total"
+    assert after.value(key, finished_reason="abort") == before.value(key, finished_reason="abort")
