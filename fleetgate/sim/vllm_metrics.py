@@ -17,7 +17,8 @@ and not in ``e2e_request_latency`` (fixture README quirk 5), but its TTFT was.
 Queue/prefill/inference time histograms are exposed with their real buckets;
 the engine model does not report a request's scheduling instant, so only
 ``request_decode_time`` (first to last token) is observed among those four.
-The ``http_*`` instrumentator series are not emulated.
+The ``python_*``/``process_*`` families are the emulator process's own; the
+``http_*`` instrumentator series are not emulated.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -116,6 +123,11 @@ class VllmMetrics(Collector):
         self._live: dict[str, _Live] = {}
         self._last_tokens = 0
         self.registry = CollectorRegistry(auto_describe=False)
+        # The exposition starts with these, as in the recordings (values are the shared
+        # emulator process's, since all engines live in one process).
+        GCCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        ProcessCollector(registry=self.registry)
         self.registry.register(self)
 
     # -- RequestObserver ----------------------------------------------------
