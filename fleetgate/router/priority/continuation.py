@@ -151,6 +151,8 @@ def resumability(original: Mapping[str, Any], kind: Kind) -> str | None:
         prompt = original.get("prompt")
         if _single_prompt(prompt) is None:
             return "not a single prompt"
+        if original.get("logprobs") is not None and not original.get("stream"):
+            return "non-streaming logprobs (the assembled body carries none)"
         return None
     if original.get("tools") or original.get("functions"):
         return "tool calling"

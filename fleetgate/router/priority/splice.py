@@ -62,6 +62,8 @@ def sse(obj: Any) -> bytes:
 class StreamSplicer:
     """Tracks one answer across upstream segments and renders the client's stream.
 
+    Only for requests :func:`~.continuation.resumability` accepts (one choice,
+    index 0); proxy any other request untouched and never preempt it.
     ``include_usage`` / ``return_token_ids`` are what the *client* asked for.
     Use: :meth:`feed` upstream bytes (returns client bytes); on preemption or
     engine death call :meth:`begin_continuation` and feed the new upstream;

@@ -69,6 +69,10 @@ def test_request_kind_rejects_other_paths() -> None:
         pytest.param({**COMP, "prompt": ["a", "b"]}, "completions", "single", id="two-prompts"),
         pytest.param({**COMP, "prompt": [[1], [2]]}, "completions", "single", id="two-id-lists"),
         pytest.param({**COMP, "prompt": 5}, "completions", "single", id="bad-prompt"),
+        pytest.param({**COMP, "logprobs": 2}, "completions", "logprobs", id="nonstream-logprobs"),
+        pytest.param(
+            {**COMP, "logprobs": 2, "stream": True}, "completions", None, id="stream-logprobs"
+        ),
         pytest.param(
             {**CHAT, "response_format": {"type": "json_object"}},
             "chat",
