@@ -41,6 +41,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleetgate.engines.base import LEVEL_MAX, LEVEL_MIN
+from fleetgate.router.priority.saturation import SaturationThresholds
 
 PRIORITY_HEADER = "x-fleetgate-priority"
 TENANT_HEADER = "x-fleetgate-tenant"
@@ -171,6 +172,7 @@ class PriorityConfig(BaseModel):
     """Weighted-fair-queueing weight per ``x-fleetgate-tenant`` value."""
     default_tenant_weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     preemption_enabled: bool = True
+    saturation: SaturationThresholds = Field(default_factory=SaturationThresholds)
 
     @model_validator(mode="after")
     def _check(self) -> PriorityConfig:

@@ -10,10 +10,13 @@ An endpoint with fresh metrics is **over** when any of these holds:
 * ``kv_usage >= kv_usage_max`` (KV cache nearly full: new work would preempt
   inside the engine);
 * ``waiting > waiting_max`` (the engine already queues work);
-* ``max_running`` is known and ``max(running + waiting, in_flight) >=
-  max_running + waiting_max``: the router's own in-flight count covers the
-  requests dispatched since the last scrape, so a burst cannot overfill an
-  endpoint between two scrapes;
+* ``max_running`` is known and the estimated load ``>= max_running +
+  waiting_max``. The estimate is the hybrid of scrape and router count: with
+  ``in_flight_at_scrape`` known it is ``running + waiting + (in_flight -
+  in_flight_at_scrape)``, i.e. the scrape corrected by what the router
+  dispatched and saw end since (so a preempted request frees its slot at once,
+  not one scrape later); otherwise ``max(running + waiting, in_flight)``. Either
+  way a burst cannot overfill an endpoint between two scrapes;
 * ``max_in_flight`` is set and ``in_flight >= max_in_flight``.
 
 **Stale-metrics policy (documented, never "idle").** Metrics older than
@@ -65,6 +68,15 @@ class EndpointView:
     scrape_age_s: float | None
     """Seconds since the last successful scrape; None = never scraped."""
     max_running: int | None = None
+    in_flight_at_scrape: int | None = None
+    """The router's in-flight count for this endpoint when the scrape was taken."""
+
+    def estimated_load(self) -> int:
+        """Requests on the engine now (running + waiting), scrape corrected by the router."""
+        scraped = (self.running or 0) + (self.waiting or 0)
+        if self.in_flight_at_scrape is not None:
+            return max(0, scraped + self.in_flight - self.in_flight_at_scrape, self.in_flight)
+        return max(scraped, self.in_flight)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,7 +126,7 @@ def endpoint_verdict(view: EndpointView, t: SaturationThresholds) -> EndpointVer
     if view.waiting > t.waiting_max:
         return EndpointVerdict(view.endpoint, "over", f"waiting {view.waiting}")
     if view.max_running is not None:
-        load = max((view.running or 0) + view.waiting, view.in_flight)
+        load = view.estimated_load()
         if load >= view.max_running + t.waiting_max:
             return EndpointVerdict(
                 view.endpoint, "over", f"load {load} >= max_running {view.max_running}"

@@ -95,8 +95,10 @@ def test_config_loads_from_yaml_shaped_dict() -> None:
             "default_class": "gold",
             "body_priority_map": {"-1": "gold", "high": "gold", "low": "lead"},
             "tenant_weights": {"acme": 3},
+            "saturation": {"kv_usage_max": 0.8, "max_scrape_age_s": 0.5},
         }
     )
+    assert cfg.saturation.kv_usage_max == 0.8 and cfg.saturation.waiting_max == 0
     assert cfg.get("lead").reject_status() == 429
     assert cfg.tenant_weight("acme") == 3.0
     assert cfg.tenant_weight("other") == 1.0

@@ -132,3 +132,30 @@ def test_pool_saturation(
 def test_thresholds_validation(bad: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         SaturationThresholds(**bad)
+
+
+@pytest.mark.parametrize(
+    ("running", "waiting", "in_flight", "at_scrape", "load"),
+    [
+        pytest.param(4, 0, 4, None, 4, id="no-correction"),
+        pytest.param(4, 0, 3, 4, 3, id="one-ended-since-scrape"),
+        pytest.param(2, 0, 4, 2, 4, id="two-dispatched-since-scrape"),
+        pytest.param(4, 0, 1, 1, 4, id="other-clients-count"),
+        pytest.param(0, 0, 0, 3, 0, id="never-negative"),
+        pytest.param(1, 0, 3, 3, 3, id="own-requests-are-a-floor"),
+    ],
+)
+def test_estimated_load(
+    running: int, waiting: int, in_flight: int, at_scrape: int | None, load: int
+) -> None:
+    view = _view(
+        running=running, waiting=waiting, in_flight=in_flight, in_flight_at_scrape=at_scrape
+    )
+    assert view.estimated_load() == load
+
+
+def test_preempted_slot_is_free_before_the_next_scrape() -> None:
+    # the scrape saw 4 running (all ours); the router cancelled one since
+    stale_full = _view(running=4, in_flight=3, in_flight_at_scrape=4)
+    assert endpoint_verdict(stale_full, T).verdict == "free"
+    assert endpoint_verdict(_view(running=4, in_flight=3), T).verdict == "over"
