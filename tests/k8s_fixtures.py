@@ -40,6 +40,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -52,8 +53,14 @@ _BUILD_ERROR = pytest.StashKey[BuildError]()
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build missing binaries before the first test, outside any per-test timeout."""
     if any(item.get_closest_marker("k8s") for item in session.items):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+
+        def announce(log: Path) -> None:
+            if reporter is not None:
+                reporter.write_line(f"k8s tests: building Kubernetes binaries first; log {log}")
+
         try:
-            ensure_binaries()
+            ensure_binaries(on_build=announce)
         except BuildError as e:  # reported by every k8s_cluster user, not as a crash
             session.config.stash[_BUILD_ERROR] = e
 

@@ -24,7 +24,7 @@ import dataclasses
 import fcntl
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from fleetgate.devcluster.errors import BuildError
@@ -139,9 +139,12 @@ def ensure_binaries(
     build_script: Path | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: float = 3 * 3600,
+    on_build: Callable[[Path], None] | None = None,
 ) -> BinSet:
     """Return a complete :class:`BinSet`, running the build script if anything is missing.
 
+    ``on_build(log_path)`` is called just before a build starts (a cold one takes about
+    15 minutes, so callers should tell their user where the log is).
     Raises :class:`BuildError` (with the build log's tail) if the script fails or exits
     0 without producing every tool.
     """
@@ -163,6 +166,8 @@ def ensure_binaries(
         fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building: wait for it
         if not want.missing():
             return want
+        if on_build is not None:
+            on_build(log_path)
         with open(log_path, "w") as log:
             try:
                 proc = subprocess.run(

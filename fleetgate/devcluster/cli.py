@@ -64,6 +64,10 @@ def _which(tool: str) -> int:
     return 0
 
 
+def _announce_build(log: Path) -> None:
+    print(f"building the Kubernetes binaries (about 15 min cold); log: {log}", flush=True)
+
+
 def _up(args: argparse.Namespace) -> int:
     state_path: Path = args.state or default_state_path()
     if args.detach and state_path.exists():
@@ -71,7 +75,7 @@ def _up(args: argparse.Namespace) -> int:
         if any(procs.is_running(p) for p in old.procs):
             raise CliError(f"a detached cluster is already running ({old.api_url}); run down first")
     try:
-        binset = bins.ensure_binaries()
+        binset = bins.ensure_binaries(on_build=_announce_build)
     except DevClusterError as e:
         raise CliError(str(e)) from e
     config = ClusterConfig(

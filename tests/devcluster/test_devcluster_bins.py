@@ -54,8 +54,10 @@ def test_successful_build_is_found_and_not_rerun(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     counter = tmp_path / "runs"
     script = fake_script(tmp_path, f"echo run >> {counter}\n" + MAKE_ALL)
-    first = bins.ensure_binaries(build_script=script, env=env)
-    second = bins.ensure_binaries(build_script=script, env=env)
+    announced: list[Path] = []
+    first = bins.ensure_binaries(build_script=script, env=env, on_build=announced.append)
+    second = bins.ensure_binaries(build_script=script, env=env, on_build=announced.append)
+    assert announced == [tmp_path / "cache" / "k8s-bins-build.log"], "announced once"
     assert first == second
     assert first.missing() == []
     assert first.bin_dir == tmp_path / "cache" / "k8s-bins" / bins.Versions().dirname / "bin"
