@@ -219,8 +219,7 @@ def test_examples_become_ready_on_fake_gpus(
     k8s_cluster.kubectl(
         "-n", ns, "create", "secret", "generic", "hf-token", "--from-literal=token=x"
     )
-    vllm = example("vllm-llama-3.1-8b.yaml", ns)
-    vllm["spec"]["gpu"]["product"] = "NVIDIA-H100-80GB-HBM3"
+    vllm = example("vllm-llama-3.1-8b.yaml", ns)  # applied as they are (plus namespace)
     trt = example("trtllm-qwen2.5-7b.yaml", ns)
     with operator(k8s_cluster, ns):
         k8s_cluster.apply(vllm, trt)
@@ -244,16 +243,12 @@ def test_examples_become_ready_on_fake_gpus(
         assert args[args.index("--max-model-len") + 1] == "8192"
         assert container["startupProbe"]["failureThreshold"] == 120  # 1200 s / 10 s
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-        terms = pod_spec["affinity"]["nodeAffinity"][
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        ]["nodeSelectorTerms"]
-        assert terms[0]["matchExpressions"][0]["values"] == ["NVIDIA-H100-80GB-HBM3"]
         assert pod_spec["enableServiceLinks"] is False
         pods = k8s_cluster.kubectl_json(
             "-n", ns, "get", "pods", "-l", "app.kubernetes.io/instance=llama-8b"
         )["items"]
         assert len(pods) == 2
-        assert all(p["spec"]["nodeName"].startswith("gpu-h100-") for p in pods)
+        assert all(p["spec"]["nodeName"].startswith("gpu-") for p in pods)
         trt_dep = get(k8s_cluster, ns, "deployment", "qwen-7b")
         assert trt_dep is not None
         (trt_container,) = trt_dep["spec"]["template"]["spec"]["containers"]
@@ -318,7 +313,12 @@ def test_rollout_drift_restart_and_deletion(
     crd: str,
 ) -> None:
     ns = k8s_namespace
-    body = isvc("svc", ns, engine={"type": "vllm", "image": "v:1", "vllm": {"maxNumSeqs": 8}})
+    body = isvc(
+        "svc",
+        ns,
+        engine={"type": "vllm", "image": "v:1", "vllm": {"maxNumSeqs": 8}},
+        gpu={"count": 1, "product": "NVIDIA-A100-SXM4-80GB"},
+    )
     with operator(k8s_cluster, ns):
         k8s_cluster.apply(body)
         wait_for("Ready", ready_with(k8s_cluster, ns, "svc", "AllReplicasReady", "True"), 90)
@@ -340,6 +340,14 @@ def test_rollout_drift_restart_and_deletion(
         args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[args.index("--max-num-seqs") + 1] == "16"
         assert dep["metadata"]["generation"] >= 2
+        terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"][0]["values"] == ["NVIDIA-A100-SXM4-80GB"]
+        pods = k8s_cluster.kubectl_json(
+            "-n", ns, "get", "pods", "-l", "app.kubernetes.io/instance=svc"
+        )["items"]
+        assert pods and all(p["spec"]["nodeName"].startswith("gpu-a100-") for p in pods)
         rs = k8s_cluster.kubectl_json("-n", ns, "get", "replicasets")["items"]
         assert len(rs) == 2, "a new ReplicaSet for the new template"
 
@@ -469,3 +477,69 @@ def test_operator_works_with_exactly_its_cluster_role(
     finally:
         k8s_cluster.kubectl("delete", "clusterrolebinding", role_name, check=False)
         k8s_cluster.kubectl("delete", "clusterrole", role_name, check=False)
+
+
+SERVICE_MONITOR_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "ServiceMonitor",
+            "plural": "servicemonitors",
+            "singular": "servicemonitor",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def test_service_monitor_follows_the_crd_and_the_switch(
+    k8s_cluster: DevCluster,  # noqa: F811
+    k8s_namespace: str,  # noqa: F811
+    crd: str,
+) -> None:
+    """A stand-in Prometheus Operator CRD (schema-less) makes ServiceMonitors appear."""
+    ns = k8s_namespace
+    k8s_cluster.apply(SERVICE_MONITOR_CRD)
+    try:
+        k8s_cluster.kubectl(
+            "wait", "--for=condition=Established",
+            "crd/servicemonitors.monitoring.coreos.com", "--timeout=60s",
+        )  # fmt: skip
+        body = isvc("mon", ns)
+        with operator(k8s_cluster, ns):
+            k8s_cluster.apply(body)
+            monitor = wait_for(
+                "ServiceMonitor", lambda: get(k8s_cluster, ns, "servicemonitor", "mon"), 60
+            )
+            assert monitor["spec"]["endpoints"] == [
+                {"port": "http", "path": "/metrics", "interval": "15s"}
+            ]
+            assert monitor["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
+            off = copy.deepcopy(body)
+            off["spec"]["metrics"] = {"serviceMonitor": False}
+            k8s_cluster.apply(off)
+            wait_for(
+                "ServiceMonitor removed",
+                lambda: get(k8s_cluster, ns, "servicemonitor", "mon") is None,
+                60,
+            )
+    finally:
+        k8s_cluster.kubectl(
+            "delete", "crd", "servicemonitors.monitoring.coreos.com", "--wait=true", check=False
+        )
