@@ -7,10 +7,11 @@ each request's life: admitted, first token, tokens, finished or aborted.
 
 :func:`generate` turns the driver's :class:`~fleetgate.sim.core.api.TokenEvent`
 queue into :class:`Delta` items (token ids, their text, finish info), applying
-``stop`` strings on the text like vLLM (the matched stop string is cut from the
-output, ``finish_reason="stop"``, ``stop_reason=<the string>``) and aborting
-the request in the model the moment the consumer goes away (client disconnect
--> ``GeneratorExit``/``CancelledError`` -> ``driver.abort`` frees its KV).
+``stop`` strings on the text like vLLM (text that may begin a stop string is
+held back; the matched stop string is cut from the output,
+``finish_reason="stop"``, ``stop_reason=<the string>``) and aborting the request
+in the model the moment the consumer goes away (client disconnect -> the handler
+is cancelled -> :meth:`Generation.close` -> ``driver.abort`` frees its KV).
 
 Invariant: a request is reported to the observer exactly once as finished
 (``stop``/``length``) or as aborted, never both; an abort by the client is not a
@@ -166,6 +167,7 @@ class Generation:
         self.done = False
         self.produced = 0
         self._text = ""
+        self._emitted = 0
         self._max_stop = max((len(s) for s in request.stop), default=0)
 
     def __aiter__(self) -> Generation:
@@ -185,16 +187,24 @@ class Generation:
         text = engine.tokenizer.decode(event.token_ids) if event.token_ids else ""
         finish: FinishReason | None = event.finish_reason
         stop_reason: str | int | None = None
-        if request.stop and text:
+        if request.stop:
+            # Text that could still be the start of a stop string is held back until
+            # it is known not to be one (vLLM does the same), so a stop string that
+            # spans tokens never leaks its beginning to the client.
             window_start = max(0, len(self._text) - self._max_stop + 1)
-            combined = self._text + text
-            hit = _find_stop(combined, request.stop, window_start)
+            self._text += text
+            hit = _find_stop(self._text, request.stop, window_start) if text else None
             if hit is not None:
-                pos, stop_str = hit
-                text = combined[len(self._text) : pos] if pos > len(self._text) else ""
-                finish, stop_reason = "stop", stop_str
+                pos, stop_reason = hit
+                finish = "stop"
                 engine.driver.abort(request.request_id)
-            self._text = combined
+                end = pos
+            elif finish is not None:
+                end = len(self._text)
+            else:
+                end = max(self._emitted, len(self._text) - self._max_stop + 1)
+            text = self._text[self._emitted : end]
+            self._emitted = end
         if finish == "abort":
             self.done = True
             engine.observer.on_abort(request, self.produced, now)

@@ -194,3 +194,25 @@ async def test_duplicate_in_flight_id_refused() -> None:
         run.close()
     finally:
         await engine.driver.stop()
+
+
+async def test_stop_string_spanning_tokens_never_leaks() -> None:
+    engine, _, _, _ = make()
+    await engine.driver.start()
+    try:
+        deltas = [d async for d in generate(engine, req("a", 50, stop=("1><1",)))]
+    finally:
+        await engine.driver.stop()
+    assert "".join(d.text for d in deltas) == "<10"
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_reason == "1><1"
+
+
+async def test_held_back_text_is_flushed_at_the_end() -> None:
+    engine, _, _, _ = make()
+    await engine.driver.start()
+    try:
+        deltas = [d async for d in generate(engine, req("a", 3, stop=("never-matches",)))]
+    finally:
+        await engine.driver.stop()
+    assert "".join(d.text for d in deltas) == "<101><102><103>"
+    assert deltas[-1].finish_reason == "length"
