@@ -25,11 +25,12 @@ the app lifespan from the YAML ``priority:`` section):
    and reported as ``InFlight(resumable=False)``.
 2. ``queue.offer(rid, cls, tenant, now, ctx, pool=<model>)``; a ``Shed`` is
    answered at once (``status``, ``headers()``, ``openai_body()``).
-3. ``drain(queue, now, config=cfg, thresholds=..., views_for=..., pick=...,
-   in_flight=..., preempting_for=...)`` on every event: arrival, request end,
+3. ``drain(queue, now, config=cfg, views_for=..., pick=..., in_flight=...,
+   preempting_for=...)`` on every event: arrival, request end,
    scrape, endpoint change, and the one timer armed at ``queue.next_expiry()``.
    ``views_for`` builds ``EndpointView`` s from the latest ``LoadSnapshot`` s
-   (``scrape_age_s = now - scraped_at``) plus the router's in-flight counts;
+   (``scrape_age_s = now - scraped_at``) plus the router's in-flight counts,
+   now and at scrape time (``in_flight_at_scrape``);
    ``pick`` is the scheduling pipeline restricted to the available endpoints.
 4. Actions: ``Shed`` -> answer (a parked request whose stream already started
    ends with an error event instead); ``Dispatch`` -> send

@@ -61,7 +61,7 @@ def drain(
     now: float,
     *,
     config: PriorityConfig,
-    thresholds: SaturationThresholds,
+    thresholds: SaturationThresholds | None = None,
     views_for: Callable[[QueueItem[T]], Sequence[EndpointView]],
     pick: Callable[[QueueItem[T], tuple[str, ...]], str],
     in_flight: Sequence[InFlight],
@@ -69,10 +69,12 @@ def drain(
 ) -> list[Action[T]]:
     """Expire, dispatch while capacity lasts, then preempt for overdue requests.
 
+    ``thresholds`` defaults to ``config.saturation``.
     ``views_for(item)`` gives the eligible endpoints of the item's pool;
     ``pick(item, available)`` chooses one of ``available`` (the router's scoring
     pipeline: prefix affinity, load) and must return a member of it.
     """
+    limits = thresholds if thresholds is not None else config.saturation
     actions: list[Action[T]] = list(queue.expire(now))
     extra: Counter[str] = Counter()
 
@@ -83,13 +85,13 @@ def drain(
         ]
 
     def can_dispatch(item: QueueItem[T]) -> bool:
-        return not pool_saturation(adjusted(item), thresholds).saturated
+        return not pool_saturation(adjusted(item), limits).saturated
 
     while True:
         item = queue.pop_next(now, can_dispatch)
         if item is None:
             break
-        available = pool_saturation(adjusted(item), thresholds).available
+        available = pool_saturation(adjusted(item), limits).available
         endpoint = pick(item, available)
         if endpoint not in available:
             raise ValueError(f"pick() returned {endpoint!r}, not one of {available}")

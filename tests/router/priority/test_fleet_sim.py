@@ -130,9 +130,11 @@ def twin_bytes(req: Req) -> bytes:
     return out + s.finish()
 
 
-def run_fleet(preemption: bool) -> tuple[dict[str, Req], list[str], int]:
+def run_fleet(preemption: bool, scrape_every: int = 1) -> tuple[dict[str, Req], list[str], int]:
+    """Run the scenario; engines are scraped every ``scrape_every`` ticks."""
     config = PriorityConfig(preemption_enabled=preemption)
     thresholds = SaturationThresholds()
+    scraped: dict[str, tuple[float, int, int]] = {e: (0.0, 0, 0) for e in ENDPOINTS}
     queue: AdmissionQueue[Req] = AdmissionQueue(config)
     reqs: dict[str, Req] = {}
     jobs: dict[str, dict[str, Job]] = {e: {} for e in ENDPOINTS}
@@ -147,7 +149,7 @@ def run_fleet(preemption: bool) -> tuple[dict[str, Req], list[str], int]:
     batch_dispatch_order: list[str] = []
     shed = 0
     now = 0.0
-    for _tick in range(4000):  # bounded: 200 s of simulated time at most
+    for tick in range(4000):  # bounded: 200 s of simulated time at most
         # 1. engines step: each running job produces one token
         for endpoint in ENDPOINTS:
             for rid, job in list(jobs[endpoint].items()):
@@ -181,16 +183,19 @@ def run_fleet(preemption: bool) -> tuple[dict[str, Req], list[str], int]:
             reqs[rid] = req
             got = queue.offer(rid, cls, req.tenant, now, req)
             assert not isinstance(got, Shed)
-        # 3. one drain step on fresh metrics
+        # 3. one drain step on the latest scrape, corrected by the router's count
+        if tick % scrape_every == 0:
+            scraped = {e: (now, len(jobs[e]), len(jobs[e])) for e in ENDPOINTS}
         views = [
             EndpointView(
                 e,
-                kv_usage=len(jobs[e]) / SLOTS * 0.5,
+                kv_usage=scraped[e][1] / SLOTS * 0.5,
                 waiting=0,
-                running=len(jobs[e]),
+                running=scraped[e][1],
                 in_flight=len(jobs[e]),
-                scrape_age_s=0.0,
+                scrape_age_s=now - scraped[e][0],
                 max_running=SLOTS,
+                in_flight_at_scrape=scraped[e][2],
             )
             for e in ENDPOINTS
         ]
@@ -267,9 +272,10 @@ def run_fleet(preemption: bool) -> tuple[dict[str, Req], list[str], int]:
     return reqs, batch_dispatch_order, shed
 
 
+@pytest.mark.parametrize("scrape_every", [1, 4], ids=["fresh-metrics", "scrape-every-200ms"])
 @pytest.mark.parametrize("preemption", [True, False], ids=["preemption-on", "preemption-off"])
-def test_critical_burst_over_batch_flood(preemption: bool) -> None:
-    reqs, batch_order, shed = run_fleet(preemption)
+def test_critical_burst_over_batch_flood(preemption: bool, scrape_every: int) -> None:
+    reqs, batch_order, shed = run_fleet(preemption, scrape_every)
     assert shed == 0
     assert all(r.done_at is not None for r in reqs.values()), "every request finished"
     critical = [r for r in reqs.values() if r.cls == "critical"]
