@@ -200,7 +200,11 @@ async def router_counters(client: httpx.AsyncClient, url: str) -> dict[str, floa
 
 
 async def twin_mismatches(
-    url: str, scenario: Scenario, results: list[RequestResult], timeout_s: float
+    url: str,
+    scenario: Scenario,
+    results: list[RequestResult],
+    timeout_s: float,
+    priority_header: Callable[[str], str | None] | None,
 ) -> dict[str, Any]:
     """Replay up to TWIN_SAMPLE completed single-turn requests unloaded; compare texts."""
     by_id = {s.session_id: s for s in scenario.sessions()}
@@ -213,7 +217,13 @@ async def twin_mismatches(
     sample = done[:TWIN_SAMPLE]
     sessions = [dataclasses.replace(by_id[r.session_id], start_s=0.0) for r in sample]
     twins = await loadgen.run_sessions(
-        url, MODEL, sessions, deadline_s=timeout_s, max_in_flight=4, keep_text=True
+        url,
+        MODEL,
+        sessions,
+        deadline_s=timeout_s,
+        max_in_flight=4,
+        keep_text=True,
+        priority_header=priority_header,
     )
     twin_text = {r.session_id: r.text for r in twins if r.ok}
     compared = [r for r in sample if r.session_id in twin_text]
@@ -242,7 +252,8 @@ async def _drive(
     on_result: Callable[[RequestResult], None] | None,
 ) -> tuple[list[RequestResult], list[EngineWindow], float | None, dict[str, Any]]:
     wall = scenario.duration_s * scenario.time_scale
-    classes = scenario.load.generator == "priority-storm"
+    sessions = scenario.sessions()
+    classes = any(s.priority_class for s in sessions)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
         mapping = None
         if contender.kind == "fleetgate" and classes:
@@ -253,7 +264,7 @@ async def _drive(
         results = await loadgen.run_sessions(
             url,
             MODEL,
-            wall_sessions(scenario.sessions(), scenario.time_scale),
+            wall_sessions(sessions, scenario.time_scale),
             deadline_s=wall * 1.5 + 20.0,
             send_until_s=wall,
             request_timeout_s=wall + 60.0,
@@ -273,7 +284,7 @@ async def _drive(
             for key in ("preemptions", "resumes"):
                 if key in counters:
                     extra[key] = counters[key] - counters_before.get(key, 0.0)
-            extra.update(await twin_mismatches(url, scenario, results, wall + 60.0))
+            extra.update(await twin_mismatches(url, scenario, results, wall + 60.0, mapping))
     cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     _to_model_time(results, scenario.time_scale)
     for r in results:

@@ -13,8 +13,8 @@ time scale too: it is reported separately as router CPU seconds.
 Fleets: ``vllm-llama8b-h100`` engines (vLLM 0.x model of Llama-3.1-8B on one
 H100) with a reduced KV cache (``num_gpu_blocks``) so that a few long
 documents fill it and routing decides what stays cached, as on a busy real
-fleet. ``mixed`` fleets alternate TensorRT-LLM (``trtllm-llama8b-h100``, the
-faster NIM-calibrated profile) and vLLM engines.
+fleet. ``mixed`` fleets alternate vLLM and TensorRT-LLM (``trtllm-llama8b-h100``,
+the faster NIM-calibrated profile) engines, vLLM first (5 engines: 3 + 2).
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ LOADS: dict[str, Load] = {
     "shared-prefix": Load("shared-prefix", 4.0, 1.0, {"*": 1.0}),
     "agentic": Load("agentic", 1.0, 1.0, {"*": 1.0}),
     "priority-storm": Load("priority-storm", 3.0, 0.5, {"critical": 0.5, "batch": 10.0, "*": 2.0}),
+    "mixed-traffic": Load(
+        "mixed-traffic", 2.0, 0.5, {"critical": 0.5, "batch": 10.0, "*": 1.0}, mixed=True
+    ),
     "mixed-engine": Load(
         "priority-storm", 2.5, 0.5, {"critical": 0.5, "batch": 10.0, "*": 2.0}, mixed=True
     ),
@@ -85,7 +88,7 @@ class Scenario:
 
     def engine_kinds(self) -> list[str]:
         if self.mixed or self.load.mixed:
-            return ["trtllm" if i % 2 == 0 else "vllm" for i in range(self.engines)]
+            return ["vllm" if i % 2 == 0 else "trtllm" for i in range(self.engines)]
         return ["vllm"] * self.engines
 
     def objective(self, priority_class: str) -> float:

@@ -25,6 +25,8 @@ Workloads and what they imitate:
 ``priority-storm``
     Interactive ``critical`` chat plus ``batch`` traffic at about 1.5x fleet
     capacity, with bursts of critical requests.
+``mixed-traffic``
+    ``standard`` chat-multiturn plus a priority storm at once (``fleetgate demo``).
 
 Text is built from a fixed word list so that one word is about one token for the
 emulator's tokenizer; ``tokens`` below means those words.
@@ -204,11 +206,24 @@ def priority_storm(p: WorkloadParams) -> list[Session]:
     return sessions
 
 
+def mixed_traffic(p: WorkloadParams) -> list[Session]:
+    """What a shared fleet serves at once (the demo): ``standard`` multi-turn chat
+    at half of ``rate`` plus a priority storm (``critical`` + ``batch``) at the other half."""
+    half = dataclasses.replace(p, rate=p.rate / 2)
+    chat = chat_multiturn(half)
+    storm = priority_storm(dataclasses.replace(half, seed=p.seed + 1))
+    return sorted(
+        [dataclasses.replace(s, priority_class="standard") for s in chat] + storm,
+        key=lambda s: s.start_s,
+    )
+
+
 WORKLOADS: dict[str, Callable[[WorkloadParams], list[Session]]] = {
     "chat-multiturn": chat_multiturn,
     "shared-prefix": shared_prefix,
     "agentic": agentic,
     "priority-storm": priority_storm,
+    "mixed-traffic": mixed_traffic,
 }
 
 
