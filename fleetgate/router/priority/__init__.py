@@ -41,6 +41,7 @@ the app lifespan from the YAML ``priority:`` section):
    ``preempting_for``, close the victim's upstream stream (vLLM aborts it and
    frees its KV), ``queue.park(victim, ..., arrival=<original>)``.
 5. Engine died mid-answer (connection error or an ``upstream_error`` event, and
-   ``not splicer.finished``): park it like a preempted request. When the
+   ``not splicer.finished``): park it like a preempted request, at most
+   ``cfg.max_resumes_per_request`` times. When the
    upstream ends with ``splicer.finished``: write ``splicer.finish()``.
 """

@@ -172,6 +172,10 @@ class PriorityConfig(BaseModel):
     """Weighted-fair-queueing weight per ``x-fleetgate-tenant`` value."""
     default_tenant_weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     preemption_enabled: bool = True
+    max_resumes_per_request: int = Field(default=3, ge=0)
+    """How often one request may be resumed after its engine failed (not counting
+    preemptions, which each class caps); past it the router ends the answer with
+    an error instead of looping on a request that kills engines."""
     saturation: SaturationThresholds = Field(default_factory=SaturationThresholds)
 
     @model_validator(mode="after")

@@ -185,11 +185,18 @@ class StreamSplicer:
         if not payload or payload == b"[DONE]":
             # keep-alives carry nothing; the single [DONE] comes from finish()
             return b""
-        obj = json.loads(payload)
-        if not isinstance(obj, dict):
-            return b""
-        if "error" in obj and "choices" not in obj:
-            self.upstream_error = obj
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict) or (
+            "choices" not in obj and ("error" in obj or obj.get("object") == "error")
+        ):
+            # an engine error event (or garbage): never shown to the client; the
+            # router resumes the answer elsewhere unless it is finished
+            self.upstream_error = (
+                obj if isinstance(obj, dict) else {"error": {"message": "malformed event"}}
+            )
             return b""
         self._adopt_identity(obj)
         usage = obj.get("usage")

@@ -335,6 +335,24 @@ def test_engine_error_event_is_not_forwarded_and_resume_follows() -> None:
     assert s.prompt_tokens == 8  # from the continuation's usage minus what it was given
 
 
+@pytest.mark.parametrize(
+    "event",
+    [
+        pytest.param(b'data: {"object":"error","message":"boom","code":500}\n\n', id="flat-error"),
+        pytest.param(b"data: {not json\n\n", id="malformed"),
+        pytest.param(b"data: [1, 2]\n\n", id="not-an-object"),
+    ],
+)
+def test_other_error_shapes_are_upstream_errors(event: bytes) -> None:
+    up = _chunks("completions_stream.json")
+    s = StreamSplicer("completions", include_usage=False, return_token_ids=False)
+    first = s.feed(up[0])
+    assert first == up[0]
+    assert s.feed(event) == b""
+    assert s.upstream_error is not None and not s.finished
+    assert s.tokens == 1
+
+
 def test_finish_is_once_and_nothing_follows_the_finish() -> None:
     up = _chunks("completions_stream.json")
     s = StreamSplicer("completions", include_usage=False, return_token_ids=False)
