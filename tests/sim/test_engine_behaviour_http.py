@@ -178,3 +178,50 @@ async def test_prefix_cache_hits_show_in_usage_and_metrics() -> None:
     assert cached > 0 and cached % 16 == 0, "whole 16-token blocks"
     assert hits == cached
     assert metric(text, "vllm:prompt_tokens_cached_total") == hits
+
+
+async def test_many_streams_with_random_disconnects_leave_nothing_behind() -> None:
+    import random
+
+    rng = random.Random(7)
+    spec = EngineSpec(kind="vllm", overrides={"max_running": 8})
+    async with run_fleet([spec], "127.0.0.1", 0, model="m") as f:
+        url = f.engines[0].url
+        host, port = url.removeprefix("http://").split(":")
+
+        async def one(i: int) -> None:
+            body = json.dumps(
+                {"prompt": f"s{i} go", "max_tokens": 60, "ignore_eos": True, "stream": True}
+            ).encode()
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                b"Content-Type: application/json\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
+            cut = rng.choice([0, 1, 3, None])  # None: read to the end
+            seen = 0
+            while cut is None or seen < cut:
+                data = await asyncio.wait_for(reader.read(4096), 10)
+                if not data:
+                    break
+                seen += data.count(b"data: ")
+            writer.close()
+            await writer.wait_closed()
+
+        await asyncio.gather(*(one(i) for i in range(60)))
+        engine = f.engines[0].engine
+        for _ in range(200):
+            if engine.driver.in_flight() == 0 and not engine.driver.model.has_work():
+                break
+            await asyncio.sleep(0.01)
+        stats = engine.driver.model.stats()
+        assert engine.driver.in_flight() == 0
+        assert (stats.running, stats.waiting, stats.blocks_used) == (0, 0, 0)
+        async with httpx.AsyncClient(base_url=url) as c:
+            text = (await c.get("/metrics")).text
+            ok = await c.post("/v1/completions", json={"prompt": "after", "max_tokens": 2})
+        assert ok.status_code == 200
+        assert metric(text, "vllm:request_success_total", finished_reason="abort") == 0
