@@ -454,3 +454,13 @@ async def test_continuous_usage_on_every_chunk(client: httpx.AsyncClient) -> Non
     r = await client.post("/v1/completions", json=body)
     chunks = [json.loads(c[6:]) for c in r.text.split("\n\n") if c.startswith("data: {")]
     assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 4, 4]
+
+
+async def test_bad_priority_header_and_float_priority(client: httpx.AsyncClient) -> None:
+    body = {"prompt": "x", "max_tokens": 1}
+    r = await client.post("/v1/completions", json=body, headers={"X-Vllm-Priority": "high"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
+    r = await client.post("/v1/completions", json={**body, "priority": 1.5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "body.priority"
+    r = await client.post("/v1/completions", json=body, headers={"X-Vllm-Priority": "-3"})
+    assert r.status_code == 200
