@@ -192,3 +192,20 @@ def test_cli_prints_engines_and_exits_on_sigterm(tmp_path: Path) -> None:
         proc.terminate()
         _, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
+
+
+async def test_port_in_use_is_a_clear_error_and_frees_what_started() -> None:
+    import socket
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    taken = blocker.getsockname()[1]
+    try:
+        first = EngineSpec(kind="vllm")
+        second = EngineSpec(kind="vllm", port=taken)
+        with pytest.raises(FleetError, match=f"cannot listen on 127.0.0.1:{taken}"):
+            async with run_fleet([first, second], "127.0.0.1", 0):
+                pass
+    finally:
+        blocker.close()
