@@ -22,6 +22,9 @@ import pytest_asyncio
 
 os.environ["FLEETGATE_TEST_MODE"] = "1"
 
+# One real Kubernetes control plane per test session, shared by every test dir.
+pytest_plugins = ["k8s_fixtures"]
+
 
 def _is_loopback(address: Any) -> bool:
     host = address[0] if isinstance(address, tuple) else address
@@ -64,7 +67,9 @@ async def _task_leak_guard() -> AsyncIterator[None]:
     for _ in range(5):  # let cancelled tasks run their finally blocks
         await asyncio.sleep(0)
     current = asyncio.current_task()
-    leaked = [t for t in asyncio.all_tasks() if t not in before and t is not current and not t.done()]
+    leaked = [
+        t for t in asyncio.all_tasks() if t not in before and t is not current and not t.done()
+    ]
     if leaked:
         for task in leaked:
             task.cancel()

@@ -1,12 +1,9 @@
 """pytest plugin: a real Kubernetes control plane for tests marked ``k8s``.
 
-Use it from any test directory, either by importing the fixtures into that directory's
-``conftest.py``::
-
-    from k8s_fixtures import k8s_cluster, k8s_namespace  # noqa: F401
-
-or (preferred, so the whole session shares ONE cluster) by registering the plugin once
-in the root ``tests/conftest.py``: ``pytest_plugins = ["k8s_fixtures"]``.
+The root ``tests/conftest.py`` registers it once (``pytest_plugins = ["k8s_fixtures"]``),
+so every test directory gets the fixtures and the whole session shares ONE cluster. Never
+import the fixture functions into a module: that would define a second session fixture and
+start a second cluster.
 
 Fixtures:
 
@@ -22,9 +19,7 @@ Fixtures:
   first fails, with the logs, if a cluster component has died.
 
 The cluster is shared by the whole session: work inside your namespace and never
-cordon, taint, relabel or delete the fake nodes. Each module that imports the fixture
-*function* gets its own session-scoped definition and therefore its own cluster; one
-``pytest_plugins = ["k8s_fixtures"]`` in the root tests/conftest.py avoids that.
+cordon, taint, relabel or delete the fake nodes.
 
 Missing binaries are built (hack/build-k8s-bins.sh: ~15 min cold on 2 cores). The
 ``pytest_collection_finish`` hook below does that once collection is over and before any
