@@ -231,13 +231,21 @@ async def run_fleet(
             sockets.append(sock)
             name = spec.model or model
             engine, app = build_engine(
-                spec, name, make, time_scale, spec.seed if spec.seed is not None else seed + i,
+                spec,
+                name,
+                make,
+                time_scale,
+                spec.seed if spec.seed is not None else seed + i,
                 created,
-            )  # fmt: skip
+            )
             config = uvicorn.Config(
-                app, lifespan="off", log_level="warning", access_log=False,
-                timeout_graceful_shutdown=2, http="httptools",
-            )  # fmt: skip
+                app,
+                lifespan="off",
+                log_level="warning",
+                access_log=False,
+                timeout_graceful_shutdown=2,
+                http="httptools",
+            )
             server = uvicorn.Server(config)
             config.load()
             server.lifespan = config.lifespan_class(config)

@@ -216,26 +216,40 @@ class TrtllmMetrics(Collector):
         queried = s.reused_blocks + s.missed_blocks
         yield gauge("trtllm_num_requests_running", "Number of running requests.", one(s.running))
         yield gauge("trtllm_num_requests_waiting", "Number of waiting requests.", one(s.waiting))
-        yield gauge("trtllm_kv_cache_utilization", "KV cache utilization.",
-                    one(s.blocks_used / s.blocks_total if s.blocks_total else 0.0))  # fmt: skip
-        yield gauge("trtllm_kv_cache_hit_rate", "KV cache hit rate.",
-                    one(s.reused_blocks / queried if queried else 0.0))  # fmt: skip
+        yield gauge(
+            "trtllm_kv_cache_utilization",
+            "KV cache utilization.",
+            one(s.blocks_used / s.blocks_total if s.blocks_total else 0.0),
+        )
+        yield gauge(
+            "trtllm_kv_cache_hit_rate",
+            "KV cache hit rate.",
+            one(s.reused_blocks / queried if queried else 0.0),
+        )
         yield gauge("trtllm_kv_cache_max_blocks", "Max KV cache blocks.", one(s.blocks_total))
         yield gauge("trtllm_kv_cache_free_blocks", "Free KV cache blocks.", one(s.blocks_free))
         yield gauge("trtllm_kv_cache_used_blocks", "Used KV cache blocks.", one(s.blocks_used))
-        yield gauge("trtllm_kv_cache_tokens_per_block", "Tokens per KV cache block.",
-                    one(s.block_size))  # fmt: skip
-        yield counter("trtllm_kv_cache_reused_blocks", "Reused KV cache blocks.",
-                      one(s.reused_blocks), c)  # fmt: skip
-        yield counter("trtllm_kv_cache_missed_blocks", "Missed KV cache blocks.",
-                      one(s.missed_blocks), c)  # fmt: skip
+        yield gauge(
+            "trtllm_kv_cache_tokens_per_block", "Tokens per KV cache block.", one(s.block_size)
+        )
+        yield counter(
+            "trtllm_kv_cache_reused_blocks", "Reused KV cache blocks.", one(s.reused_blocks), c
+        )
+        yield counter(
+            "trtllm_kv_cache_missed_blocks", "Missed KV cache blocks.", one(s.missed_blocks), c
+        )
         yield gauge("trtllm_num_scheduled_requests", "Scheduled requests.", one(s.running))
         yield gauge("trtllm_num_paused_requests", "Paused requests.", one(s.paused))
         yield counter("trtllm_prompt_tokens", "Prompt tokens processed.", one(s.prompt_tokens), c)
-        yield counter("trtllm_generation_tokens", "Generation tokens processed.",
-                      one(s.generation_tokens), c)  # fmt: skip
-        yield counter("trtllm_prompt_cached_tokens", "Prompt tokens served from the KV cache.",
-                      one(s.prefix_hit_tokens), c)  # fmt: skip
+        yield counter(
+            "trtllm_generation_tokens", "Generation tokens processed.", one(s.generation_tokens), c
+        )
+        yield counter(
+            "trtllm_prompt_cached_tokens",
+            "Prompt tokens served from the KV cache.",
+            one(s.prefix_hit_tokens),
+            c,
+        )
         yield counter(
             "trtllm_request_success",
             "Count of successfully processed requests.",
@@ -243,8 +257,9 @@ class TrtllmMetrics(Collector):
             c,
         )
         for name, state in self.hist.items():
-            yield histogram("trtllm_" + name, f"Histogram of {name.replace('_', ' ')}.",
-                            [(base, state)], c)  # fmt: skip
+            yield histogram(
+                "trtllm_" + name, f"Histogram of {name.replace('_', ' ')}.", [(base, state)], c
+            )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -292,15 +307,17 @@ class TrtllmApp:
         }
         if path in gets:
             if method != "GET":
-                await send_json(send, 405, {"detail": "Method Not Allowed"},
-                                extra=((b"allow", b"GET"),))  # fmt: skip
+                await send_json(
+                    send, 405, {"detail": "Method Not Allowed"}, extra=((b"allow", b"GET"),)
+                )
                 return
             await gets[path](send)
             return
         if path in ("/v1/completions", "/v1/chat/completions"):
             if method != "POST":
-                await send_json(send, 405, {"detail": "Method Not Allowed"},
-                                extra=((b"allow", b"POST"),))  # fmt: skip
+                await send_json(
+                    send, 405, {"detail": "Method Not Allowed"}, extra=((b"allow", b"POST"),)
+                )
                 return
             body = await read_body(receive)
             if body is None:
@@ -308,8 +325,9 @@ class TrtllmApp:
             try:
                 await self._generate(path == "/v1/chat/completions", body, receive, send)
             except _Flat as e:
-                await send_json(send, e.status, self.error_body(e.status, e.message, e.err_type,
-                                                                None))  # fmt: skip
+                await send_json(
+                    send, e.status, self.error_body(e.status, e.message, e.err_type, None)
+                )
             return
         await send_json(send, 404, {"detail": "Not Found"})
 
@@ -317,10 +335,12 @@ class TrtllmApp:
         await send_bytes(send, 200, b"", None)
 
     async def _health_generate(self, send: Send) -> None:
-        gen = GenRequest(self.engine.internal_id("health"),
-                         tuple(self.engine.tokenizer.render_chat([{"role": "user",
-                                                                   "content": "hi"}])),
-                         max_tokens=1, priority=DEFAULT_PRIORITY)  # fmt: skip
+        gen = GenRequest(
+            self.engine.internal_id("health"),
+            tuple(self.engine.tokenizer.render_chat([{"role": "user", "content": "hi"}])),
+            max_tokens=1,
+            priority=DEFAULT_PRIORITY,
+        )
         run = generate(self.engine, gen)
         try:
             deltas = [d async for d in run]
@@ -336,16 +356,21 @@ class TrtllmApp:
         await send_json(send, 200, {"version": self.engine.options.version})
 
     async def _models(self, send: Send) -> None:
-        card = {"id": self.engine.options.model_name, "object": "model",
-                "created": self.created, "owned_by": "tensorrt_llm"}  # fmt: skip
+        card = {
+            "id": self.engine.options.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "tensorrt_llm",
+        }
         await send_json(send, 200, {"object": "list", "data": [card]})
 
     async def _metrics(self, send: Send) -> None:
         await send_json(send, 200, self.metrics.drain())
 
     async def _prometheus(self, send: Send) -> None:
-        await send_bytes(send, 200, self.metrics.render(),
-                         b"text/plain; version=1.0.0; charset=utf-8")  # fmt: skip
+        await send_bytes(
+            send, 200, self.metrics.render(), b"text/plain; version=1.0.0; charset=utf-8"
+        )
 
     async def _generate(self, chat: bool, body: bytes, receive: Receive, send: Send) -> None:
         model_cls: type[_Req] = ChatCompletionRequest if chat else CompletionRequest
@@ -372,8 +397,11 @@ class TrtllmApp:
         if not prompt:
             raise _Flat(400, "The prompt must not be empty.")
         if len(prompt) >= o.max_model_len:
-            raise _Flat(400, f"The sum of prompt length ({len(prompt)}) and query length (1) "
-                        f"should not exceed max_num_tokens ({o.max_model_len})")  # fmt: skip
+            raise _Flat(
+                400,
+                f"The sum of prompt length ({len(prompt)}) and query length (1) "
+                f"should not exceed max_num_tokens ({o.max_model_len})",
+            )
         room = o.max_model_len - len(prompt)
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
         gen = GenRequest(
@@ -406,8 +434,12 @@ class TrtllmApp:
 
     def _usage(self, gen: GenRequest, produced: int, cached: int) -> dict[str, Any]:
         p = len(gen.prompt_token_ids)
-        return {"prompt_tokens": p, "total_tokens": p + produced, "completion_tokens": produced,
-                "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+        return {
+            "prompt_tokens": p,
+            "total_tokens": p + produced,
+            "completion_tokens": produced,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     async def _once(
         self, send: Send, gen: GenRequest, run: Generation, rid: str, chat: bool, model: str
@@ -420,10 +452,18 @@ class TrtllmApp:
         produced = sum(len(d.token_ids) for d in deltas)
         choice: dict[str, Any]
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text,
-                                              "reasoning_content": None, "tool_calls": []},
-                      "logprobs": None, "finish_reason": last.finish_reason,
-                      "stop_reason": last.stop_reason}  # fmt: skip
+            choice = {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "reasoning_content": None,
+                    "tool_calls": [],
+                },
+                "logprobs": None,
+                "finish_reason": last.finish_reason,
+                "stop_reason": last.stop_reason,
+            }
         else:
             choice = {
                 "index": 0,
@@ -433,9 +473,14 @@ class TrtllmApp:
                 "finish_reason": last.finish_reason,
                 "stop_reason": last.stop_reason,
             }
-        out = {"id": rid, "object": "chat.completion" if chat else "text_completion",
-               "created": int(time.time()), "model": model, "choices": [choice],
-               "usage": self._usage(gen, produced, deltas[0].cached_prompt_tokens)}  # fmt: skip
+        out = {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": self._usage(gen, produced, deltas[0].cached_prompt_tokens),
+        }
         await send_json(send, 200, out)
 
     async def _stream(
@@ -450,8 +495,12 @@ class TrtllmApp:
     ) -> None:
         sse = SseWriter(send)
         await sse.start()
-        head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": model}  # fmt: skip
+        head = {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
         if chat:
             first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}
             await sse.raw(b"data: " + dumps(first) + b" \n\n")
@@ -459,8 +508,9 @@ class TrtllmApp:
         cached = 0
         async for d in run:
             if d.finish_reason == "abort":
-                await sse.event(self.error_body(500, "Request aborted.", "InternalServerError",
-                                                None))  # fmt: skip
+                await sse.event(
+                    self.error_body(500, "Request aborted.", "InternalServerError", None)
+                )
                 break
             if d.first:
                 cached = d.cached_prompt_tokens
@@ -473,11 +523,24 @@ class TrtllmApp:
                     choice["stop_reason"] = d.stop_reason
                 await sse.event({**head, "choices": [choice]})
             else:
-                await sse.event({**head, "choices": [{"index": 0, "text": d.text,
-                                 "token_ids": None, "logprobs": None,
-                                 "finish_reason": d.finish_reason,
-                                 "stop_reason": d.stop_reason}], "usage": None})  # fmt: skip
+                await sse.event(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": d.text,
+                                "token_ids": None,
+                                "logprobs": None,
+                                "finish_reason": d.finish_reason,
+                                "stop_reason": d.stop_reason,
+                            }
+                        ],
+                        "usage": None,
+                    }
+                )
             if d.finish_reason is not None and usage:
-                await sse.event({**head, "choices": [],
-                                 "usage": self._usage(gen, produced, cached)})  # fmt: skip
+                await sse.event(
+                    {**head, "choices": [], "usage": self._usage(gen, produced, cached)}
+                )
         await sse.done()

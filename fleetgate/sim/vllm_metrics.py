@@ -269,9 +269,11 @@ class VllmMetrics(Collector):
             c,
         )
         yield counter(
-            "vllm:external_prefix_cache_hits", f"External prefix cache hits {ext} cached tokens.",
-            one(0), c,
-        )  # fmt: skip
+            "vllm:external_prefix_cache_hits",
+            f"External prefix cache hits {ext} cached tokens.",
+            one(0),
+            c,
+        )
         yield counter(
             "vllm:mm_cache_queries",
             "Multi-modal cache queries, in terms of number of queried items.",
@@ -279,9 +281,11 @@ class VllmMetrics(Collector):
             c,
         )
         yield counter(
-            "vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.",
-            one(0), c,
-        )  # fmt: skip
+            "vllm:mm_cache_hits",
+            "Multi-modal cache hits, in terms of number of cached items.",
+            one(0),
+            c,
+        )
         yield counter(
             "vllm:num_preemptions",
             "Cumulative number of preemption from the engine.",
