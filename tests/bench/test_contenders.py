@@ -1,0 +1,84 @@
+"""Contender command lines: loopback only, the right flags, configs the router accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetgate.bench import contenders as cmod
+from fleetgate.router.config import parse_config
+
+BACKENDS = [("vllm", "http://127.0.0.1:18100"), ("trtllm", "http://127.0.0.1:18101")]
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize("name", sorted(cmod.CONTENDERS))
+def test_every_contender_binds_loopback_and_targets_only_the_fleet(name: str) -> None:
+    c = cmod.CONTENDERS[name]
+    argv = cmod.command(
+        c,
+        port=30001,
+        metrics_port=30002,
+        backends=BACKENDS,
+        config_path=Path("/tmp/x.yaml"),
+        peers_root=Path("/peers"),
+    )
+    assert _flag(argv, "--host") == "127.0.0.1"
+    assert _flag(argv, "--port") == "30001"
+    if c.kind == "fleetgate":
+        assert argv[1:4] == ["-m", "fleetgate", "router"]
+        assert _flag(argv, "--config") == "/tmp/x.yaml"
+    else:
+        # the peers' own Prometheus listener must not bind 0.0.0.0 either
+        assert _flag(argv, "--prometheus-host") == "127.0.0.1"
+        assert _flag(argv, "--prometheus-port") == "30002"
+        assert _flag(argv, "--policy") == c.policy
+        i = argv.index("--worker-urls")
+        assert argv[i + 1 : i + 3] == [u for _, u in BACKENDS]
+        assert argv[0].startswith(f"/peers/{c.kind}-{cmod.PEER_VERSIONS[c.kind]}/bin/")
+
+
+def test_peer_policies_are_the_ones_the_issue_names() -> None:
+    peers = {(c.kind, c.policy) for c in cmod.CONTENDERS.values() if c.kind != "fleetgate"}
+    assert peers == {
+        ("vllm-router", "cache_aware"),
+        ("vllm-router", "power_of_two"),
+        ("vllm-router", "round_robin"),
+        ("sglang-router", "cache_aware"),
+    }
+
+
+@pytest.mark.parametrize("name", [n for n, c in cmod.CONTENDERS.items() if c.kind == "fleetgate"])
+def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
+    c = cmod.CONTENDERS[name]
+    config = parse_config(cmod.fleetgate_config(c, BACKENDS, seed=3))
+    assert config.test_mode
+    assert [b.url for _, b in config.backends()] == [u for _, u in BACKENDS]
+    assert config.scheduling.seed == 3
+    w = config.scheduling.weights
+    expected = c.weights if c.weights is not None else (3.0, 2.0, 1.0)
+    assert (w.prefix, w.load, w.kv) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("", "at least one"),
+        ("fleetgate,nope", "unknown contender 'nope'"),
+        ("fleetgate-no-preemption", "not available"),
+        ("fleetgate,fleetgate", "twice"),
+    ],
+)
+def test_parse_contenders_errors(text: str, match: str) -> None:
+    with pytest.raises(cmod.UnknownContender, match=match):
+        cmod.parse_contenders(text)
+
+
+def test_parse_contenders_all_and_order() -> None:
+    assert [c.name for c in cmod.parse_contenders("all")] == list(cmod.DEFAULT_SET)
+    got = cmod.parse_contenders(" vllm-router-round_robin , fleetgate ")
+    assert [c.name for c in got] == ["vllm-router-round_robin", "fleetgate"]

@@ -1,0 +1,68 @@
+"""Short, bounded end-to-end runs of ``fleetgate bench run`` and ``fleetgate demo``.
+
+Both start a real emulated fleet and the router as loopback subprocesses
+(about 15-25 s each on a loaded 2-core machine) and stop them again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fleetgate.cli import main
+
+
+def test_bench_run_shared_prefix_against_fleetgate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    rc = main(
+        [
+            "bench", "run", "shared-prefix", "--engines", "2", "--duration", "5",
+            "--contenders", "fleetgate", "--json", str(out), "--report", str(tmp_path),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    (run,) = doc["runs"]
+    assert run["error"] is None
+    assert run["requests"] >= 3 and run["errors"] == 0
+    assert 0 < run["ttft_p50"] <= run["ttft_p99"]
+    # the engines really served the documents and report their own cache counters
+    assert run["hit_rate"] is not None and 0.0 <= run["hit_rate"] <= 1.0
+    assert run["imbalance"] is not None and run["imbalance"] >= 1.0
+    assert run["router_cpu_s"] is not None and run["router_cpu_s"] > 0
+    assert run["output_tokens_per_s"] > 0
+    md = (tmp_path / "shared-prefix.md").read_text()
+    assert "fleetgate bench run shared-prefix --engines 2 --duration 5" in md
+    assert re.search(r"^\| fleetgate \| \d+ \| 0 \|", md, re.M)
+    assert (tmp_path / "shared-prefix.png").read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    assert "| fleetgate |" in printed
+
+
+def test_bench_run_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "run", "nope"]) == 2
+    assert "unknown workload 'nope'" in capsys.readouterr().err
+    assert main(["bench", "run", "agentic", "--contenders", "fleetgate-no-preemption"]) == 2
+    assert "not available" in capsys.readouterr().err
+    assert main(["bench", "run", "agentic", "--load-factors", "x"]) == 2
+    assert "--load-factors" in capsys.readouterr().err
+
+
+def test_demo_short_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "demo.png"
+    assert main(["demo", "--duration", "5", "--plot", str(png)]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "== fleetgate ==" in out
+    rows = {m[1]: int(m[2]) for m in re.finditer(r"^(critical|batch|standard)\s+(\d+)", out, re.M)}
+    assert set(rows) == {"critical", "batch", "standard"} and all(rows.values())
+    assert "engine prefix-cache hit rate" in out
+    load = re.search(r"^per-engine load \(generated tokens\): (.*);", out, re.M)
+    assert load is not None and load[1].count("vllm@") == 3 and load[1].count("trtllm@") == 2
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "fleetgate  [" in captured.err, "progress bar on stderr"
