@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("fleetgate.api.cli", "write the CustomResourceDefinitions to crds/"),
     "dev-cluster": ("fleetgate.devcluster.cli", "start/stop the local Kubernetes test cluster"),
     "bench": ("fleetgate.bench.cli", "run fleet benchmarks"),
+    "dashboards": ("fleetgate.dashboards.cli", "write the Grafana dashboards shipped in the chart"),
 }
 
 
