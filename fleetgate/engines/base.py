@@ -164,6 +164,9 @@ class EngineAdapter(Protocol):
     """In order of preference; the first is the default."""
     accepts_token_ids_prompt: bool
     """True when ``/v1/completions`` accepts a list of token ids as ``prompt``."""
+    returns_token_ids: bool
+    """True when the engine returns generated token ids on request
+    (vLLM's ``return_token_ids``), so a resume can continue from exact ids."""
 
     def parse_metrics(
         self, source: MetricsSource, body: bytes, now: float, previous: LoadSnapshot | None

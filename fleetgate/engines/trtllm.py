@@ -481,6 +481,9 @@ class TrtllmAdapter:
     #: trtllm-serve's ``CompletionRequest.prompt`` is
     #: ``Union[List[int], List[List[int]], str, List[str]]`` (serve/openai_protocol.py).
     accepts_token_ids_prompt = True
+    #: trtllm-serve documents no field that returns generated token ids
+    #: (engines.md section 4), so resumes continue from text.
+    returns_token_ids = False
 
     def parse_metrics(
         self, source: MetricsSource, body: bytes, now: float, previous: LoadSnapshot | None

@@ -193,6 +193,9 @@ class VllmAdapter:
     #: A token-id list as ``prompt`` gives the same output as the text (fixture
     #: completions_prompt_token_ids.json, 200).
     accepts_token_ids_prompt = True
+    #: ``return_token_ids: true`` fills choice ``token_ids`` (fixtures
+    #: completions_return_token_ids.json, completions_stream_return_token_ids.json).
+    returns_token_ids = True
 
     # ---------------------------------------------------------------- metrics
     def parse_metrics(
