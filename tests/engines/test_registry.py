@@ -91,6 +91,7 @@ class ToyAdapter:
     settings_model = ToySettings
     metrics_sources = (MetricsSource("load", "/load", "json"),)
     accepts_token_ids_prompt = False
+    returns_token_ids = False
 
     def parse_metrics(self, source, body, now, previous):
         return LoadSnapshot(scraped_at=now, running=int(body), source=source.name)
