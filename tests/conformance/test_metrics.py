@@ -40,6 +40,7 @@ async def test_router_metric_families_and_labels(backend: Backend) -> None:
 
 
 async def test_cache_config_info_block_size(backend: Backend) -> None:
+    """The KV geometry labels a router may read; the real one has ~35 more labels (see doc)."""
     async with httpx.AsyncClient() as client:
         s = await scrape(client, backend.base_url)
     [info] = s.labelsets("vllm:cache_config_info")

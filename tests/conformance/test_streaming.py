@@ -49,6 +49,8 @@ def _check_framing(resp: RawResponse) -> list[dict[str, Any]]:
     assert resp.header("content-type") == "text/event-stream; charset=utf-8"
     assert resp.header("transfer-encoding") == "chunked"
     assert resp.header("content-length") is None
+    names = {k for k, _ in resp.headers}
+    assert names == {"date", "server", "content-type", "transfer-encoding", "vary"}
     assert resp.chunks is not None
     # One SSE event per HTTP chunk, each a single ``data:`` line ending in LF LF.
     for chunk in resp.chunks:
