@@ -45,7 +45,7 @@ from fleetgate.engines.base import LoadSnapshot, MetricsSource
 
 #: Integer levels used when the router does not take class names yet.
 CLASS_LEVELS = {"critical": 5, "standard": 0, "batch": -5}
-TWIN_SAMPLE = 40
+TWIN_SAMPLE = 16
 
 _ENGINE_LINE = re.compile(r"engine=(\S+) url=(\S+) model=(\S+)")
 
@@ -221,7 +221,7 @@ async def twin_mismatches(
         MODEL,
         sessions,
         deadline_s=timeout_s,
-        max_in_flight=4,
+        max_in_flight=8,
         keep_text=True,
         priority_header=priority_header,
     )

@@ -37,28 +37,71 @@ class Load:
     ttft_objective_s: dict[str, float]
     """Per priority class, modelled seconds; key ``*`` for any class."""
     mixed: bool = False
+    shape: str = "docs"
+    """Key of :data:`ENGINE_SHAPES`."""
 
 
-#: name -> load. Rates were chosen by sweeping fleetgate and the peers on
-#: 4 engines (see docs/bench.md) to sit near the knee of the TTFT curve.
+#: Engine settings per fleet shape (emulator override names, vLLM / TRT vocabulary).
+#: ``docs``: ~64k tokens of KV per engine, a dozen 3000-token documents but not
+#: all of them. ``chat``: 16 running sequences and ~16k tokens of KV, so that
+#: a few dozen conversations saturate an engine (cheap to emulate on 2 cores).
+#: ``priority``: 8 running sequences and the engines' priority queues switched
+#: on (``--scheduling-policy priority`` / ``waiting_queue_policy``), as fleetgate
+#: deploys them so that its per-request levels reach the engine schedulers.
+ENGINE_SHAPES: dict[str, dict[str, dict[str, Any]]] = {
+    "docs": {
+        "vllm": {"num_gpu_blocks": 4096, "max_num_seqs": 64, "max_model_len": 16384},
+        "trtllm": {"num_gpu_blocks": 2048, "max_batch_size": 64, "max_model_len": 16384},
+    },
+    "chat": {
+        "vllm": {"num_gpu_blocks": 1024, "max_num_seqs": 16, "max_model_len": 8192},
+        "trtllm": {"num_gpu_blocks": 512, "max_batch_size": 16, "max_model_len": 8192},
+    },
+    "priority": {
+        "vllm": {
+            "num_gpu_blocks": 1024,
+            "max_num_seqs": 8,
+            "max_model_len": 8192,
+            "scheduling_policy": "priority",
+        },
+        "trtllm": {
+            "num_gpu_blocks": 512,
+            "max_batch_size": 8,
+            "max_model_len": 8192,
+            "scheduling_policy": "priority",
+        },
+    },
+}
+
+
+#: name -> load. Base rates (load factor 1) were set from short calibration
+#: runs on 4 engines (docs/bench.md) to sit near the knee of the TTFT curve;
+#: the priority workloads offer about 1.5x what the fleet can serve.
 LOADS: dict[str, Load] = {
-    "chat-multiturn": Load("chat-multiturn", 1.2, 0.5, {"*": 1.0}),
-    "shared-prefix": Load("shared-prefix", 4.0, 1.0, {"*": 1.0}),
-    "agentic": Load("agentic", 1.0, 1.0, {"*": 1.0}),
-    "priority-storm": Load("priority-storm", 3.0, 0.5, {"critical": 0.5, "batch": 10.0, "*": 2.0}),
+    "chat-multiturn": Load("chat-multiturn", 11.0, 0.5, {"*": 1.0}, shape="chat"),
+    "shared-prefix": Load("shared-prefix", 8.0, 1.0, {"*": 1.0}, shape="docs"),
+    "agentic": Load("agentic", 2.0, 1.0, {"*": 1.0}, shape="docs"),
+    "priority-storm": Load(
+        "priority-storm", 11.0, 0.5, {"critical": 0.5, "batch": 10.0, "*": 2.0}, shape="priority"
+    ),
     "mixed-traffic": Load(
-        "mixed-traffic", 2.0, 0.5, {"critical": 0.5, "batch": 10.0, "*": 1.0}, mixed=True
+        "mixed-traffic",
+        8.0,
+        0.5,
+        {"critical": 0.5, "batch": 10.0, "*": 1.0},
+        mixed=True,
+        shape="priority",
     ),
     "mixed-engine": Load(
-        "priority-storm", 2.5, 0.5, {"critical": 0.5, "batch": 10.0, "*": 2.0}, mixed=True
+        "priority-storm",
+        11.0,
+        0.5,
+        {"critical": 0.5, "batch": 10.0, "*": 2.0},
+        mixed=True,
+        shape="priority",
     ),
 }
 
-ENGINE_OVERRIDES: dict[str, dict[str, Any]] = {
-    # ~64k tokens of KV per engine: a dozen 3000-token documents, not all of them
-    "vllm": {"num_gpu_blocks": 4096, "max_num_seqs": 64, "max_model_len": 16384},
-    "trtllm": {"num_gpu_blocks": 2048, "max_batch_size": 64, "max_model_len": 16384},
-}
 PROFILES = {"vllm": "vllm-llama8b-h100", "trtllm": "trtllm-llama8b-h100"}
 
 
@@ -109,7 +152,7 @@ class Scenario:
                     "kind": k,
                     "profile": PROFILES[k],
                     "port": p,
-                    "overrides": dict(ENGINE_OVERRIDES[k]),
+                    "overrides": dict(ENGINE_SHAPES[self.load.shape][k]),
                 }
                 for k, p in zip(kinds, ports, strict=True)
             ],
