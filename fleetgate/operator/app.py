@@ -38,7 +38,7 @@ from urllib3.exceptions import InsecureRequestWarning
 from fleetgate.api.crd import crd_name
 from fleetgate.api.v1alpha1 import GROUP, KIND, VERSION
 from fleetgate.operator.handlers import register
-from fleetgate.operator.kube import DynamicKubeApi, KubeError
+from fleetgate.operator.kube import DynamicKubeApi, KubeApi, KubeError, NotFound
 from fleetgate.operator.metrics import OperatorMetrics
 from fleetgate.operator.options import OperatorOptions
 from fleetgate.operator.reconcile import Reconciler, Resync
@@ -113,19 +113,28 @@ def connection_info(cfg: k8s_client.Configuration) -> kopf.ConnectionInfo:
     )
 
 
-def check_api(api: DynamicKubeApi, server: str) -> None:
-    """The API server answers and serves the InferenceService CRD."""
+def check_api(api: KubeApi, server: str, namespace: str = "") -> None:
+    """The API server answers and serves the InferenceService CRD.
+
+    Discovery alone is not enough: right after a CRD is deleted the API server can
+    still advertise it for a while, so an actual list call must succeed too.
+    """
+    missing = StartupError(
+        f"CRD {crd_name()} is not installed in the cluster at {server}: "
+        "run `kubectl apply -f crds/` (or install the Helm chart's CRDs) first"
+    )
     try:
-        served = api.kind_exists(f"{GROUP}/{VERSION}", KIND)
+        if not api.kind_exists(f"{GROUP}/{VERSION}", KIND):
+            raise missing
+        api.list(f"{GROUP}/{VERSION}", KIND, namespace, "")
+    except NotFound as e:
+        raise missing from e
     except KubeError as e:
         raise StartupError(f"Kubernetes API at {server} refused us: {e}") from e
+    except StartupError:
+        raise
     except Exception as e:  # urllib3 / socket errors surface as many types
         raise StartupError(f"Kubernetes API at {server} is unreachable: {e}") from e
-    if not served:
-        raise StartupError(
-            f"CRD {crd_name()} is not installed in the cluster at {server}: "
-            "run `kubectl apply -f crds/` (or install the Helm chart's CRDs) first"
-        )
 
 
 def _http_server(
@@ -175,7 +184,7 @@ def run(
     api_client = k8s_client.ApiClient(configuration=cfg)
     try:
         api = DynamicKubeApi(api_client)
-        check_api(api, str(cfg.host))
+        check_api(api, str(cfg.host), namespaces[0] if namespaces else "")
         metrics = OperatorMetrics()
         reconciler = Reconciler(api, options, metrics)
         registry = kopf.OperatorRegistry()

@@ -168,7 +168,14 @@ class DynamicKubeApi:
                 force_conflicts=True,
             )
         except ApiException as e:
-            raise translate(e) from e
+            err = translate(e)
+            if isinstance(err, NotFound):
+                # apply creates, so 404 means the kind (or namespace) is gone: forget
+                # what discovery said, the next kind_exists asks the server again
+                dyn = self._client()
+                with self._lock:
+                    dyn.resources.invalidate_cache()
+            raise err from e
         return dict(applied.to_dict())
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:

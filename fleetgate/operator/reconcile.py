@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from fleetgate.api.v1alpha1 import GROUP, KIND, VERSION, InferenceServiceSpec
 from fleetgate.engines.base import EngineError
 from fleetgate.operator import diff, manifests, status
-from fleetgate.operator.kube import KubeApi, KubeError
+from fleetgate.operator.kube import KubeApi, KubeError, NotFound
 from fleetgate.operator.metrics import OperatorMetrics
 from fleetgate.operator.options import OperatorOptions
 
@@ -225,10 +225,17 @@ class Reconciler:
         )
         deployment: dict[str, Any] | None = None
         try:
-            for obj in children.objects:
-                live = self._ensure(obj, owner, writes)
-                if obj["kind"] == "Deployment":
-                    deployment = live
+            try:
+                deployment = self._ensure_all(children, owner, writes)
+            except _MonitorKindGone:
+                # Discovery still advertised ServiceMonitor but the CRD is gone (just
+                # uninstalled): remember that and carry on without it.
+                self._sm_supported, self._sm_checked_at = False, self._monotonic()
+                children = dataclasses.replace(
+                    children,
+                    objects=tuple(o for o in children.objects if o["kind"] != "ServiceMonitor"),
+                )
+                deployment = self._ensure_all(children, owner, writes)
             self._prune(children, owner, writes)
             pods = self._api.list("v1", "Pod", namespace, manifests.selector_string(name))
         except _NameTaken as e:
@@ -243,6 +250,17 @@ class Reconciler:
         self._metrics.replicas_ready.labels(namespace=namespace, name=name).set(ready)
         return self._report(body, obs, writes)
 
+    def _ensure_all(
+        self, children: manifests.Children, owner: manifests.Owner, writes: list[str]
+    ) -> dict[str, Any] | None:
+        """Ensure every child; returns the live Deployment."""
+        deployment = None
+        for obj in children.objects:
+            live = self._ensure(obj, owner, writes)
+            if obj["kind"] == "Deployment":
+                deployment = live
+        return deployment
+
     def _ensure(
         self, obj: Mapping[str, Any], owner: manifests.Owner, writes: list[str]
     ) -> dict[str, Any]:
@@ -250,6 +268,10 @@ class Reconciler:
         stamped = diff.stamp(obj)
         try:
             live = self._api.get(obj["apiVersion"], kind, owner.namespace, child)
+        except NotFound as e:
+            if kind == "ServiceMonitor":
+                raise _MonitorKindGone from e
+            raise KubeError(e.status, f"{kind} {child}: {e.message}") from e
         except KubeError as e:
             raise KubeError(e.status, f"{kind} {child}: {e.message}") from e
         if live is not None and not _is_ours(live, owner.uid):
@@ -262,6 +284,10 @@ class Reconciler:
             return live
         try:
             applied = self._api.apply(stamped, self._options.field_manager)
+        except NotFound as e:
+            if kind == "ServiceMonitor":
+                raise _MonitorKindGone from e
+            raise KubeError(e.status, f"{kind} {child} was refused: {e.message}") from e
         except KubeError as e:
             raise KubeError(e.status, f"{kind} {child} was refused: {e.message}") from e
         writes.append(f"{kind}/{child}")
@@ -363,6 +389,10 @@ class Resync:
 
 class _NameTaken(Exception):
     pass
+
+
+class _MonitorKindGone(Exception):
+    """The API server no longer serves ServiceMonitor (404 on it)."""
 
 
 def _differs(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:

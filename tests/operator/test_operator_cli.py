@@ -11,6 +11,7 @@ import pytest
 from fleetgate.cli import CliError, main
 from fleetgate.operator import app, rbac
 from fleetgate.operator.cli import build_parser, options_from
+from fleetgate.operator.kube import KubeError, NotFound
 from fleetgate.operator.options import OptionsError, parse_tolerations
 
 
@@ -45,25 +46,51 @@ def test_broken_kubeconfig(tmp_path: Path) -> None:
 
 
 class _Api:
-    def __init__(self, served: bool | Exception) -> None:
+    def __init__(self, served: bool | Exception, listing: Exception | None = None) -> None:
         self.served = served
+        self.listing = listing
 
     def kind_exists(self, api_version: str, kind: str) -> bool:
         if isinstance(self.served, Exception):
             raise self.served
         return self.served
 
+    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[Any]:
+        if self.listing is not None:
+            raise self.listing
+        return []
 
-def test_crd_missing_is_explained() -> None:
+
+CRD_MISSING = "CRD inferenceservices.fleetgate.dev is not installed"
+
+
+@pytest.mark.parametrize(
+    ("api", "message"),
+    [
+        pytest.param(_Api(False), CRD_MISSING, id="not-discovered"),
+        pytest.param(
+            _Api(True, NotFound(404, "404 page not found")), CRD_MISSING, id="stale-discovery"
+        ),
+        pytest.param(
+            _Api(True, KubeError(403, "forbidden")), "refused us: 403: forbidden", id="forbidden"
+        ),
+        pytest.param(
+            _Api(ConnectionError("connection refused")),
+            "unreachable: connection refused",
+            id="down",
+        ),
+    ],
+)
+def test_start_up_checks_are_explained(api: _Api, message: str) -> None:
     with pytest.raises(app.StartupError) as info:
-        app.check_api(_Api(False), "https://127.0.0.1:6443")  # type: ignore[arg-type]
-    assert "CRD inferenceservices.fleetgate.dev is not installed" in str(info.value)
-    assert "kubectl apply -f crds/" in str(info.value)
+        app.check_api(api, "https://127.0.0.1:6443")  # type: ignore[arg-type]
+    assert message in str(info.value)
+    if message == CRD_MISSING:
+        assert "kubectl apply -f crds/" in str(info.value)
 
 
-def test_unreachable_api_is_explained() -> None:
-    with pytest.raises(app.StartupError, match="unreachable: connection refused"):
-        app.check_api(_Api(ConnectionError("connection refused")), "https://127.0.0.1:1")  # type: ignore[arg-type]
+def test_healthy_api_passes_the_checks() -> None:
+    app.check_api(_Api(True), "https://127.0.0.1:6443")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -543,3 +543,66 @@ def test_service_monitor_follows_the_crd_and_the_switch(
         k8s_cluster.kubectl(
             "delete", "crd", "servicemonitors.monitoring.coreos.com", "--wait=true", check=False
         )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cli_runs_and_stops_on_sigterm_then_refuses_without_crd(
+    k8s_cluster: DevCluster,  # noqa: F811
+    k8s_namespace: str,  # noqa: F811
+    crd: str,
+) -> None:
+    """The real ``fleetgate operator`` process: starts, reconciles, stops on SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    ns = k8s_namespace
+    port = _free_port()
+    env = {**os.environ, "FLEETGATE_EXTRA_TOLERATIONS": "kwok.x-k8s.io/node=fake:NoSchedule"}
+    argv = [
+        sys.executable, "-m", "fleetgate", "operator",
+        f"--kubeconfig={k8s_cluster.kubeconfig}", f"--namespace={ns}",
+        "--metrics-host=127.0.0.1", f"--metrics-port={port}", "--interval=1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_for("operator /healthz", healthy, 60)
+        k8s_cluster.apply(isvc("cli", ns))
+        wait_for("Ready", ready_with(k8s_cluster, ns, "cli", "AllReplicasReady", "True"), 90)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out.decode(errors="replace")[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+
+    # without the CRD the operator refuses to start, in one line
+    k8s_cluster.kubectl("delete", "crd", crd, "--wait=true", timeout_s=120)
+    try:
+        res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2
+        assert res.stderr.strip().splitlines() == [
+            f"fleetgate operator: error: CRD {crd} is not installed in the cluster at "
+            f"{k8s_cluster.api_url}: run `kubectl apply -f crds/` (or install the Helm "
+            "chart's CRDs) first"
+        ]
+    finally:
+        k8s_cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / CRD_FILE_NAME))
+        k8s_cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")

@@ -297,3 +297,17 @@ def test_resync_reconciles_every_service_and_survives_errors(kube: FakeKube) -> 
     assert broken["conditions"][0]["reason"] == "InvalidSpec"
     stop.set()
     assert resync.run_once() == 0
+
+
+def test_service_monitor_crd_removed_behind_stale_discovery(kube: FakeKube) -> None:
+    from fleetgate.operator.kube import NotFound
+
+    kube.served_kinds.add("ServiceMonitor")  # discovery still says it is there
+    kube.refuse["ServiceMonitor"] = NotFound(404, "404 page not found")
+    rec = _reconciler(kube)
+    outcome = rec.reconcile(_isvc(kube))
+    assert outcome is not None and outcome.reason != "ApplyFailed"
+    assert "Deployment/svc" in outcome.writes and kube.of_kind("ServiceMonitor") == []
+    kube.calls.clear()
+    rec.reconcile(_current(kube))
+    assert ("apply", "ServiceMonitor", "svc") not in kube.calls, "remembered until the recheck"
