@@ -140,22 +140,36 @@ def bench_cpu_per_token(rounds: int) -> None:
             )
 
 
+def run_batch(n: int, profile: str, scale: float) -> tuple[float, float, float]:
+    """(batch wall s, server and load-generator CPU shares of one core), n x 64 streams.
+
+    Two batches per fleet; the faster one counts (the machine is shared, so a
+    stall elsewhere must not be read as the emulator falling behind).
+    """
+    body = {"prompt": "fleet bench " * 30, "max_tokens": 64, "ignore_eos": True, "stream": True}
+    args = ["--vllm", str(n), "--profile", profile, "--time-scale", str(scale)]
+    best: tuple[float, float, float] | None = None
+    with fleet(args) as (pid, urls):
+        asyncio.run(batch(urls, 2, body, 120))  # warm up
+        for _ in range(2):
+            cpu0, t0, c0 = cpu_seconds(pid), time.perf_counter(), time.process_time()
+            wall = asyncio.run(batch(urls, 64, body, 300))
+            elapsed = time.perf_counter() - t0
+            util = (cpu_seconds(pid) - cpu0) / elapsed
+            client = (time.process_time() - c0) / elapsed
+            if best is None or wall < best[0]:
+                best = (wall, util, client)
+    assert best is not None
+    return best
+
+
 def bench_fleet_size(max_engines: int, profile: str) -> None:
     print(f"B) Largest fleet at 64 concurrent streams/engine ({profile}, real time)")
-    body = {"prompt": "fleet bench " * 30, "max_tokens": 64, "ignore_eos": True, "stream": True}
     base_wall = None
     n = 1
     best = 0
     while n <= max_engines:
-        args = ["--vllm", str(n), "--profile", profile, "--time-scale", "1"]
-        with fleet(args) as (pid, urls):
-            asyncio.run(batch(urls, 4, body, 60))  # warm up connections / caches
-            cpu0, t0, c0 = cpu_seconds(pid), time.perf_counter(), time.process_time()
-            wall = asyncio.run(batch(urls, 64, body, 120))
-            cpu = cpu_seconds(pid) - cpu0
-            elapsed = time.perf_counter() - t0
-            client = (time.process_time() - c0) / elapsed
-        util = cpu / elapsed
+        wall, util, client = run_batch(n, profile, 1.0)
         base_wall = base_wall or wall
         keeps_up = util < 0.85 and wall <= 1.5 * base_wall
         print(
@@ -169,20 +183,6 @@ def bench_fleet_size(max_engines: int, profile: str) -> None:
         best = n
         n *= 2
     print(f"   => largest fleet that keeps up: {best} engines x 64 streams")
-
-
-def run_batch(n: int, profile: str, scale: float) -> tuple[float, float, float]:
-    """(batch wall s, server and load-generator CPU shares of one core), n x 64 streams."""
-    body = {"prompt": "fleet bench " * 30, "max_tokens": 64, "ignore_eos": True, "stream": True}
-    args = ["--vllm", str(n), "--profile", profile, "--time-scale", str(scale)]
-    with fleet(args) as (pid, urls):
-        asyncio.run(batch(urls, 2, body, 120))
-        cpu0, t0, c0 = cpu_seconds(pid), time.perf_counter(), time.process_time()
-        wall = asyncio.run(batch(urls, 64, body, 300))
-        elapsed = time.perf_counter() - t0
-        util = (cpu_seconds(pid) - cpu0) / elapsed
-        client = (time.process_time() - c0) / elapsed
-    return wall, util, client
 
 
 def bench_sixteen(profile: str) -> None:
