@@ -1,0 +1,481 @@
+"""Kubernetes discovery: pure joins and watch cache without a server, the reflector on
+httpx.MockTransport (410 Gone, dropped watches), and the whole thing against the real
+API server of the dev cluster (``k8s`` marker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fleetgate.devcluster import FAKE_NODE_TOLERATION, DevCluster
+from fleetgate.operator import manifests
+from fleetgate.router import discovery_k8s as d
+from fleetgate.router.app import build_router
+from fleetgate.router.config import RouterConfig, is_loopback_host
+from fleetgate.router.scheduling.types import EndpointId
+
+REPO = Path(__file__).resolve().parents[2]
+CFG = d.KubernetesDiscoveryConfig()
+
+
+def isvc(name: str = "llama", ns: str = "ns", **routing: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "model": {"uri": "hf://x/y", "name": "llama-3"},
+            "engine": {"type": "vllm", "image": "i", "vllm": {"maxNumSeqs": 16}},
+            "routing": {"pool": "chat", "role": "latency", "weight": 100, **routing},
+        },
+    }
+
+
+def eps(
+    service: str = "llama",
+    ns: str = "ns",
+    endpoints: list[dict[str, Any]] | None = None,
+    ports: list[dict[str, Any]] | None = None,
+    address_type: str = "IPv4",
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"{service}-abc",
+            "namespace": ns,
+            "labels": {d.LABEL_SERVICE_NAME: service, d.LABEL_POOL: "chat"},
+        },
+        "addressType": address_type,
+        "ports": [{"name": "http", "port": 8000}] if ports is None else ports,
+        "endpoints": endpoints
+        if endpoints is not None
+        else [
+            {"addresses": ["10.0.0.1"], "conditions": {"ready": True}, "targetRef": ref("p1")},
+            {"addresses": ["10.0.0.2"], "conditions": {"ready": False}, "targetRef": ref("p2")},
+            {"addresses": ["10.0.0.3"], "conditions": {}, "targetRef": ref("p3")},
+        ],
+    }
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"kind": "Pod", "name": name}
+
+
+def pod(name: str, ip: str | None, ready: bool = True, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "labels": {d.LABEL_INSTANCE: "llama", d.LABEL_POOL: "chat"},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status: dict[str, Any] = {
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]
+    }
+    if ip:
+        status["podIP"] = ip
+    return {
+        "metadata": meta,
+        "spec": {
+            "containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 8000}]}]
+        },
+        "status": status,
+    }
+
+
+# --------------------------------------------------------------------------- pure
+
+
+def test_labels_agree_with_the_operator() -> None:
+    assert (d.LABEL_POOL, d.LABEL_MODEL, d.LABEL_ENGINE, d.LABEL_ROLE) == (
+        manifests.LABEL_POOL,
+        manifests.LABEL_MODEL,
+        manifests.LABEL_ENGINE,
+        manifests.LABEL_ROLE,
+    )
+    assert d.LABEL_INSTANCE in manifests.selector_labels("x")
+    assert manifests.selector_labels("x")[d.LABEL_INSTANCE] == "x"
+
+
+def test_slice_ready_unset_counts_as_ready_and_unready_is_out() -> None:
+    found = d.addresses_from_slice(eps(), "http")
+    assert [(a.pod, a.address, a.ready) for a in found] == [
+        ("p1", "10.0.0.1", True),
+        ("p2", "10.0.0.2", False),
+        ("p3", "10.0.0.3", True),
+    ]
+    targets = d.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
+    assert sorted(targets) == ["ns/p1", "ns/p3"]
+    t = targets[EndpointId("ns/p1")]
+    assert (t.engine, t.pool, t.url, t.capacity, t.model) == (
+        "vllm",
+        "chat",
+        "http://10.0.0.1:8000",
+        16,
+        "llama-3",
+    )
+
+
+@pytest.mark.parametrize(
+    "slice_, want",
+    [
+        pytest.param(eps(ports=[{"name": "metrics", "port": 9}, {"name": "http", "port": 81}]),
+                     81, id="named-port"),
+        pytest.param(eps(ports=[{"name": "other", "port": 82}]), 82, id="single-port"),
+        pytest.param(eps(ports=[{"name": "a", "port": 1}, {"name": "b", "port": 2}]), None,
+                     id="ambiguous-ports"),
+        pytest.param(eps(ports=[]), None, id="no-ports"),
+        pytest.param(eps(address_type="FQDN"), None, id="fqdn"),
+    ],
+)  # fmt: skip
+def test_slice_port_choice(slice_: dict[str, Any], want: int | None) -> None:
+    found = d.addresses_from_slice(slice_, "http")
+    assert (found[0].port if found else None) == want
+
+
+def test_slice_without_service_label_is_ignored() -> None:
+    s = eps()
+    del s["metadata"]["labels"][d.LABEL_SERVICE_NAME]
+    assert d.addresses_from_slice(s, "http") == []
+
+
+def test_ipv6_url_is_bracketed() -> None:
+    s = eps(address_type="IPv6", endpoints=[{"addresses": ["fd00::5"], "targetRef": ref("p")}])
+    (t,) = d.desired_targets(d.addresses_from_slice(s, "http"), {("ns", "llama"): isvc()}, CFG)
+    assert t == "ns/p"
+    assert (
+        d.desired_targets(d.addresses_from_slice(s, "http"), {("ns", "llama"): isvc()}, CFG)[t].url
+        == "http://[fd00::5]:8000"
+    )
+
+
+@pytest.mark.parametrize(
+    "p, ready",
+    [
+        pytest.param(pod("a", "10.1.0.1"), True, id="ready"),
+        pytest.param(pod("a", "10.1.0.1", ready=False), False, id="not-ready"),
+        pytest.param(pod("a", "10.1.0.1", deleting=True), False, id="terminating"),
+    ],
+)
+def test_pod_readiness(p: dict[str, Any], ready: bool) -> None:
+    (a,) = d.addresses_from_pod(p, "http")
+    assert (a.address, a.port, a.service, a.pod, a.ready) == ("10.1.0.1", 8000, "llama", "a", ready)
+
+
+def test_pod_without_ip_or_port_is_ignored() -> None:
+    assert d.addresses_from_pod(pod("a", None), "http") == []
+    assert d.addresses_from_pod(pod("a", "10.1.0.1"), "grpc") == []
+
+
+@pytest.mark.parametrize(
+    "config, service, want",
+    [
+        pytest.param(CFG, isvc(), True, id="default"),
+        pytest.param(CFG, isvc(weight=0), False, id="weight-0-drains"),
+        pytest.param(d.KubernetesDiscoveryConfig(pools=("batch",)), isvc(), False, id="pool"),
+        pytest.param(d.KubernetesDiscoveryConfig(pools=("chat",)), isvc(), True, id="pool-ok"),
+        pytest.param(d.KubernetesDiscoveryConfig(roles=("throughput",)), isvc(), False, id="role"),
+    ],
+)
+def test_filters(config: d.KubernetesDiscoveryConfig, service: dict[str, Any], want: bool) -> None:
+    found = d.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    assert bool(d.desired_targets(found, {("ns", "llama"): service}, config)) is want
+
+
+def test_engine_type_and_trtllm_capacity() -> None:
+    svc = isvc()
+    svc["spec"]["engine"] = {"type": "tensorrt-llm", "tensorrtLlm": {"maxBatchSize": 64}}
+    found = d.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    (t,) = d.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
+    assert (t.engine, t.capacity) == ("trtllm", 64)
+    svc["spec"]["engine"] = {"type": "sglang"}
+    assert d.desired_targets(found, {("ns", "llama"): svc}, CFG) == {}
+
+
+def test_no_or_deleting_inference_service_means_no_endpoint() -> None:
+    found = d.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    assert d.desired_targets(found, {}, CFG) == {}
+    assert d.desired_targets(found, {("other", "llama"): isvc()}, CFG) == {}
+    gone = isvc()
+    gone["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert d.desired_targets(found, {("ns", "llama"): gone}, CFG) == {}
+
+
+def test_plan_adds_removes_and_replaces_changed() -> None:
+    found = d.addresses_from_slice(eps(), "http")
+    cur = d.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
+    assert d.plan(cur, cur) == d.Plan(add=(), remove=())
+    moved = {k: v for k, v in cur.items() if k != "ns/p3"}
+    changed = isvc()
+    changed["spec"]["routing"]["pool"] = "other"
+    new = d.desired_targets(found, {("ns", "llama"): changed}, CFG)
+    p = d.plan(moved, new)
+    assert p.remove == ("ns/p1",)
+    assert [t.id for t in p.add] == ["ns/p1", "ns/p3"]
+    assert all(t.pool == "other" for t in p.add)
+    assert d.plan(cur, {}) == d.Plan(add=(), remove=("ns/p1", "ns/p3"))
+
+
+def test_watch_cache_events() -> None:
+    c = d.WatchCache()
+    c.replace([{"metadata": {"namespace": "a", "name": "x", "resourceVersion": "3"}}], "5")
+    assert c.resource_version == "5" and list(c.objects) == [("a", "x")]
+    obj = {"metadata": {"namespace": "a", "name": "y", "resourceVersion": "6"}}
+    assert c.apply({"type": "ADDED", "object": obj}) is True
+    assert c.apply({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}) is False
+    assert c.resource_version == "9"
+    assert c.apply({"type": "DELETED", "object": obj}) is True
+    assert c.apply({"type": "DELETED", "object": obj}) is False
+    with pytest.raises(d.Gone):
+        c.apply({"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}})
+    with pytest.raises(d.WatchError):
+        c.apply({"type": "ERROR", "object": {"kind": "Status", "code": 500}})
+    with pytest.raises(d.WatchError):
+        c.apply({"type": "WEIRD", "object": {}})
+    assert list(c.objects) == [("a", "x")]
+
+
+# --------------------------------------------------------------------------- reflector
+
+
+class FakeApi:
+    """A scripted API: LISTs answer from ``lists`` (the last one repeats), watches
+    replay ``watches`` (an int is an HTTP status; afterwards empty streams)."""
+
+    def __init__(self) -> None:
+        self.lists: list[tuple[list[dict[str, Any]], str]] = []
+        self.watches: list[list[Any]] = []
+        self.requests: list[httpx.Request] = []
+
+    @staticmethod
+    def obj(name: str, rv: int) -> dict[str, Any]:
+        return {"metadata": {"namespace": "ns", "name": name, "resourceVersion": str(rv)}}
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        assert request.headers["authorization"] == "Bearer t0ken"
+        if request.url.params.get("watch") != "1":
+            items, rv = self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
+            return httpx.Response(200, json={"items": items, "metadata": {"resourceVersion": rv}})
+        if not self.watches:  # script done: a watch that stays open and quiet
+            return httpx.Response(200, content=_quiet())
+        script = self.watches.pop(0)
+        if script and isinstance(script[0], int):
+            return httpx.Response(script[0], json={"kind": "Status", "code": script[0]})
+        return httpx.Response(200, content="".join(json.dumps(e) + "\n" for e in script).encode())
+
+
+async def _quiet() -> AsyncIterator[bytes]:
+    await asyncio.Event().wait()
+    yield b""
+
+
+async def run_reflector(api: FakeApi, until: Callable[[d.Reflector], bool]) -> d.Reflector:
+    access = d.ApiAccess(host="https://127.0.0.1:6443", verify=False, token=lambda: "Bearer t0ken")
+    changes: list[int] = []
+    sleeps: list[float] = []
+
+    async def fake_sleep(s: float) -> None:
+        sleeps.append(s)
+        await asyncio.sleep(0)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(api.handler)) as client:
+        r = d.Reflector(client, access, "/api/v1/pods", "fleetgate.dev/pool", CFG,
+                        lambda: changes.append(1), sleep=fake_sleep)  # fmt: skip
+        task = asyncio.get_running_loop().create_task(r.run())
+        try:
+            for _ in range(2000):
+                if until(r):
+                    break
+                await asyncio.sleep(0)
+            assert until(r), "reflector never reached the expected state"
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    return r
+
+
+async def test_reflector_resumes_a_finished_watch_and_relists_on_410() -> None:
+    api = FakeApi()
+    a, b, c = api.obj("a", 11), api.obj("b", 12), api.obj("c", 13)
+    api.lists = [([a], "11"), ([a, b], "20")]  # the relist: c was deleted meanwhile
+    api.watches = [
+        [{"type": "ADDED", "object": b}],  # ends cleanly: resume from b's version
+        [{"type": "ADDED", "object": c}, {"type": "ERROR", "object": {"code": 410}}],
+        [410],  # the next watch start is refused as well: list again
+    ]
+    r = await run_reflector(api, lambda r: r.lists == 3)
+    assert sorted(n for _, n in r.cache.objects) == ["a", "b"]
+    watches = [q.url.params for q in api.requests if q.url.params.get("watch") == "1"]
+    assert [w["resourceVersion"] for w in watches[:3]] == ["11", "12", "20"]
+    assert all(q.url.params["labelSelector"] == "fleetgate.dev/pool" for q in api.requests)
+    assert watches[0]["allowWatchBookmarks"] == "true"
+
+
+async def test_reflector_keeps_its_cache_through_api_errors() -> None:
+    api = FakeApi()
+    api.lists = [([api.obj("a", 5)], "5")]
+    api.watches = [[500], [503]]
+    r = await run_reflector(api, lambda r: len(api.requests) >= 4)
+    assert r.lists == 1  # errors are retried by watching again from "5", not by relisting
+    assert [q.url.params.get("resourceVersion") for q in api.requests[1:4]] == ["5"] * 3
+    assert list(r.cache.objects) == [("ns", "a")]
+
+
+# --------------------------------------------------------------------------- real API
+
+
+def _crd(cluster: DevCluster) -> None:
+    cluster.kubectl("apply", "-f", str(REPO / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.fleetgate.dev")
+
+
+def _k8s_isvc(name: str, ns: str) -> dict[str, Any]:
+    obj = isvc(name, ns)
+    obj["apiVersion"] = "fleetgate.dev/v1alpha1"
+    obj["kind"] = "InferenceService"
+    return obj
+
+
+def _k8s_pod(name: str, ns: str, service: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": {d.LABEL_INSTANCE: service, d.LABEL_POOL: "chat"},
+        },
+        "spec": {
+            "tolerations": [FAKE_NODE_TOLERATION],
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "fake",
+                    "ports": [{"name": "http", "containerPort": 8000}],
+                }
+            ],
+        },
+    }
+
+
+async def _until(what: Callable[[], bool], within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not what():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+def crd(k8s_cluster: DevCluster) -> Iterator[None]:
+    _crd(k8s_cluster)
+    yield
+
+
+@pytest.mark.k8s
+async def test_pods_join_and_leave_and_a_410_relist_loses_nothing(
+    k8s_cluster: DevCluster, k8s_namespace: str, crd: None
+) -> None:
+    ns = k8s_namespace
+    app = build_router(RouterConfig(test_mode=True), start_background=False)
+    config = d.KubernetesDiscoveryConfig(
+        source="pods", namespaces=(ns,), kubeconfig=str(k8s_cluster.kubeconfig)
+    )
+    d.attach(app, config, allow_url=lambda u: is_loopback_host(httpx.URL(u).host))
+    await asyncio.to_thread(
+        k8s_cluster.apply, _k8s_isvc("llama", ns), _k8s_pod("llama-0", ns, "llama")
+    )
+    async with app.router.lifespan_context(app):
+        discovery: d.KubernetesDiscovery = app.state.discovery
+        fleet = app.state.router.fleet
+        removed: list[str] = []
+        original = discovery.membership.remove
+
+        async def spy(eid: EndpointId) -> None:
+            removed.append(eid)
+            await original(eid)
+
+        discovery.membership.remove = spy  # type: ignore[method-assign]
+        await _until(lambda: f"{ns}/llama-0" in fleet.endpoints)
+        e0 = fleet.endpoints[EndpointId(f"{ns}/llama-0")]
+        assert e0.url.startswith("http://127.0.1.") and e0.engine == "vllm"
+        assert e0.pool == "chat" and e0.capacity_hint == 16
+
+        await asyncio.to_thread(k8s_cluster.apply, _k8s_pod("llama-1", ns, "llama"))
+        await _until(lambda: f"{ns}/llama-1" in fleet.endpoints)
+
+        # Force a 410: pretend the last version seen is long compacted away.
+        pods = discovery.addresses[0]
+        lists = pods.lists
+        pods.cache.resource_version = "1"
+        await asyncio.to_thread(k8s_cluster.apply, _k8s_pod("llama-2", ns, "llama"))
+        await _until(lambda: f"{ns}/llama-2" in fleet.endpoints)
+        # The open watch may deliver llama-2 before it is restarted with the stale
+        # version; restart it so the stale version is actually used.
+        for t in discovery._tasks:
+            if t.get_name() == f"reflector:{pods.path}":
+                t.cancel()
+        await _until(lambda: all(t.done() for t in discovery._tasks if "pods" in t.get_name()))
+        discovery._tasks.append(asyncio.get_running_loop().create_task(pods.run()))
+        await _until(lambda: pods.lists > lists)
+        assert removed == []  # the relist replaced the cache; nothing left the fleet
+        assert {f"{ns}/llama-{i}" for i in range(3)} <= set(fleet.endpoints)
+
+        await asyncio.to_thread(
+            k8s_cluster.kubectl, "-n", ns, "delete", "pod", "llama-1", "--wait=false"
+        )
+        await _until(lambda: f"{ns}/llama-1" not in fleet.endpoints)
+        assert removed == [f"{ns}/llama-1"]
+        await asyncio.to_thread(
+            k8s_cluster.kubectl, "-n", ns, "delete", "inferenceservice", "llama", "--wait=false"
+        )
+        await _until(lambda: not any(k.startswith(f"{ns}/") for k in fleet.endpoints))
+    assert fleet.endpoints == {}
+
+
+@pytest.mark.k8s
+async def test_endpointslices_source_against_the_real_api(
+    k8s_cluster: DevCluster, k8s_namespace: str, crd: None
+) -> None:
+    """Slices written by hand with TEST-NET addresses (the API refuses loopback ones).
+
+    Nothing is dialled: the test-mode URL check refuses the non-loopback targets,
+    so the test reads the discovery's desired set instead of the fleet.
+    """
+    ns = k8s_namespace
+    slice_ = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        **copy.deepcopy(eps("llama", ns)),
+    }
+    for i, ep in enumerate(slice_["endpoints"]):
+        ep["addresses"] = [f"192.0.2.{i + 1}"]
+    slice_["ports"][0]["protocol"] = "TCP"
+    await asyncio.to_thread(k8s_cluster.apply, _k8s_isvc("llama", ns), slice_)
+    app = build_router(RouterConfig(test_mode=True), start_background=False)
+    config = d.KubernetesDiscoveryConfig(namespaces=(ns,), kubeconfig=str(k8s_cluster.kubeconfig))
+    refused: list[str] = []
+
+    def allow(url: str) -> bool:
+        refused.append(url)
+        return False
+
+    d.attach(app, config, allow_url=allow)
+    async with app.router.lifespan_context(app):
+        discovery: d.KubernetesDiscovery = app.state.discovery
+        assert sorted(t.url for t in discovery.desired().values()) == [
+            "http://192.0.2.1:8000",
+            "http://192.0.2.3:8000",
+        ]
+        assert sorted(refused) == ["http://192.0.2.1:8000", "http://192.0.2.3:8000"]
+        assert app.state.router.fleet.endpoints == {}
+        slice_["endpoints"][1]["conditions"]["ready"] = True
+        await asyncio.to_thread(k8s_cluster.apply, slice_)
+        await _until(lambda: len(discovery.desired()) == 3)
