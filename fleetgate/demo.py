@@ -93,9 +93,10 @@ class Progress:
         frac = min(1.0, elapsed / self.total_s) if self.total_s > 0 else 1.0
         filled = int(frac * self.width)
         bar = "#" * filled + "." * (self.width - filled)
+        phase = "sending" if elapsed <= self.total_s else "finishing in-flight requests"
         return (
             f"{self.label:<10} [{bar}] {elapsed:5.0f}/{self.total_s:.0f} s  "
-            f"{self.done} requests, {self.errors} errors"
+            f"{self.done} requests, {self.errors} errors ({phase})"
         )
 
     def draw(self, now: float) -> None:
@@ -148,6 +149,11 @@ def summary_lines(label: str, record: RunRecord, s: RunSummary, objective: float
         f"per-engine load (generated tokens): {loads}; imbalance {_fmt(s.imbalance, '.2f')}"
     )
     lines.append(f"router CPU {_fmt(s.router_cpu_s, '.1f')} s")
+    if "twin_compared" in s.extra:
+        lines.append(
+            f"answers equal to an unloaded replay: "
+            f"{s.extra['twin_compared'] - s.extra['mismatches']} of {s.extra['twin_compared']}"
+        )
     return lines
 
 

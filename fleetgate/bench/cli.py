@@ -61,6 +61,13 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-report", action="store_true", help="skip the Markdown/PNG report")
     p.add_argument("--peers-dir", type=Path, default=None, help="peer venvs root")
+    p.add_argument(
+        "--source",
+        type=Path,
+        default=None,
+        help="run the emulator and fleetgate router from this package copy (PYTHONPATH), "
+        "e.g. a git archive of the commit under test",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +139,9 @@ def summary_dict(s: RunSummary) -> dict[str, Any]:
     return dataclasses.asdict(s)
 
 
-def execute(settings: Settings, peers_root: Path, work: Path) -> list[tuple[RunRecord, Any]]:
+def execute(
+    settings: Settings, peers_root: Path, work: Path, source: Path | None = None
+) -> list[tuple[RunRecord, Any]]:
     unavailable = prepare_peers(settings.contenders, peers_root)
     out: list[tuple[RunRecord, Any]] = []
     total = (
@@ -172,7 +181,9 @@ def execute(settings: Settings, peers_root: Path, work: Path) -> list[tuple[RunR
                         )
                     else:
                         run_dir = work / f"{w}-r{rep}-x{lf:g}-{c.name}"
-                        rec = runner.run_one(sc, c, rep, run_dir, peers_root=peers_root)
+                        rec = runner.run_one(
+                            sc, c, rep, run_dir, peers_root=peers_root, source=source
+                        )
                     s = summarise_run(rec, sc.objective)
                     p90 = f"{s.ttft_p90:.3f}" if s.ttft_p90 is not None else "n/a"
                     status = rec.error or (
@@ -219,6 +230,8 @@ def command_line(args: argparse.Namespace, settings: Settings) -> str:
     ]
     if settings.mixed:
         parts.append("--mixed")
+    if args.source is not None:
+        parts.append(f"--source {shlex.quote(str(args.source))}")
     if args.json:
         parts.append(f"--json {shlex.quote(str(args.json))}")
     if not args.no_report:
@@ -228,10 +241,12 @@ def command_line(args: argparse.Namespace, settings: Settings) -> str:
 
 def run(args: argparse.Namespace) -> int:
     settings = resolve(args)
+    if args.source is not None and not (args.source / "fleetgate" / "__init__.py").exists():
+        raise CliError(f"--source {args.source}: no fleetgate package there")
     peers_root = args.peers_dir or peers.default_root()
     command = command_line(args, settings)
     with tempfile.TemporaryDirectory(prefix="fleetgate-bench-") as tmp:
-        pairs = execute(settings, peers_root, Path(tmp))
+        pairs = execute(settings, peers_root, Path(tmp), args.source)
     summaries = [s for _, s in pairs]
     aggs = aggregate(summaries)
     if args.json:

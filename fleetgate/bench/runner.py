@@ -57,7 +57,9 @@ class Fleet:
     """(kind, url) in fleet order."""
 
 
-def start_fleet(scenario: Scenario, run_dir: Path, startup_s: float = 60.0) -> Fleet:
+def start_fleet(
+    scenario: Scenario, run_dir: Path, startup_s: float = 60.0, env: dict[str, str] | None = None
+) -> Fleet:
     n = scenario.engines
     ports = procs.free_ports(n)
     fleet_file = run_dir / "fleet.yaml"
@@ -66,6 +68,7 @@ def start_fleet(scenario: Scenario, run_dir: Path, startup_s: float = 60.0) -> F
         "fleetgate sim",
         [sys.executable, "-m", "fleetgate", "sim", "--fleet", str(fleet_file)],
         run_dir / "sim.log",
+        env,
     )
     found: list[tuple[str, str]] = []
 
@@ -89,6 +92,7 @@ def start_contender(
     seed: int,
     peers_root: Path | None,
     startup_s: float = 60.0,
+    env: dict[str, str] | None = None,
 ) -> tuple[procs.Proc, str]:
     port, metrics_port = procs.free_ports(2)
     config_path = None
@@ -104,7 +108,12 @@ def start_contender(
         config_path=config_path,
         peers_root=peers_root,
     )
-    proc = procs.start(contender.name, argv, run_dir / f"{contender.name}.log")
+    proc = procs.start(
+        contender.name,
+        argv,
+        run_dir / f"{contender.name}.log",
+        env if contender.kind == "fleetgate" else None,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         procs.wait_until(
@@ -300,8 +309,15 @@ def run_one(
     *,
     peers_root: Path | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
+    source: Path | None = None,
 ) -> RunRecord:
-    """One contender on one fresh fleet; a start-up failure becomes ``record.error``."""
+    """One contender on one fresh fleet; a start-up failure becomes ``record.error``.
+
+    ``source``: run the emulator and the fleetgate router from this copy of the
+    package (PYTHONPATH), e.g. a ``git archive`` of a commit, so that a
+    benchmark measures a fixed version while the working tree changes.
+    """
+    env = {"PYTHONPATH": str(source)} if source is not None else None
     run_dir.mkdir(parents=True, exist_ok=True)
     record = RunRecord(
         workload=scenario.name,
@@ -317,8 +333,8 @@ def run_one(
     fleet: Fleet | None = None
     router: procs.Proc | None = None
     try:
-        fleet = start_fleet(scenario, run_dir)
-        router, url = start_contender(contender, fleet, run_dir, scenario.seed, peers_root)
+        fleet = start_fleet(scenario, run_dir, env=env)
+        router, url = start_contender(contender, fleet, run_dir, scenario.seed, peers_root, env=env)
         results, engines, cpu, extra = asyncio.run(
             _drive(scenario, contender, fleet, router, url, on_result)
         )
