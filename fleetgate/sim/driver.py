@@ -116,8 +116,8 @@ class EngineDriver:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
         request.arrival_time = self.now()
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.model.add_request(request)  # may refuse it (e.g. prompt too long): register after
         self._queues[request.request_id] = queue
-        self.model.add_request(request)
         self._wake.set()
         return queue
 

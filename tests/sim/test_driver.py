@@ -216,3 +216,22 @@ async def test_held_back_text_is_flushed_at_the_end() -> None:
         await engine.driver.stop()
     assert "".join(d.text for d in deltas) == "<101><102><103>"
     assert deltas[-1].finish_reason == "length"
+
+
+async def test_refused_request_leaves_nothing_behind() -> None:
+    """A request the model refuses (prompt too long) must not stay registered."""
+
+    class Refusing(FakeModel):
+        def add_request(self, request: SimRequest) -> None:
+            if len(request.prompt_token_ids) > 2:
+                raise ValueError("prompt too long")
+            super().add_request(request)
+
+    model = Refusing()
+    clock = FakeClock()
+    driver = EngineDriver(model, time_scale=1.0, clock=clock, sleep=clock.sleep)
+    with pytest.raises(ValueError, match="too long"):
+        driver.submit(SimRequest("a", [1, 2, 3], 4, 0.0))
+    assert driver.in_flight() == 0
+    driver.submit(SimRequest("a", [1, 2], 4, 0.0))  # the same id is free again
+    assert driver.in_flight() == 1
