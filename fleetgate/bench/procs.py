@@ -114,6 +114,9 @@ def start(name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None 
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=full_env,
+                # the log's directory, not ours: ``python -m`` puts the working
+                # directory first on sys.path, which would shadow PYTHONPATH
+                cwd=log.parent,
                 start_new_session=True,
             )
         except OSError as e:
