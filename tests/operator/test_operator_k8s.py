@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
-from k8s_fixtures import k8s_cluster, k8s_namespace  # noqa: F401
 
 from fleetgate.api.crd import CRD_FILE_NAME, crd_name
 from fleetgate.devcluster import FAKE_NODE_TOLERATION, DevCluster
@@ -56,7 +55,7 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) ->
 
 
 @pytest.fixture(scope="module")
-def crd(k8s_cluster: DevCluster) -> str:  # noqa: F811
+def crd(k8s_cluster: DevCluster) -> str:
     k8s_cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / CRD_FILE_NAME))
     k8s_cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd_name()}", "--timeout=60s")
     return crd_name()
@@ -179,8 +178,8 @@ def example(path: str, namespace: str) -> dict[str, Any]:
     ],
 )
 def test_api_server_rejects_invalid_specs_with_cel_message(
-    k8s_cluster: DevCluster,  # noqa: F811
-    k8s_namespace: str,  # noqa: F811
+    k8s_cluster: DevCluster,
+    k8s_namespace: str,
     crd: str,
     spec: dict[str, Any],
     message: str,
@@ -193,8 +192,8 @@ def test_api_server_rejects_invalid_specs_with_cel_message(
 
 
 def test_defaults_are_applied_by_the_api_server(
-    k8s_cluster: DevCluster,  # noqa: F811
-    k8s_namespace: str,  # noqa: F811
+    k8s_cluster: DevCluster,
+    k8s_namespace: str,
     crd: str,
 ) -> None:
     k8s_cluster.apply(isvc("defaults", k8s_namespace))
@@ -211,8 +210,8 @@ def test_defaults_are_applied_by_the_api_server(
 
 
 def test_examples_become_ready_on_fake_gpus(
-    k8s_cluster: DevCluster,  # noqa: F811
-    k8s_namespace: str,  # noqa: F811
+    k8s_cluster: DevCluster,
+    k8s_namespace: str,
     crd: str,
 ) -> None:
     ns = k8s_namespace
@@ -270,8 +269,8 @@ def test_examples_become_ready_on_fake_gpus(
 
 
 def test_too_many_gpus_is_insufficient_gpu(
-    k8s_cluster: DevCluster,  # noqa: F811
-    k8s_namespace: str,  # noqa: F811
+    k8s_cluster: DevCluster,
+    k8s_namespace: str,
     crd: str,
 ) -> None:
     ns = k8s_namespace
@@ -308,8 +307,8 @@ def _deployment_uid(cluster: DevCluster, ns: str, name: str) -> str | None:
 
 
 def test_rollout_drift_restart_and_deletion(
-    k8s_cluster: DevCluster,  # noqa: F811
-    k8s_namespace: str,  # noqa: F811
+    k8s_cluster: DevCluster,
+    k8s_namespace: str,
     crd: str,
 ) -> None:
     ns = k8s_namespace
@@ -420,8 +419,8 @@ def test_rollout_drift_restart_and_deletion(
 
 
 def test_operator_works_with_exactly_its_cluster_role(
-    k8s_cluster: DevCluster,  # noqa: F811
-    k8s_namespace: str,  # noqa: F811
+    k8s_cluster: DevCluster,
+    k8s_namespace: str,
     crd: str,
     tmp_path: Path,
 ) -> None:
@@ -509,8 +508,8 @@ SERVICE_MONITOR_CRD: dict[str, Any] = {
 
 
 def test_service_monitor_follows_the_crd_and_the_switch(
-    k8s_cluster: DevCluster,  # noqa: F811
-    k8s_namespace: str,  # noqa: F811
+    k8s_cluster: DevCluster,
+    k8s_namespace: str,
     crd: str,
 ) -> None:
     """A stand-in Prometheus Operator CRD (schema-less) makes ServiceMonitors appear."""
@@ -554,8 +553,8 @@ def _free_port() -> int:
 
 
 def test_cli_runs_and_stops_on_sigterm_then_refuses_without_crd(
-    k8s_cluster: DevCluster,  # noqa: F811
-    k8s_namespace: str,  # noqa: F811
+    k8s_cluster: DevCluster,
+    k8s_namespace: str,
     crd: str,
 ) -> None:
     """The real ``fleetgate operator`` process: starts, reconciles, stops on SIGTERM."""
