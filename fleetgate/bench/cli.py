@@ -60,6 +60,11 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         "--report", type=Path, default=Path("bench/results"), help="Markdown + PNG directory"
     )
     p.add_argument("--no-report", action="store_true", help="skip the Markdown/PNG report")
+    p.add_argument(
+        "--report-name",
+        default=None,
+        help="report file name (default: the workloads); also prefixes the PNGs",
+    )
     p.add_argument("--peers-dir", type=Path, default=None, help="peer venvs root")
     p.add_argument(
         "--source",
@@ -106,6 +111,9 @@ def resolve(args: argparse.Namespace) -> Settings:
         raise CliError(f"--load-factors {args.load_factors!r}: expected numbers") from None
     if not factors or any(f <= 0 for f in factors):
         raise CliError("--load-factors must be positive numbers")
+    name = args.report_name
+    if name is not None and (not name or "/" in name or name.startswith(".")):
+        raise CliError(f"--report-name {name!r}: a plain file name, without '/'")
     scale = args.time_scale if args.time_scale is not None else 2.0 * args.engines
     if scale <= 0:
         raise CliError("--time-scale must be > 0")
@@ -236,6 +244,8 @@ def command_line(args: argparse.Namespace, settings: Settings) -> str:
         parts.append(f"--json {shlex.quote(str(args.json))}")
     if not args.no_report:
         parts.append(f"--report {shlex.quote(str(args.report))}")
+        if args.report_name:
+            parts.append(f"--report-name {shlex.quote(args.report_name)}")
     return " ".join(parts)
 
 
@@ -269,8 +279,11 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1))
     if not args.no_report:
-        plots = report.write_plots(aggs, args.report)
-        name = "-".join(settings.workloads) + ("-mixed" if settings.mixed else "")
+        name = args.report_name or (
+            "-".join(settings.workloads) + ("-mixed" if settings.mixed else "")
+        )
+        prefix = f"{args.report_name}-" if args.report_name else ""
+        plots = report.write_plots(aggs, args.report, prefix)
         md = report.render_markdown(
             aggs,
             title=f"fleetgate bench: {', '.join(settings.workloads)}",

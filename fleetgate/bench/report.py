@@ -214,13 +214,13 @@ def render_markdown(
                 lines += ["Other figures:", ""] + et + [""]
         lines += ["Goals:", ""] + goal_lines(w, mine) + [""]
         for p in plots:
-            if Path(p).name.startswith(w + "."):
+            if Path(p).stem.endswith(w):  # no workload name ends another's
                 lines += [f"![{w}]({Path(p).name})", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_plots(aggs: Sequence[Aggregate], out_dir: Path) -> list[Path]:
-    """One PNG per workload; returns the paths written."""
+def write_plots(aggs: Sequence[Aggregate], out_dir: Path, prefix: str = "") -> list[Path]:
+    """One PNG per workload, ``<prefix><workload>.png``; returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -271,7 +271,7 @@ def write_plots(aggs: Sequence[Aggregate], out_dir: Path) -> list[Path]:
         ax.set_title("per-class attainment")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out_dir / f"{w}.png"
+        path = out_dir / f"{prefix}{w}.png"
         fig.savefig(path, dpi=90)
         plt.close(fig)
         written.append(path)

@@ -51,6 +51,10 @@ def test_bench_run_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> 
     assert "not available" in capsys.readouterr().err
     assert main(["bench", "run", "agentic", "--load-factors", "x"]) == 2
     assert "--load-factors" in capsys.readouterr().err
+    assert main(["bench", "run", "agentic", "--report-name", "../x"]) == 2
+    assert "plain file name" in capsys.readouterr().err
+    assert main(["bench", "run", "agentic", "--source", "/nonexistent"]) == 2
+    assert "no fleetgate package" in capsys.readouterr().err
 
 
 def test_demo_short_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
