@@ -184,6 +184,38 @@ def goal_lines(workload: str, aggs: Sequence[Aggregate]) -> list[str]:
     return out
 
 
+HEADLINE: tuple[tuple[str, str, str], ...] = (
+    ("ttft_p50", "TTFT p50 (s)", "{:.3f}"),
+    ("ttft_p90", "TTFT p90 (s)", "{:.3f}"),
+    ("ttft_p99", "TTFT p99 (s)", "{:.3f}"),
+    ("hit_rate", "engine hit rate", "{:.1%}"),
+    ("imbalance", "imbalance", "{:.2f}"),
+    ("goodput", "goodput (req/s)", "{:.2f}"),
+    ("critical.ttft_objective_attainment", "critical met", "{:.1%}"),
+    ("errors", "errors", "{:.0f}"),
+    ("router_cpu_s", "router CPU (s)", "{:.1f}"),
+)
+
+
+def headline_table(aggs: Sequence[Aggregate]) -> list[str]:
+    """fleetgate (default) and every peer, per workload, at each one's top load factor."""
+    head = "| workload | contender | " + " | ".join(c[1] for c in HEADLINE) + " |"
+    lines = [head, "|" + "---|" * (len(HEADLINE) + 2)]
+    for w in dict.fromkeys(a.workload for a in aggs):
+        mine = [a for a in aggs if a.workload == w]
+        top = max(a.load_factor for a in mine)
+        for a in mine:
+            if a.load_factor != top or not (a.contender == "fleetgate" or is_peer(a.contender)):
+                continue
+            if a.failed == a.repeats:
+                lines.append(f"| {w} | {a.contender} | did not run |" + " |" * (len(HEADLINE) - 1))
+                continue
+            cells = [cell(a, k, f) for k, _, f in HEADLINE]
+            name = f"**{a.contender}**" if a.contender == "fleetgate" else a.contender
+            lines.append(f"| {w} | {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_markdown(
     aggs: Sequence[Aggregate],
     *,

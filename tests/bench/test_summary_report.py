@@ -131,3 +131,14 @@ def test_write_plots_makes_one_png_per_workload(tmp_path: Path) -> None:
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert p.stat().st_size > 10_000
+
+
+def test_headline_keeps_fleetgate_and_peers_only() -> None:
+    runs = [
+        summarise_run(_record(name, [0.2]), lambda c: 1.0)
+        for name in ("fleetgate", "fleetgate-random", "sglang-router-cache_aware")
+    ]
+    lines = report.headline_table(aggregate(runs))
+    rows = [line.split(" | ")[1] for line in lines[2:]]
+    assert rows == ["**fleetgate**", "sglang-router-cache_aware"]
+    assert "| shared-prefix | **fleetgate** | 0.200 | 0.200 | 0.200 | 20.0% | 1.50 |" in lines[2]
