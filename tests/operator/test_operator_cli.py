@@ -179,3 +179,54 @@ def test_cluster_role_lists_what_the_operator_touches() -> None:
     assert grants[("", "pods")] == {"list"}
     assert not any("*" in verbs or "*" in resource for (_, resource), verbs in grants.items())
     assert ("", "secrets") not in grants
+
+
+def test_health_and_metrics_endpoint() -> None:
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from fleetgate.operator.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    metrics.reconciles.labels(result="ok").inc()
+    healthy = threading.Event()
+    server = app._http_server(app.Endpoints("127.0.0.1", 0), metrics, healthy)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{base}/healthz", timeout=5)
+        assert info.value.code == 503
+        info.value.close()
+        healthy.set()
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        assert 'fleetgate_operator_reconciles_total{result="ok"} 1.0' in text
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"{base}/nope", timeout=5)
+        assert missing.value.code == 404
+        missing.value.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_connection_info_carries_the_same_credentials() -> None:
+    from kubernetes import client as k8s_client
+
+    cfg = k8s_client.Configuration()
+    cfg.host = "https://127.0.0.1:6443"
+    cfg.api_key = {"authorization": "Bearer T0KEN"}
+    cfg.verify_ssl = False
+    info = app.connection_info(cfg)
+    assert (info.server, info.token, info.scheme, info.insecure) == (
+        "https://127.0.0.1:6443",
+        "T0KEN",
+        "Bearer",
+        True,
+    )
