@@ -270,6 +270,7 @@ async def _drive(
         before = await scrape(client, fleet.engines)
         counters_before = await router_counters(client, url) if classes else {}
         cpu0, sim0, wall0 = router.cpu(), fleet.proc.cpu(), time.monotonic()
+        gen0 = time.process_time()
         results = await loadgen.run_sessions(
             url,
             MODEL,
@@ -282,11 +283,14 @@ async def _drive(
             priority_header=mapping,
         )
         cpu1, sim1, wall1 = router.cpu(), fleet.proc.cpu(), time.monotonic()
+        gen1 = time.process_time()
         after = await scrape(client, fleet.engines)
         extra: dict[str, Any] = {}
         if sim0 is not None and sim1 is not None:
             # > ~0.8 means the emulator itself was short of CPU (time scale too small)
             extra["sim_cpu_share"] = round((sim1 - sim0) / max(wall1 - wall0, 1e-9), 3)
+        # the load generator's own process (same caveat as the emulator's)
+        extra["loadgen_cpu_share"] = round((gen1 - gen0) / max(wall1 - wall0, 1e-9), 3)
         if classes:
             extra["priority_header"] = "class names" if mapping is None else "integer levels"
             counters = await router_counters(client, url)
