@@ -15,6 +15,8 @@ InsufficientGPU            a pod is unschedulable for lack of the GPU resource
 Unschedulable              a pod is unschedulable for another reason (affinity, ...)
 ImagePullFailed            ErrImagePull / ImagePullBackOff / InvalidImageName
 ContainerConfigError       e.g. the model auth Secret does not exist
+PodCreationFailed          the API server refuses the pods (missing PriorityClass,
+                           RuntimeClass, quota, admission policy)
 CrashLoop                  the engine keeps exiting (CrashLoopBackOff, restarts)
 ProgressDeadlineExceeded   the Deployment gave up waiting
 RolloutInProgress          pods of an older spec still run, or the new spec is unseen
@@ -60,6 +62,7 @@ DEGRADED_REASONS = (
     "Unschedulable",
     "ImagePullFailed",
     "ContainerConfigError",
+    "PodCreationFailed",
     "CrashLoop",
     "ProgressDeadlineExceeded",
 )
@@ -178,6 +181,9 @@ def _deployment_state(obs: Observation) -> tuple[dict[str, int], str | None, str
         "updatedReplicas": int(st.get("updatedReplicas", 0) or 0),
         "availableReplicas": int(st.get("availableReplicas", 0) or 0),
     }
+    for cond in st.get("conditions") or ():
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            return counts, "PodCreationFailed", str(cond.get("message", ""))
     for cond in st.get("conditions") or ():
         if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
             return counts, "ProgressDeadlineExceeded", str(cond.get("message", ""))

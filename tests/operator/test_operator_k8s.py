@@ -283,6 +283,15 @@ def test_too_many_gpus_is_insufficient_gpu(
         )
         assert condition(obj, "Degraded")["status"] == "True"
         assert "Insufficient nvidia.com/gpu" in condition(obj, "Ready")["message"]
+        # pods the API server refuses (no such PriorityClass): Degraded with its message
+        k8s_cluster.apply(isvc("refused", ns, scheduling={"priorityClassName": "no-such-class"}))
+        refused = wait_for(
+            "Ready=False PodCreationFailed",
+            ready_with(k8s_cluster, ns, "refused", "PodCreationFailed", "False"),
+            timeout=90,
+        )
+        assert "no-such-class" in condition(refused, "Degraded")["message"]
+
         # a child name taken by someone else's object: Degraded, never adopted
         k8s_cluster.kubectl("-n", ns, "create", "service", "clusterip", "taken", "--tcp=80:80")
         k8s_cluster.apply(isvc("taken", ns))

@@ -239,6 +239,28 @@ def conds(report: status.StatusReport) -> dict[str, tuple[str, str]]:
             id="deadline",
         ),
         pytest.param(
+            obs(
+                deployment=deployment(
+                    0,
+                    0,
+                    0,
+                    conditions=[
+                        {
+                            "type": "ReplicaFailure",
+                            "status": "True",
+                            "reason": "FailedCreate",
+                            "message": 'pods "svc-x" is forbidden: no PriorityClass "nope"',
+                        }
+                    ],
+                ),
+                pods=[],
+            ),
+            ("False", "PodCreationFailed"),
+            ("False", "PodCreationFailed"),
+            ("True", "PodCreationFailed"),
+            id="pods-refused",
+        ),
+        pytest.param(
             obs(desired_replicas=0, deployment=deployment(0, 0, 0), pods=[]),
             ("False", "ScaledToZero"),
             ("False", "Complete"),
