@@ -116,26 +116,14 @@ async def test_cached_tokens_in_stream_usage_chunk(
     assert cached < usage["prompt_tokens"], "the last prompt token is never served from cache"
 
 
-async def test_priority_orders_the_waiting_queue(
+class _SetupMissed(Exception):
+    """The load did not reach the state a priority round needs (timing, not a verdict)."""
+
+
+async def _priority_round(
     backend: Backend, client: httpx.AsyncClient
-) -> None:
-    """A late ``priority=-10`` request is scheduled before earlier ``priority=10`` ones.
-
-    Like fixture run 7, in three confirmed phases: four long ``priority=10``
-    requests fill the 4 slots (gauge: running 4); four 300-token ``priority=10``
-    requests queue behind them (gauge: waiting >= 4); then a 300-token
-    ``priority=-10`` request arrives. The longs end at different lengths, so
-    slots free one at a time: under priority scheduling the urgent request takes
-    the first free slot, under FCFS it would start only after all four queued
-    ones had started, about one long request's run later.
-
-    "Started" is when the request's first streamed token reached us. The
-    client can stall for a second on this VM (fixture README quirk 9), which
-    may make events that were seconds apart arrive together; hence the
-    tolerance: urgent must start no later than ``tolerance_s`` (0.5 s) after the first
-    queued request. FCFS would put it several seconds behind.
-    """
-    tolerance_s = 0.5
+) -> tuple[dict[str, float], dict[str, float]]:
+    """One round of the priority scenario; returns first-token and end times per tag."""
     prompt = "priority: " + "the " * 40
     first: dict[str, float] = {}
     done: dict[str, float] = {}
@@ -144,9 +132,8 @@ async def test_priority_orders_the_waiting_queue(
     async def job(tag: str, max_tokens: int, priority: int) -> None:
         payload = {"model": backend.model, "prompt": f"{tag} {prompt}", "max_tokens": max_tokens}
         payload |= {"ignore_eos": True, "temperature": 0, "priority": priority, "stream": True}
-        async with client.stream(
-            "POST", f"{backend.base_url}/v1/completions", json=payload
-        ) as resp:
+        url = f"{backend.base_url}/v1/completions"
+        async with client.stream("POST", url, json=payload) as resp:
             assert resp.status_code == 200
             async for line in resp.aiter_lines():
                 if line.startswith("data: {") and tag not in first:
@@ -155,7 +142,9 @@ async def test_priority_orders_the_waiting_queue(
 
     tasks: list[asyncio.Task[None]] = []
     try:
-        for i, n in enumerate((600, 900, 1200, 1500)):
+        # 4 x (45 + 700) tokens still fit the 24 x 128-token KV cache, so no
+        # preemption happens before the first long one ends.
+        for i, n in enumerate((700, 1000, 1300, 1600)):
             tasks.append(asyncio.create_task(job(f"long{i}", n, 10)))
         await poll(
             client,
@@ -167,26 +156,71 @@ async def test_priority_orders_the_waiting_queue(
         )
         for i in range(4):
             tasks.append(asyncio.create_task(job(f"queued{i}", 300, 10)))
-        seen = await poll(
-            client,
-            backend.base_url,
-            lambda s: s.value(WAITING) >= 4,
-            timeout_s=30,
-            interval_s=0.05,
-            what="the queued ones waiting (>= 4)",
-        )
-        assert seen.value(RUNNING) <= MAX_NUM_SEQS
+        try:
+            seen = await poll(
+                client,
+                backend.base_url,
+                lambda s: s.value(WAITING) >= 4 and s.value(RUNNING) == MAX_NUM_SEQS,
+                timeout_s=2,
+                interval_s=0.05,
+                what="the queued ones waiting (>= 4)",
+            )
+        except AssertionError as e:
+            raise _SetupMissed(str(e)) from None
+        if done:
+            raise _SetupMissed(f"a request ended before the urgent one was sent: {done}")
         assert seen.value("vllm:kv_cache_usage_perc") > 0
-        assert not done, f"a request ended before the urgent one was sent: {done}"
         tasks.append(asyncio.create_task(job("urgent", 300, -10)))
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=240)
     finally:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    report = f"first token at {first}, done at {done}"
-    queued_start = min(v for k, v in first.items() if k.startswith("queued"))
-    assert first["urgent"] <= queued_start + tolerance_s, report
+    return first, done
+
+
+async def test_priority_orders_the_waiting_queue(
+    backend: Backend, client: httpx.AsyncClient
+) -> None:
+    """A late ``priority=-10`` request is scheduled before earlier ``priority=10`` ones.
+
+    Like fixture run 7, in confirmed phases: four long ``priority=10`` requests
+    fill the 4 slots (gauge: running 4); four 300-token ``priority=10`` requests
+    queue behind them (gauges: running 4, waiting >= 4); then a 300-token
+    ``priority=-10`` request arrives. The longs end at different lengths, so
+    slots free one at a time: under priority scheduling the urgent request takes
+    the first free slot, under FCFS it would start only after all four queued
+    ones had started, about one long request's run later.
+
+    "Started" is when the request's first streamed token reached us. The
+    client can stall for a second on this VM (fixture README quirk 9), which
+    may make events that were seconds apart arrive together; hence the
+    tolerance: urgent must start no later than 0.5 s after the first queued
+    request. FCFS puts it seconds behind (seen with the emulator under fcfs).
+
+    A round whose set-up was not reached (a /metrics scrape stalled past the
+    first long request's end, so the queue state is unknown) says nothing about
+    priority; it is retried, at most 3 rounds, and then the check FAILS.
+    """
+    misses: list[str] = []
+    for _ in range(3):
+        try:
+            first, done = await _priority_round(backend, client)
+        except _SetupMissed as e:
+            misses.append(str(e))
+            await poll(
+                client,
+                backend.base_url,
+                lambda s: s.value(RUNNING) == 0 and s.value(WAITING) == 0,
+                timeout_s=60,
+                what="idle engine before the next round",
+            )
+            continue
+        queued_start = min(v for k, v in first.items() if k.startswith("queued"))
+        report = f"first token at {first}, done at {done}; earlier rounds missed: {misses}"
+        assert first["urgent"] <= queued_start + 0.5, report
+        return
+    pytest.fail(f"priority set-up never reached in 3 rounds: {misses}")
 
 
 async def _running_at_least_one(client: httpx.AsyncClient, backend: Backend) -> Scrape:
