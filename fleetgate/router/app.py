@@ -40,6 +40,7 @@ from fleetgate.router.scheduling.pipeline import PipelineWeights, default_pipeli
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.state import Endpoint, Fleet
+from fleetgate.router.upstream import HttpxUpstream, RawUpstream, Upstream
 
 
 def build_fleet(config: RouterConfig) -> Fleet:
@@ -85,7 +86,12 @@ def build_router(
     admission: Admission | None = None,
     start_background: bool = True,
 ) -> Starlette:
-    """The router app. ``transport`` replaces the network (tests use MockTransport)."""
+    """The router app.
+
+    ``transport`` replaces the network with an httpx transport (tests use
+    ``httpx.MockTransport``); the request path then runs over httpx instead of
+    the raw upstream client. Probes and scrapes always use the httpx client.
+    """
     config.check_loopback()
     fleet = build_fleet(config)
     sched = config.scheduling
@@ -105,11 +111,27 @@ def build_router(
     )
     metrics = RouterMetrics()
     metrics.watch_fleet(fleet, clock)
+    t = config.timeouts
+    upstream: Upstream
+    if transport is not None:
+        upstream = HttpxUpstream(
+            client,
+            httpx.Timeout(connect=t.connect_s, read=max(t.first_byte_s, t.idle_s), write=30.0,
+                          pool=t.connect_s),
+        )  # fmt: skip
+    else:
+        upstream = RawUpstream(
+            test_mode=config.effective_test_mode,
+            connect_timeout=t.connect_s,
+            first_byte_timeout=t.first_byte_s,
+            idle_timeout=t.idle_s,
+            max_idle=config.limits.connections_per_endpoint,
+        )
     services = Services(
         config=config,
         fleet=fleet,
         pipeline=pipeline,
-        client=client,
+        upstream=upstream,
         metrics=metrics,
         admission=admission or ImmediateAdmission(),
         inflight=InFlightTable(),
@@ -152,6 +174,7 @@ def build_router(
             yield
         finally:
             await poller.stop()
+            await upstream.aclose()
             await client.aclose()
 
     routes = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import socket
 
 from fleetgate.cli import CliError
 from fleetgate.router.config import ConfigError, RouterConfig, load_config, with_backends
@@ -65,10 +66,9 @@ def run(args: argparse.Namespace) -> int:
     loop = args.loop
     if loop == "auto":
         loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    uvicorn.run(
+    sock = listen_socket(args.host, args.port)
+    server_config = uvicorn.Config(
         app,
-        host=args.host,
-        port=args.port,
         loop=loop,
         http="httptools",
         lifespan="on",
@@ -76,4 +76,30 @@ def run(args: argparse.Namespace) -> int:
         log_level=level.lower(),
         timeout_keep_alive=75,
     )
+    try:
+        uvicorn.Server(server_config).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, created with ``IPPROTO_TCP``.
+
+    asyncio only sets TCP_NODELAY on accepted sockets whose ``proto`` is
+    IPPROTO_TCP (``base_events._set_nodelay``); a socket made with the default
+    proto 0 (as ``uvicorn`` binds it) leaves Nagle on under the plain asyncio
+    loop, which holds a response body behind its headers until the client's
+    delayed ACK (~40 ms). uvloop sets TCP_NODELAY itself; this covers both.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CliError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

@@ -13,13 +13,29 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
+import sys
 
 import httpx
 
 from fleetgate.router.config import is_loopback_host
 
 NODELAY_OPTIONS = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
+
+def _cache_missing_sniffio() -> None:
+    """Make httpcore's per-request ``import sniffio`` fail fast when it is not installed.
+
+    httpcore 1.0 runs ``import sniffio`` inside ``current_async_library()`` on every
+    lock set-up; without sniffio each call is a failed import that scans all of
+    ``sys.path`` (measured: ~22% of the router's CPU per request). A ``None`` entry
+    in ``sys.modules`` is Python's own negative import cache: the import raises
+    ``ImportError`` at once and httpcore falls back to asyncio, as it does now.
+    Nothing changes when sniffio is installed.
+    """
+    if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
+        sys.modules["sniffio"] = None  # type: ignore[assignment]
 
 
 class NonLoopbackBackendError(httpx.ConnectError):
@@ -50,6 +66,7 @@ def make_client(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> httpx.AsyncClient:
     """The router's upstream client. ``transport`` replaces the network (tests)."""
+    _cache_missing_sniffio()
     inner = transport or httpx.AsyncHTTPTransport(
         limits=httpx.Limits(
             max_connections=max_connections,

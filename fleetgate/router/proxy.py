@@ -35,7 +35,6 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 from starlette.types import Message, Receive, Scope, Send
 
 from fleetgate.engines.base import LEVEL_MAX, LEVEL_MIN
@@ -53,6 +52,7 @@ from fleetgate.router.scheduling.prefix import (
 )
 from fleetgate.router.scheduling.types import Decision, EndpointId, RequestView
 from fleetgate.router.state import EjectionPolicy, Endpoint, Fleet
+from fleetgate.router.upstream import Headers, Upstream, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("fleetgate.router")
 
@@ -83,7 +83,7 @@ class Services:
         config: RouterConfig,
         fleet: Fleet,
         pipeline: Pipeline,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         metrics: RouterMetrics,
         admission: Admission,
         inflight: InFlightTable,
@@ -93,7 +93,7 @@ class Services:
         self.config = config
         self.fleet = fleet
         self.pipeline = pipeline
-        self.client = client
+        self.upstream = upstream
         self.metrics = metrics
         self.admission = admission
         self.inflight = inflight
@@ -104,17 +104,15 @@ class Services:
             base_s=config.health.eject_base_s,
             max_s=config.health.eject_max_s,
         )
-        t = config.timeouts
-        self.timeout = httpx.Timeout(
-            connect=t.connect_s, read=max(t.first_byte_s, t.idle_s), write=30.0, pool=t.connect_s
-        )
         self.ids = itertools.count(1)
 
 
 class _Fail(Exception):
     """One attempt failed before any byte reached the client."""
 
-    def __init__(self, cause: str, retry: bool, response: tuple[int, Any, bytes] | None = None):
+    def __init__(
+        self, cause: str, retry: bool, response: tuple[int, bytes, Headers, bytes] | None = None
+    ):
         super().__init__(cause)
         self.cause = cause
         self.retry = retry
@@ -323,12 +321,18 @@ class ProxyEndpoint:
                     await send_error(send, 504, "request timed out in the router")
                 elif not send.ended:
                     await send.end_with_error(r.stream, "request timed out in the router")
-            except (httpx.HTTPError, OSError) as e:
+            except (UpstreamError, OSError) as e:
                 log.warning("request %s: upstream failure: %r", r.request_id, e)
                 if not send.started:
                     await send_error(send, 502, f"upstream failure: {type(e).__name__}")
                 elif not send.ended:
                     await send.end_with_error(r.stream, f"upstream failure: {type(e).__name__}")
+            except Exception as e:  # a router bug: answer once, log with traceback
+                log.exception("request %s: internal error", r.request_id)
+                if not send.started:
+                    await send_error(send, 500, f"internal router error: {type(e).__name__}")
+                elif not send.ended:
+                    await send.end_with_error(r.stream, "internal router error")
         finally:
             s.admission.release(ticket)
 
@@ -364,8 +368,8 @@ class ProxyEndpoint:
                 gauge.dec()
                 e.finish(r.kv_tokens)
         if last is not None and last.response is not None:
-            status, headers, body = last.response
-            await send_bytes(send, status, body, content_type=b"application/json", headers=headers)
+            status, ctype, headers, body = last.response
+            await send_bytes(send, status, body, content_type=ctype, headers=headers)
         elif last is not None and last.cause == "timeout":
             await send_error(send, 504, "the engine did not answer in time")
         else:
@@ -386,92 +390,74 @@ class ProxyEndpoint:
 
     async def _relay(self, r: _Req, send: _Tracked, e: Endpoint, predicted: int) -> None:
         s = self.s
-        req = s.client.build_request(
-            "POST",
-            e.url + r.path,
-            content=self._body_for(r, e),
-            headers=[(k, v) for k, v in r.headers if k.lower() != _PRIORITY_HEADER],
-            timeout=s.timeout,
-        )
+        headers_out = [(k, v) for k, v in r.headers if k.lower() != _PRIORITY_HEADER]
         try:
-            resp = await s.client.send(req, stream=True)
-        except httpx.ConnectTimeout:
-            raise _Fail("connect", retry=True) from None
-        except httpx.TimeoutException:
-            raise _Fail("timeout", retry=False) from None
-        except httpx.TransportError:
-            raise _Fail("connect", retry=True) from None
+            resp = await s.upstream.send(e.url, r.path, self._body_for(r, e), headers_out)
+        except UpstreamError as err:
+            raise _Fail(err.cause, retry=err.cause != "timeout") from None
         try:
-            headers = [(k, v) for k, v in resp.headers.raw if k.lower() not in _SKIP_RESPONSE] + [
-                (b"x-fleetgate-endpoint", e.id.encode())
-            ]
-            if resp.status_code >= 400:
+            headers = [(k, v) for k, v in resp.headers if k.lower() not in _SKIP_RESPONSE]
+            headers.append((b"x-fleetgate-endpoint", e.id.encode()))
+            if resp.status >= 400:
                 await self._upstream_error(send, e, resp, headers)
                 return
             e.record_success()
             if r.chain:
                 s.fleet.index.record(e.id, r.chain)
-            if r.stream and resp.headers.get("content-type", "").startswith("text/event-stream"):
+            if r.stream and resp.content_type().startswith(b"text/event-stream"):
                 await self._relay_stream(r, send, e, resp, headers, predicted)
             else:
                 try:
-                    data = await resp.aread()
-                except httpx.TransportError:
-                    raise _Fail("stream_broken", retry=True) from None
-                await send_bytes(
-                    send,
-                    resp.status_code,
-                    data,
-                    content_type=resp.headers.get("content-type", "application/json").encode(),
-                    headers=[h for h in headers if h[0].lower() != b"content-type"],
-                )
+                    data = await resp.read()
+                except UpstreamError as err:
+                    raise _Fail(err.cause, retry=True) from None
+                ctype = resp.content_type() or b"application/json"
+                rest = [h for h in headers if h[0].lower() != b"content-type"]
+                await send_bytes(send, resp.status, data, content_type=ctype, headers=rest)
                 self._usage(e, data, predicted)
                 s.metrics.e2e.labels(r.model, e.engine, "false").observe(s.clock() - r.arrival)
         finally:
             await resp.aclose()
 
     async def _upstream_error(
-        self, send: _Tracked, e: Endpoint, resp: httpx.Response, headers: list[tuple[bytes, bytes]]
+        self, send: _Tracked, e: Endpoint, resp: UpstreamResponse, headers: Headers
     ) -> None:
         try:
-            data = await resp.aread()
-        except httpx.TransportError:
+            data = await resp.read()
+        except UpstreamError:
             raise _Fail("stream_broken", retry=True) from None
-        status = resp.status_code
+        status = resp.status
         try:
             kind = e.adapter.classify_error(status, data[:_ERROR_BODY_LIMIT]).kind
         except Exception:  # an adapter must never turn a backend error into a router 500
             kind = "server" if status >= 500 else "client"
+        ctype = resp.content_type() or b"application/json"
+        rest = [h for h in headers if h[0].lower() != b"content-type"]
         if kind == "client":
             e.record_success()
-            ctype = resp.headers.get("content-type", "application/json").encode()
-            rest = [h for h in headers if h[0].lower() != b"content-type"]
             await send_bytes(send, status, data, content_type=ctype, headers=rest)
             return
         cause = "overload" if kind == "overload" else "status_5xx"
-        rest = [h for h in headers if h[0].lower() != b"content-type"]
-        raise _Fail(cause, retry=True, response=(status, rest, data))
+        raise _Fail(cause, retry=True, response=(status, ctype, rest, data))
 
     async def _relay_stream(
         self,
         r: _Req,
         send: _Tracked,
         e: Endpoint,
-        resp: httpx.Response,
-        headers: list[tuple[bytes, bytes]],
+        resp: UpstreamResponse,
+        headers: Headers,
         predicted: int,
     ) -> None:
         s = self.s
-        chunks = resp.aiter_raw()
+        chunks = resp.chunks()
         try:
             first = await chunks.__anext__()
         except StopAsyncIteration:
             first = b""
-        except httpx.TimeoutException:
-            raise _Fail("timeout", retry=False) from None
-        except httpx.TransportError:
+        except UpstreamError:
             raise _Fail("stream_broken", retry=True) from None
-        await send({"type": "http.response.start", "status": resp.status_code, "headers": headers})
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
         t = s.clock()
         s.metrics.ttft.labels(r.model, e.engine).observe(t - r.arrival)
@@ -485,9 +471,9 @@ class ProxyEndpoint:
                 t = now
                 if b'"usage"' in chunk:
                     usage_chunk = chunk
-        except httpx.TransportError as err:
+        except UpstreamError as err:
             s.metrics.upstream_errors.labels(e.id, e.engine, "stream_broken").inc()
-            await send.end_with_error(True, f"upstream stream broke: {type(err).__name__}")
+            await send.end_with_error(True, f"upstream stream broke: {err}")
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         send.ended = True

@@ -17,7 +17,7 @@ from fleetgate.router.config import RouterConfig, parse_config
 @contextlib.asynccontextmanager
 async def serve(app: ASGIApp, *, lifespan: str = "on") -> AsyncIterator[str]:
     """Run ``app`` with uvicorn on an ephemeral loopback port; yield its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -19,13 +19,17 @@ import contextlib
 import dataclasses
 import json
 import re
+import socket
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
+import pytest
 from routerkit import router_config, serve
 
+from fleetgate.engines.base import LoadSnapshot
 from fleetgate.router.app import build_router
+from fleetgate.router.upstream import NonLoopbackUpstream, RawUpstream, UpstreamConnectError
 from fleetgate.sim import EngineSpec, run_fleet
 
 MODEL = "m"
@@ -114,10 +118,11 @@ async def test_models_health_ready_metrics_mixed_pool() -> None:
         for i in range(12):
             path = "/v1/completions" if i % 2 else "/v1/chat/completions"
             body: dict[str, Any] = {"model": MODEL, "max_tokens": 4}
+            text = f"conversation {i}: {PREFIX}"  # distinct long prompts: rendezvous spreads them
             if i % 2:
-                body["prompt"] = f"x{i}"
+                body["prompt"] = text
             else:
-                body["messages"] = [{"role": "user", "content": f"x{i}"}]
+                body["messages"] = [{"role": "user", "content": text}]
             resp = await c.post(r.router + path, json=body)
             assert resp.status_code == 200, resp.text
         await asyncio.sleep(0.3)
@@ -222,3 +227,37 @@ async def test_backend_4xx_passes_through_unchanged() -> None:
             assert direct.status_code == 400
             assert via.status_code == direct.status_code
             assert via.content == direct.content
+
+
+async def test_dead_backend_is_retried_and_ejected_raw_client() -> None:
+    """A backend port with nothing listening: connect errors retry elsewhere, then ejection."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: refused
+        async with run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, model=MODEL) as fleet:
+            config = router_config([("vllm", dead), ("vllm", fleet.engines[0].url)])
+            app = build_router(config, start_background=False)
+            services = app.state.router
+            now = services.clock()
+            for e in services.fleet:  # the dead one looks best: it just died after a good scrape
+                e.healthy, e.models = True, frozenset({MODEL})
+                busy = 0 if e.url == dead else 4
+                e.scraped(LoadSnapshot(scraped_at=now, running=busy, waiting=0, kv_usage=0.0))
+            dead_ep = next(e for e in services.fleet if e.url == dead)
+            async with serve(app) as url, httpx.AsyncClient(timeout=30) as c:
+                for i in range(10):
+                    body = {"model": MODEL, "prompt": f"p{i}", "max_tokens": 2}
+                    resp = await c.post(url + "/v1/completions", json=body)
+                    assert resp.status_code == 200, resp.text
+                text = (await c.get(url + "/metrics")).text
+                assert scrape_sum(text, "fleetgate_upstream_errors_total", cause="connect") >= 1
+                assert scrape_sum(text, "fleetgate_endpoint_ejected", endpoint=dead_ep.id) == 1
+
+
+async def test_raw_upstream_refuses_non_loopback_in_test_mode() -> None:
+    up = RawUpstream(test_mode=True, connect_timeout=1, first_byte_timeout=1, idle_timeout=1)
+    with pytest.raises(NonLoopbackUpstream):
+        await up.send("http://10.1.2.3:8000", "/v1/completions", b"{}", [])
+    with pytest.raises(UpstreamConnectError):
+        await up.send("https://127.0.0.1:8000", "/v1/completions", b"{}", [])
+    await up.aclose()

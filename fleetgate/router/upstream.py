@@ -1,0 +1,389 @@
+"""Upstream HTTP/1.1 for the request path: a lean keep-alive client, or httpx.
+
+The proxy talks to engines through the :class:`Upstream` Protocol:
+
+* :class:`RawUpstream` (the default) is a minimal HTTP/1.1 client on asyncio
+  protocols and the ``httptools`` C parser (the one uvicorn uses), with a
+  keep-alive pool per endpoint. It exists because httpx/httpcore/anyio/h11 cost
+  ~1 ms of CPU per proxied request in profiles (bench/bench_router_overhead.py
+  ``--profile``), several times the rest of the router. Sockets get
+  ``TCP_NODELAY``; a response body arrives as the chunks the engine wrote.
+* :class:`HttpxUpstream` wraps an ``httpx.AsyncClient`` so tests can replace
+  the network with ``httpx.MockTransport``.
+
+Errors are translated at this one boundary into :class:`UpstreamError`
+subclasses whose ``cause`` the proxy and metrics use:
+``connect`` (nothing reached the engine, or the connection died before any
+response byte), ``timeout`` (no response headers in time), ``stream_broken``
+(the body stopped early). Closing a response that is not complete closes its
+connection, which is how the engine learns the client went away.
+
+Test mode: both refuse non-loopback hosts before any socket is opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+from collections.abc import AsyncIterator
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import httptools
+import httpx
+
+from fleetgate.router.config import is_loopback_host
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class UpstreamError(Exception):
+    cause = "connect"
+
+
+class UpstreamConnectError(UpstreamError):
+    cause = "connect"
+
+
+class UpstreamTimeout(UpstreamError):
+    cause = "timeout"
+
+
+class UpstreamBroken(UpstreamError):
+    cause = "stream_broken"
+
+
+class NonLoopbackUpstream(UpstreamConnectError):
+    """Test mode refused a backend outside 127.0.0.0/8 (or ::1)."""
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    headers: Headers
+
+    def content_type(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Body chunks as they arrive; raises UpstreamBroken / UpstreamTimeout."""
+        ...
+
+    async def read(self) -> bytes: ...
+
+    async def aclose(self) -> None:
+        """Release: keep-alive reuse when complete, else close the connection."""
+        ...
+
+
+class Upstream(Protocol):
+    async def send(self, base: str, path: str, body: bytes, headers: Headers) -> UpstreamResponse:
+        """Send a POST; return once the response headers are in."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+# ------------------------------------------------------------------ raw client
+
+_MAX_BUFFER = 1 << 20
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection; one request at a time."""
+
+    def __init__(self, key: tuple[str, int]) -> None:
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: Headers = []
+        self.head: asyncio.Future[None] | None = None
+        self.body: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.waiter: asyncio.Future[None] | None = None
+        self.complete = False
+        self.received = False
+        self.error: UpstreamError | None = None
+        self.paused = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(UpstreamBroken(f"bad HTTP from upstream: {e}"))
+            if self.transport is not None:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete:
+            err: UpstreamError = (
+                UpstreamBroken("upstream closed the connection mid-response")
+                if self.status
+                else UpstreamConnectError("upstream closed the connection before answering")
+            )
+            self._fail(err)
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self.head is not None and not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+        if self.buffered > _MAX_BUFFER and self.transport is not None and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _fail(self, err: UpstreamError) -> None:
+        if self.error is None:
+            self.error = err
+        if self.head is not None and not self.head.done():
+            self.head.set_exception(err)
+        self._wake()
+
+    @property
+    def reusable(self) -> bool:
+        return (
+            self.complete
+            and not self.closed
+            and self.transport is not None
+            and not self.transport.is_closing()
+            and self.parser.should_keep_alive()
+        )
+
+
+class _RawResponse:
+    def __init__(self, pool: RawUpstream, conn: _Conn, idle_s: float) -> None:
+        self.pool = pool
+        self.conn = conn
+        self.status = conn.status
+        self.headers = conn.headers
+        self.idle_s = idle_s
+        self.released = False
+
+    def content_type(self) -> bytes:
+        for k, v in self.headers:
+            if k.lower() == b"content-type":
+                return v
+        return b""
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        conn = self.conn
+        loop = asyncio.get_running_loop()
+        while True:
+            if conn.body:
+                chunk = conn.body.popleft()
+                conn.buffered -= len(chunk)
+                if conn.paused and conn.buffered < _MAX_BUFFER // 2 and conn.transport:
+                    conn.paused = False
+                    conn.transport.resume_reading()
+                yield chunk
+                continue
+            if conn.complete:
+                return
+            if conn.error is not None:
+                raise conn.error
+            conn.waiter = loop.create_future()
+            try:
+                async with asyncio.timeout(self.idle_s):
+                    await conn.waiter
+            except TimeoutError:
+                raise UpstreamBroken(f"no body bytes for {self.idle_s}s") from None
+            finally:
+                conn.waiter = None
+
+    async def read(self) -> bytes:
+        return b"".join([c async for c in self.chunks()])
+
+    async def aclose(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        self.pool.release(self.conn)
+
+
+class RawUpstream:
+    """Keep-alive pools per (host, port); ``max_idle`` idle connections kept per endpoint."""
+
+    def __init__(
+        self,
+        *,
+        test_mode: bool,
+        connect_timeout: float,
+        first_byte_timeout: float,
+        idle_timeout: float,
+        max_idle: int = 512,
+    ) -> None:
+        self.test_mode = test_mode
+        self.connect_timeout = connect_timeout
+        self.first_byte_timeout = first_byte_timeout
+        self.idle_timeout = idle_timeout
+        self.max_idle = max_idle
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._keys: dict[str, tuple[str, int, bytes]] = {}
+
+    def _key(self, base: str) -> tuple[str, int, bytes]:
+        key = self._keys.get(base)
+        if key is None:
+            parts = urlsplit(base)
+            if parts.scheme != "http" or not parts.hostname:
+                raise UpstreamConnectError(f"only http:// backends are supported: {base!r}")
+            host = parts.hostname
+            port = parts.port or 80
+            if self.test_mode and not is_loopback_host(host):
+                raise NonLoopbackUpstream(f"test mode: refusing non-loopback backend {host!r}")
+            netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            key = self._keys[base] = (host, port, netloc.encode())
+        return key
+
+    async def _connect(self, host: str, port: int) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, proto = await loop.create_connection(lambda: _Conn((host, port)), host, port)
+        except TimeoutError:
+            raise UpstreamConnectError(f"connect to {host}:{port} timed out") from None
+        except OSError as e:
+            raise UpstreamConnectError(f"connect to {host}:{port}: {e.strerror or e}") from None
+        return proto
+
+    async def send(self, base: str, path: str, body: bytes, headers: Headers) -> UpstreamResponse:
+        host, port, netloc = self._key(base)
+        head = [b"POST ", path.encode(), b" HTTP/1.1\r\nhost: ", netloc, b"\r\n"]
+        for k, v in headers:
+            head += [k, b": ", v, b"\r\n"]
+        head += [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body]
+        payload = b"".join(head)
+        idle = self._idle.get((host, port))
+        while idle:
+            conn = idle.pop()
+            if conn.closed or conn.transport is None or conn.transport.is_closing():
+                continue
+            try:
+                return await self._exchange(conn, payload)
+            except UpstreamConnectError:
+                continue  # a stale keep-alive connection: nothing was answered, try afresh
+        conn = await self._connect(host, port)
+        return await self._exchange(conn, payload)
+
+    async def _exchange(self, conn: _Conn, payload: bytes) -> UpstreamResponse:
+        conn._reset()
+        conn.parser = httptools.HttpResponseParser(conn)
+        head = conn.head = asyncio.get_running_loop().create_future()
+        assert conn.transport is not None
+        conn.transport.write(payload)
+        try:
+            async with asyncio.timeout(self.first_byte_timeout):
+                await head
+        except TimeoutError:
+            conn.transport.close()
+            raise UpstreamTimeout(f"no response headers in {self.first_byte_timeout}s") from None
+        except BaseException:
+            conn.transport.close()
+            raise
+        return _RawResponse(self, conn, self.idle_timeout)
+
+    def release(self, conn: _Conn) -> None:
+        if conn.reusable:
+            idle = self._idle.setdefault(conn.key, [])
+            if len(idle) < self.max_idle:
+                idle.append(conn)
+                return
+        if conn.transport is not None:
+            conn.transport.close()
+
+    async def aclose(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                if conn.transport is not None:
+                    conn.transport.close()
+        self._idle.clear()
+
+
+# ------------------------------------------------------------------ httpx client
+
+
+class _HttpxResponse:
+    def __init__(self, resp: httpx.Response) -> None:
+        self.resp = resp
+        self.status = resp.status_code
+        self.headers: Headers = list(resp.headers.raw)
+
+    def content_type(self) -> bytes:
+        return str(self.resp.headers.get("content-type", "")).encode()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            content = self.resp.content  # already read (MockTransport builds such responses)
+        except httpx.ResponseNotRead:
+            pass
+        else:
+            if content:
+                yield content
+            return
+        try:
+            async for chunk in self.resp.aiter_raw():
+                yield chunk
+        except httpx.TimeoutException:
+            raise UpstreamBroken("upstream body timed out") from None
+        except httpx.TransportError as e:
+            raise UpstreamBroken(f"upstream body broke: {type(e).__name__}") from None
+
+    async def read(self) -> bytes:
+        return b"".join([c async for c in self.chunks()])
+
+    async def aclose(self) -> None:
+        await self.resp.aclose()
+
+
+class HttpxUpstream:
+    """The request path over an ``httpx.AsyncClient`` (tests: ``MockTransport``)."""
+
+    def __init__(self, client: httpx.AsyncClient, timeout: httpx.Timeout) -> None:
+        self.client = client
+        self.timeout = timeout
+
+    async def send(self, base: str, path: str, body: bytes, headers: Headers) -> UpstreamResponse:
+        req = self.client.build_request(
+            "POST", base + path, content=body, headers=headers, timeout=self.timeout
+        )
+        try:
+            resp = await self.client.send(req, stream=True)
+        except httpx.ConnectTimeout:
+            raise UpstreamConnectError("connect timed out") from None
+        except httpx.TimeoutException:
+            raise UpstreamTimeout("no response headers in time") from None
+        except httpx.TransportError as e:
+            raise UpstreamConnectError(f"{type(e).__name__}: {e}") from None
+        return _HttpxResponse(resp)
+
+    async def aclose(self) -> None:
+        return None
