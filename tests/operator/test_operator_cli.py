@@ -49,13 +49,16 @@ class _Api:
     def __init__(self, served: bool | Exception, listing: Exception | None = None) -> None:
         self.served = served
         self.listing = listing
+        self.calls: list[str] = []
 
     def kind_exists(self, api_version: str, kind: str) -> bool:
+        self.calls.append(f"kind_exists {kind}")
         if isinstance(self.served, Exception):
             raise self.served
         return self.served
 
     def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[Any]:
+        self.calls.append(f"list {kind} in {namespace!r}")
         if self.listing is not None:
             raise self.listing
         return []
@@ -90,7 +93,9 @@ def test_start_up_checks_are_explained(api: _Api, message: str) -> None:
 
 
 def test_healthy_api_passes_the_checks() -> None:
-    app.check_api(_Api(True), "https://127.0.0.1:6443")  # type: ignore[arg-type]
+    api = _Api(True)
+    app.check_api(api, "https://127.0.0.1:6443", "ns")  # type: ignore[arg-type]
+    assert api.calls == ["kind_exists InferenceService", "list InferenceService in 'ns'"]
 
 
 @pytest.mark.parametrize(
