@@ -27,7 +27,7 @@ import asyncio
 import collections
 import socket
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -109,11 +109,12 @@ class _Conn(asyncio.Protocol):
         self.received = False
         self.error: UpstreamError | None = None
         self.paused = False
+        self.keep_alive = False
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses; same interface.
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -143,6 +144,8 @@ class _Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        # Ask now: after the message completes llhttp's flags are reset for the next one.
+        self.keep_alive = self.parser.should_keep_alive()
         if self.head is not None and not self.head.done():
             self.head.set_result(None)
 
@@ -176,7 +179,7 @@ class _Conn(asyncio.Protocol):
             and not self.closed
             and self.transport is not None
             and not self.transport.is_closing()
-            and self.parser.should_keep_alive()
+            and self.keep_alive
         )
 
 
