@@ -314,6 +314,10 @@ class RawUpstream:
             raise
         return _RawResponse(self, conn, self.idle_timeout)
 
+    def idle_connections(self) -> int:
+        """Keep-alive connections waiting in the pools (for tests and metrics)."""
+        return sum(len(conns) for conns in self._idle.values())
+
     def release(self, conn: _Conn) -> None:
         if conn.reusable:
             idle = self._idle.setdefault(conn.key, [])

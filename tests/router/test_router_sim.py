@@ -106,6 +106,8 @@ async def test_passthrough_nonstream_and_stream_match_direct() -> None:
             # Same framing: identical bytes apart from ids and timestamps.
             norm = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
             assert norm.sub(b"", v.content) == norm.sub(b"", d.content)
+        # Sequential requests reused one keep-alive upstream connection.
+        assert r.app.state.router.upstream.idle_connections() == 1
 
 
 async def test_models_health_ready_metrics_mixed_pool() -> None:
