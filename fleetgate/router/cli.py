@@ -12,9 +12,17 @@ import argparse
 import importlib.util
 import logging
 import socket
+from typing import Any
+from urllib.parse import urlsplit
 
 from fleetgate.cli import CliError
-from fleetgate.router.config import ConfigError, RouterConfig, load_config, with_backends
+from fleetgate.router.config import (
+    ConfigError,
+    RouterConfig,
+    is_loopback_host,
+    load_config,
+    with_backends,
+)
 
 
 def build_parser(parser: argparse.ArgumentParser) -> None:
@@ -42,9 +50,34 @@ def resolve_config(args: argparse.Namespace) -> RouterConfig:
         config.check_loopback()
     except ConfigError as e:
         raise CliError(str(e)) from None
-    if not config.backends():
+    if not config.backends() and config.discovery.kind == "static":
         raise CliError("no backends: pass --backend ENGINE=URL or a --config with pools")
     return config
+
+
+def attach_discovery(app: Any, config: RouterConfig) -> None:
+    """Wire ``discovery.kind: kubernetes`` (fleetgate/router/discovery_k8s.py) into the app."""
+    if config.discovery.kind != "kubernetes":
+        return
+    from pydantic import ValidationError
+
+    from fleetgate.router.discovery_k8s import KubernetesDiscoveryConfig, attach
+
+    try:
+        k8s = KubernetesDiscoveryConfig.model_validate(config.discovery.kubernetes or {})
+    except ValidationError as e:
+        where = "; ".join(
+            "discovery.kubernetes." + ".".join(str(p) for p in err["loc"]) + f": {err['msg']}"
+            for err in e.errors()
+        )
+        raise CliError(where) from None
+    allow = None
+    if config.effective_test_mode:
+
+        def allow(url: str) -> bool:
+            return is_loopback_host(urlsplit(url).hostname or "")
+
+    attach(app, k8s, allow_url=allow)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         app = build_router(config)
     except ConfigError as e:
         raise CliError(str(e)) from None
+    attach_discovery(app, config)
     loop = args.loop
     if loop == "auto":
         loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"

@@ -136,7 +136,10 @@ class Limits(_Strict):
 
 
 class Discovery(_Strict):
-    kind: Literal["static"] = "static"
+    kind: Literal["static", "kubernetes"] = "static"
+    """``static``: only ``pools``; ``kubernetes``: also the engines the operator runs."""
+    kubernetes: dict[str, Any] | None = None
+    """Settings of ``fleetgate.router.discovery_k8s.KubernetesDiscoveryConfig``."""
 
 
 class RouterConfig(_Strict):

@@ -117,3 +117,15 @@ def test_cli_user_errors(argv: list[str], message: str, capsys: pytest.CaptureFi
     err = capsys.readouterr().err.strip()
     assert err.startswith("fleetgate router: error:") and message in err
     assert len(err.splitlines()) == 1
+
+
+def test_cli_kubernetes_discovery_settings_are_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("discovery: {kind: kubernetes, kubernetes: {sourc: pods}}\n")
+    assert main(["router", "--port", "18201", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "discovery.kubernetes.sourc" in err and len(err.splitlines()) == 1
+    with pytest.raises(ConfigError, match="discovery.kind"):
+        parse_config({"discovery": {"kind": "consul"}})
