@@ -8,6 +8,7 @@ Targets (all bound to 127.0.0.1, all proxying the same engine):
   fleetgate      ``fleetgate router --backend vllm=URL`` (uvloop + httptools)
   vllm-router    0.1.17 from PyPI (hack/install-peers.sh), default policy
   sglang-router  0.3.2 from PyPI, ``python -m sglang_router.launch_router``, default policy
+  fg-asyncio     (``--compare-loops``) fleetgate on the plain asyncio loop instead of uvloop
 
 Figures per target: p50/p99 latency of 1-token non-streaming completions at
 concurrency 1 and the latency ADDED over direct; requests/s at ``--concurrency``
@@ -211,7 +212,9 @@ class Proc:
         raise RuntimeError(f"{self.name} not ready in {within_s}s: {last}")
 
 
-def start_targets(tmp: Path, engine: str, skip_peers: bool, profile: Path | None) -> list[Proc]:
+def start_targets(
+    tmp: Path, engine: str, skip_peers: bool, profile: Path | None, compare_loops: bool = False
+) -> list[Proc]:
     py = sys.executable
     procs = []
     port = free_port()
@@ -219,6 +222,11 @@ def start_targets(tmp: Path, engine: str, skip_peers: bool, profile: Path | None
     if profile is not None:
         fg = [py, "-m", "cProfile", "-o", str(profile), *fg[1:]]
     procs.append(Proc("fleetgate", fg, port, tmp / "fleetgate.log"))
+    if compare_loops:
+        port = free_port()
+        argv = [py, "-m", "fleetgate", "router", "--port", str(port), "--backend",
+                f"vllm={engine}", "--loop", "asyncio"]  # fmt: skip
+        procs.append(Proc("fg-asyncio", argv, port, tmp / "fleetgate-asyncio.log"))
     if skip_peers:
         return procs
     vr = PEERS / "vllm-router-0.1.17" / "bin" / "vllm-router"
@@ -261,7 +269,7 @@ async def main_async(args: argparse.Namespace) -> int:
     targets: list[Proc] = []
     try:
         await sim.ready()
-        targets = start_targets(tmp, engine, args.skip_peers, None)
+        targets = start_targets(tmp, engine, args.skip_peers, None, args.compare_loops)
         usable = [sim]
         for t in targets:
             try:
@@ -360,6 +368,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--compare-loops", action="store_true", help="also run fleetgate on the asyncio loop"
+    )
     parser.add_argument("--keep-logs", action="store_true")
     return asyncio.run(main_async(parser.parse_args()))
 

@@ -30,6 +30,7 @@ from fleetgate.engines.base import LoadSnapshot
 from fleetgate.router.app import build_router
 from fleetgate.router.client import NonLoopbackBackendError, make_client
 from fleetgate.router.config import ConfigError
+from fleetgate.router.poller import metrics_url
 from fleetgate.router.proxy import Services
 
 A, B = "127.0.0.1:18001", "127.0.0.1:18002"
@@ -348,3 +349,9 @@ async def test_test_mode_refuses_non_loopback() -> None:
             await client.get("http://10.1.2.3:8000/health")
         assert (await client.get("http://127.0.0.2:8000/health")).status_code == 200
     assert len(called) == 1
+
+
+def test_metrics_source_with_its_own_port() -> None:
+    assert metrics_url("http://127.0.0.1:8000", None) == "http://127.0.0.1:8000"
+    assert metrics_url("http://127.0.0.1:8000", 8002) == "http://127.0.0.1:8002"
+    assert metrics_url("http://[::1]:8000", 8002) == "http://[::1]:8002"
