@@ -133,7 +133,8 @@ async def run_sessions(
 ) -> list[RequestResult]:
     """Replay ``sessions`` against ``base_url``; never runs past ``deadline_s``.
 
-    No new request starts after ``send_until_s`` (default: never stop early);
+    No follow-up turn starts after ``send_until_s`` (default: never stop early;
+    first turns are the schedule and always go, even when a busy loop wakes late);
     requests still in flight at the deadline are returned with the error
     ``unfinished at deadline`` so that a slow contender's worst requests count
     as misses instead of vanishing.
@@ -155,8 +156,8 @@ async def run_sessions(
             for k, turn in enumerate(session.turns):
                 if k and turn.think_s:
                     await asyncio.sleep(turn.think_s)
-                if send_until_s is not None and clock() - t0 > send_until_s:
-                    return
+                if k and send_until_s is not None and clock() - t0 > send_until_s:
+                    return  # first turns always go: they are the fixed schedule
                 async with limit:
                     res = RequestResult(
                         session.session_id, k, session.priority_class or "standard", clock() - t0
