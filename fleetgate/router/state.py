@@ -55,7 +55,6 @@ class Endpoint:
     scrape_failing: bool = False
     scrape_errors: int = 0
     counts: RouterCounts = dataclasses.field(default_factory=RouterCounts)
-    prefix_hits_at_reset: float | None = None
 
     # ---------------------------------------------------------------- traffic
 
@@ -112,9 +111,6 @@ class Endpoint:
         if ok and self.ejected_until is not None and now >= self.ejected_until:
             self.ejected_until = None
             self.consecutive_failures = 0
-
-    def reset_ejections(self) -> None:
-        self.ejections = 0
 
 
 class Fleet:
