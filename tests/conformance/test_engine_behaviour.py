@@ -75,7 +75,7 @@ async def test_prefix_cache_hits_rise_on_shared_prefix(
     before = await scrape(client, backend.base_url)
     a = await _complete(client, backend, prefix + " Question A: what is gamma?", 4)
     b = await _complete(client, backend, prefix + " Question B: what is delta?", 4)
-    prompt_total = a["usage"]["prompt_tokens"] + b["usage"]["prompt_tokens"]
+    prompt_total: int = a["usage"]["prompt_tokens"] + b["usage"]["prompt_tokens"]
     assert a["usage"]["prompt_tokens"] > 2 * BLOCK_SIZE
 
     def grew(s: Scrape) -> bool:
@@ -221,6 +221,46 @@ async def test_priority_orders_the_waiting_queue(
         assert first["urgent"] <= queued_start + 0.5, report
         return
     pytest.fail(f"priority set-up never reached in 3 rounds: {misses}")
+
+
+async def test_kv_pressure_preempts_and_moves_the_gauges(
+    backend: Backend, client: httpx.AsyncClient
+) -> None:
+    """Four requests that outgrow the 3,072-token KV cache together force a preemption.
+
+    Each needs ~45 + 1000 tokens (9 blocks of 128); 4 x 9 = 36 > 24 blocks, so
+    when they reach ~720 tokens each a running request cannot get a block and
+    the scheduler preempts one (vLLM: recomputed later). All still finish with
+    every token. Seen on real vLLM in fixture load_timeseries (2 preemptions).
+    """
+    before = await scrape(client, backend.base_url)
+    prompt = "pressure: " + "the " * 40
+    jobs = [_complete(client, backend, f"p{i} {prompt}", 1000) for i in range(MAX_NUM_SEQS)]
+    tasks = [asyncio.create_task(j) for j in jobs]
+    try:
+        high = await poll(
+            client,
+            backend.base_url,
+            lambda s: s.value("vllm:kv_cache_usage_perc") >= 0.75,
+            timeout_s=60,
+            what="kv_cache_usage_perc >= 0.75",
+        )
+        assert high.value("vllm:kv_cache_usage_perc") <= 1.0
+        results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=240)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert [r["usage"]["completion_tokens"] for r in results] == [1000] * MAX_NUM_SEQS
+    key = "vllm:num_preemptions_total"
+    after = await poll(
+        client,
+        backend.base_url,
+        lambda s: s.value(key) > before.value(key) and s.value(RUNNING) == 0,
+        timeout_s=15,
+        what="num_preemptions_total grown and the engine idle",
+    )
+    assert after.value("vllm:kv_cache_usage_perc") < high.value("vllm:kv_cache_usage_perc")
 
 
 async def _running_at_least_one(client: httpx.AsyncClient, backend: Backend) -> Scrape:

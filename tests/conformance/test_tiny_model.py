@@ -34,7 +34,11 @@ def test_tiny_model_rebuild_is_byte_identical(tmp_path: Path) -> None:
     for name in names:
         assert (cached / name).read_bytes() == (fresh / name).read_bytes(), name
     config = json.loads((fresh / "config.json").read_text())
-    expected = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    expected: dict[str, object] = {
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    }
     expected |= {"head_dim": 32, "num_key_value_heads": 4, "intermediate_size": 256}
     expected |= {"vocab_size": 2048, "dtype": "float32"}
     assert {k: config[k] for k in expected} == expected
