@@ -23,6 +23,7 @@ from fleetgate.operator import rbac
 from fleetgate.operator.options import parse_tolerations
 from fleetgate.router import cli as router_cli
 from fleetgate.router.config import parse_config
+from fleetgate.router.discovery_k8s import KubernetesDiscoveryConfig
 
 
 def _hack(name: str) -> ModuleType:
@@ -221,12 +222,6 @@ def test_operator_args_and_env_are_what_the_cli_accepts() -> None:
     assert (probe["path"], probe["port"]) == ("/healthz", "metrics")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="router config.py does not accept discovery.kind=kubernetes yet: the wiring patch "
-    "is in ship's report (router files are another engineer's); strict, so this fails loudly "
-    "once the patch lands and the marker must go",
-)
 def test_router_args_and_config_are_what_the_router_accepts() -> None:
     objs = render()
     c = _container(objs, "router")
@@ -240,7 +235,8 @@ def test_router_args_and_config_are_what_the_router_accepts() -> None:
     )
     config = parse_config(yaml.safe_load(cm["data"]["router.yaml"]))
     assert config.discovery.kind == "kubernetes"
-    assert config.discovery.kubernetes.source == "endpointslices"
+    k8s = KubernetesDiscoveryConfig.model_validate(config.discovery.kubernetes)
+    assert (k8s.source, k8s.namespaces, k8s.kubeconfig) == ("endpointslices", (), None)
     assert c["ports"][0]["containerPort"] == args.port
 
 

@@ -308,8 +308,8 @@ async def test_helm_operator_router_and_emulated_engines_end_to_end(
         router = f"http://127.0.0.1:{port}"
         procs.start(
             "router",
-            [sys.executable, str(Path(__file__).parent / "router_launcher.py"),
-             str(tmp_path / "router.yaml"), str(port)],
+            [FLEETGATE, "router", "--config", str(tmp_path / "router.yaml"), "--port", str(port),
+             "--host", "127.0.0.1", "--log-level", "info"],
         )  # fmt: skip
 
         # 4. One InferenceService per engine.
@@ -377,6 +377,9 @@ async def test_helm_operator_router_and_emulated_engines_end_to_end(
                     cluster.kubectl, "-n", ns, "delete", "pod", victim, "--wait=false"
                 )
                 await until(lambda: gone(healthy, f"{ns}/{victim}"), 60, f"{victim} left the fleet")
+                # The counter counts answered requests: let the ones in flight on the
+                # victim when it left finish (8-token streams take ~50 ms), then freeze it.
+                await asyncio.sleep(1.0)
                 before = (await routed()).get(f"{ns}/{victim}", 0.0)
                 await until(lambda: synced_pods(5), 90, "the replacement pod")
                 got = await until(lambda: healthy_len(healthy, 4), 60, "the replacement joined")
