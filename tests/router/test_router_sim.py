@@ -263,3 +263,20 @@ async def test_raw_upstream_refuses_non_loopback_in_test_mode() -> None:
     with pytest.raises(UpstreamConnectError):
         await up.send("https://127.0.0.1:8000", "/v1/completions", b"{}", [])
     await up.aclose()
+
+
+async def test_two_router_replicas_place_new_prefixes_alike() -> None:
+    """Replicas share no state, yet rendezvous hashing puts each new prefix on one engine."""
+    specs = [EngineSpec(kind="vllm") for _ in range(3)]
+    async with run_fleet(specs, "127.0.0.1", 0, model=MODEL) as fleet:
+        backends = [(e.kind, e.url) for e in fleet.engines]
+        one, two = build_router(router_config(backends)), build_router(router_config(backends))
+        async with serve(one) as a, serve(two) as b, httpx.AsyncClient(timeout=30) as c:
+            placed: dict[int, set[str]] = collections.defaultdict(set)
+            for k in range(8):
+                body = {"model": MODEL, "prompt": f"tenant {k} says: {PREFIX}", "max_tokens": 2}
+                for url in (a, b):
+                    resp = await c.post(url + "/v1/completions", json=body)
+                    placed[k].add(resp.headers["x-fleetgate-endpoint"])
+            assert all(len(v) == 1 for v in placed.values()), placed
+            assert len({next(iter(v)) for v in placed.values()}) > 1  # and they spread
