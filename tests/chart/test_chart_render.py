@@ -24,6 +24,7 @@ from fleetgate.operator.options import parse_tolerations
 from fleetgate.router import cli as router_cli
 from fleetgate.router.config import parse_config
 from fleetgate.router.discovery_k8s import KubernetesDiscoveryConfig
+from fleetgate.router.priority.config import PriorityConfig
 
 
 def _hack(name: str) -> ModuleType:
@@ -261,3 +262,22 @@ def test_kwok_tolerations_and_pull_secrets_render() -> None:
         assert pod["imagePullSecrets"] == [{"name": "regcred"}]
         assert pod["containers"][0]["image"] == "ghcr.io/fleetgate/fleetgate:9.9"
         assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_tuning_values_in_docs_deploy_md_render_and_validate(tmp_path: Path) -> None:
+    text = (REPO / "docs" / "deploy.md").read_text()
+    marker = text.index("<!-- deploy-values:")
+    block = text[marker:].split("```yaml\n", 1)[1].split("```", 1)[0]
+    values = tmp_path / "tuning.yaml"
+    values.write_text(block)
+    objs = render("-f", str(values))
+    cm = next(
+        o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"] == "rel-fleetgate-router"
+    )
+    config = parse_config(yaml.safe_load(cm["data"]["router.yaml"]))
+    k8s = KubernetesDiscoveryConfig.model_validate(config.discovery.kubernetes)
+    assert (k8s.namespaces, k8s.pools) == (("llm",), ("chat",))
+    assert config.scheduling.weights.prefix == 3
+    priority = PriorityConfig.model_validate(config.priority)
+    assert [c.name for c in priority.classes] == ["critical", "standard", "batch"]
+    assert priority.body_priority_map == {"1": "critical", "-1": "batch"}
