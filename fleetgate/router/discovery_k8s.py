@@ -1,43 +1,41 @@
 """Kubernetes discovery: the router's fleet follows the engines the operator runs.
 
-What is watched. The operator gives every ``InferenceService`` NAME a Service NAME
-whose labels carry ``fleetgate.dev/{pool,model,engine,role}``
-(``fleetgate/operator/manifests.py``). The EndpointSlice controller copies a
-Service's labels onto its EndpointSlices and adds ``kubernetes.io/service-name``,
-so the router watches
+What is watched. For every ``InferenceService`` NAME the operator creates a Service
+NAME and pods labelled ``fleetgate.dev/{pool,model,engine,role}`` and
+``app.kubernetes.io/instance: NAME`` (``fleetgate/operator/manifests.py``). The
+EndpointSlice controller copies the Service's labels onto its slices and adds
+``kubernetes.io/service-name``. The router LISTs and WATCHes
 
-* EndpointSlices selected by ``fleetgate.dev/pool`` (only operator-made ones): the
-  pod IPs and ports, and per endpoint ``conditions.ready``;
-* InferenceServices: the authoritative engine type, pool, role, served model name,
-  weight and concurrency limit of the Service of the same name.
+* the addresses, from one ``source``: EndpointSlices selected by ``fleetgate.dev/pool``
+  (default; per endpoint ``conditions.ready``, unset meaning ready as the API
+  defines) or the pods with that label (Ready condition, not terminating). Pods are
+  for clusters whose slices cannot hold the pod IPs: the API server refuses loopback
+  addresses in EndpointSlices, so the kwok dev cluster (pod IPs 127.0.1.x) uses them;
+* the InferenceServices: engine type, pool, role, served model, weight (0 drains)
+  and concurrency limit, joined to the addresses by namespace and name.
 
-An endpoint is routable when its slice belongs to an existing InferenceService of
-the same name and namespace, the endpoint is ``ready`` (unset counts as ready, as
-the EndpointSlice API defines), the service's weight is not 0 (0 drains it) and its
-pool/role pass the configured filters. Ready endpoints join the router's
-:class:`~fleetgate.router.state.Fleet`; unready, terminating or deleted ones leave.
+Ready addresses of an existing InferenceService that pass the pool/role filters join
+the router's :class:`~fleetgate.router.state.Fleet`; the rest leave it.
 
-How (httpx streaming watch on the router's event loop, not the ``kubernetes``
-client's watch in a worker thread): the router is asyncio + httpx already, a watch
-task is cancelled like every other background task (the blocking urllib3 read of
-the official client cannot be interrupted, so a thread could only be abandoned),
-and nothing has to cross threads into the fleet, which the event loop owns without
-locks. Only the *credentials* come from the official ``kubernetes`` package
-(kubeconfig with any auth plugin, or the in-cluster ServiceAccount whose token is
-re-read before every request since bound tokens rotate).
+How: an httpx streaming watch on the router's event loop, not the ``kubernetes``
+client's watch in a worker thread. The router is asyncio + httpx already, a watch
+task is cancelled like every other background task (a thread blocked in urllib3
+could only be abandoned), and nothing crosses threads into the fleet, which the
+loop owns without locks. Only the credentials come from the official client's
+loaders (kubeconfig with any auth plugin, or the in-cluster ServiceAccount, whose
+token is re-read per request since bound tokens rotate).
 
-Watch protocol (``Reflector``), as client-go's reflector does it: LIST (paged) gives
-the objects and a ``resourceVersion``; WATCH from it with bookmarks; a watch that
-ends (server timeout, dropped connection) resumes from the last version seen; a
-410 Gone (HTTP status, or an ``ERROR`` event with code 410) means the version was
-compacted away, so the reflector LISTs again and *replaces* its cache in one step.
-Endpoints are computed from the caches, never from events, so a relist or an
-outage never removes an endpoint that still exists: the fleet only changes when
-the recomputed set differs (invariant tested against the real API server).
+Watch protocol (:class:`Reflector`, as client-go's): a paged LIST gives the objects
+and a resourceVersion; WATCH from it with bookmarks; a watch that ends resumes from
+the last version seen; errors back off and keep the cache; 410 Gone (HTTP status or
+an ``ERROR`` event) means the version was compacted, so it LISTs again and replaces
+its cache in one step. The fleet is recomputed from the caches, never from events,
+so a relist or an outage never removes an endpoint that still exists (tested
+against the real API server).
 
-Pure parts (``targets_for``, ``plan``, ``WatchCache``) take plain dicts and are
-unit-tested without a server; ``FleetMembership`` is the only code that mutates
-the fleet, and it removes only endpoints it added (static backends stay).
+Pure parts (``addresses_from_*``, ``desired_targets``, ``plan``, ``WatchCache``) take
+plain dicts. :class:`FleetMembership` is the only code that mutates the fleet and it
+removes only endpoints it added, so static ``pools`` keep working alongside.
 """
 
 from __future__ import annotations
@@ -48,13 +46,14 @@ import dataclasses
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetgate.engines import UnknownEngineError, get_adapter
+from fleetgate.router.config import ConfigError
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.state import Endpoint, Fleet
 
@@ -333,7 +332,7 @@ class ApiAccess:
 
 
 def load_access(kubeconfig: str | None) -> ApiAccess:
-    """Credentials via the official client's loaders (blocking: call in a thread)."""
+    """Credentials via the official client's loaders (blocking file reads, at start-up)."""
     from kubernetes import config as kconfig
     from kubernetes.client import Configuration
 
@@ -432,7 +431,7 @@ class Reflector:
         self.on_change()
         self.synced.set()
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
         params = self._params(
             watch="1",
             allowWatchBookmarks="true",
@@ -460,9 +459,10 @@ class Reflector:
                 if need_list:
                     await self.list()
                     need_list = False
-                async for event in self.events():
-                    if self.cache.apply(event):
-                        self.on_change()
+                async with contextlib.aclosing(self.events()) as events:
+                    async for event in events:
+                        if self.cache.apply(event):
+                            self.on_change()
                 delay = 0.25  # a clean end (server timeout): resume at once
             except Gone as e:
                 log.info("%s: %s; listing again", self.path, e)
@@ -492,13 +492,15 @@ class FleetMembership:
         self.poller = poller
         self.allow_url = allow_url or (lambda url: True)
         self.targets: dict[EndpointId, Target] = {}
+        self.refused: set[Target] = set()
         self._tasks: dict[EndpointId, list[asyncio.Task[None]]] = {}
 
     def add(self, t: Target) -> bool:
+        """Add a discovered endpoint; False (logged once) if its id or URL is refused."""
         if t.id in self.fleet.endpoints or not self.allow_url(t.url):
-            log.warning(
-                "discovered endpoint %s (%s) refused: id taken or URL not allowed", t.id, t.url
-            )
+            if t not in self.refused:
+                self.refused.add(t)
+                log.warning("endpoint %s (%s) refused: id in use or URL not allowed", t.id, t.url)
             return False
         adapter = get_adapter(t.engine)
         e = Endpoint(
@@ -560,43 +562,24 @@ class KubernetesDiscovery:
     """Reflectors for slices and InferenceServices, reconciled into the fleet."""
 
     def __init__(
-        self,
-        membership: FleetMembership,
-        config: KubernetesDiscoveryConfig,
-        access: ApiAccess,
+        self, membership: FleetMembership, config: KubernetesDiscoveryConfig, access: ApiAccess
     ) -> None:
         self.membership = membership
         self.config = config
-        self.access = access
         self.client = httpx.AsyncClient(
             verify=access.verify,
             trust_env=False,
             timeout=httpx.Timeout(10.0, read=config.watch_timeout_s + 30.0),
         )
         self._changed = asyncio.Event()
-        namespaces = config.namespaces or ("",)
-        self.addresses = [
-            Reflector(
-                self.client,
-                access,
-                resource_path(config.source, ns),
-                LABEL_POOL,
-                config,
-                self._changed.set,
-            )
-            for ns in namespaces
-        ]
-        self.services = [
-            Reflector(
-                self.client,
-                access,
-                resource_path("inferenceservices", ns),
-                None,
-                config,
-                self._changed.set,
-            )
-            for ns in namespaces
-        ]
+
+        def reflector(kind: Any, selector: str | None, ns: str) -> Reflector:
+            path = resource_path(kind, ns)
+            return Reflector(self.client, access, path, selector, config, self._changed.set)
+
+        namespaces = config.namespaces or ("",)  # "": all namespaces
+        self.addresses = [reflector(config.source, LABEL_POOL, ns) for ns in namespaces]
+        self.services = [reflector("inferenceservices", None, ns) for ns in namespaces]
         self._tasks: list[asyncio.Task[None]] = []
 
     def desired(self) -> dict[EndpointId, Target]:
@@ -667,14 +650,22 @@ def attach(
     """Run Kubernetes discovery inside the app's lifespan, after the poller started.
 
     ``app`` is what :func:`fleetgate.router.app.build_router` returns (it exposes
-    ``app.state.router.fleet`` and ``app.state.poller``).
+    ``app.state.router.fleet`` and ``app.state.poller``). Credentials are loaded here,
+    before serving, so a missing or broken kubeconfig is a one-line
+    :class:`~fleetgate.router.config.ConfigError`, not a failed lifespan.
     """
+    try:
+        access = load_access(config.kubeconfig)
+    except Exception as e:  # the loaders raise ConfigException, OSError, ValueError...
+        where = config.kubeconfig or "in-cluster service account or KUBECONFIG/~/.kube/config"
+        raise ConfigError(
+            f"discovery.kubernetes: cannot load credentials from {where}: {e}"
+        ) from None
     inner = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
     async def lifespan(a: Starlette) -> AsyncIterator[Any]:
         async with inner(a) as state:
-            access = await asyncio.to_thread(load_access, config.kubeconfig)
             membership = FleetMembership(a.state.router.fleet, a.state.poller, allow_url=allow_url)
             discovery = KubernetesDiscovery(membership, config, access)
             a.state.discovery = discovery

@@ -20,7 +20,7 @@ from fleetgate.devcluster import FAKE_NODE_TOLERATION, DevCluster
 from fleetgate.operator import manifests
 from fleetgate.router import discovery_k8s as d
 from fleetgate.router.app import build_router
-from fleetgate.router.config import RouterConfig, is_loopback_host
+from fleetgate.router.config import ConfigError, RouterConfig, is_loopback_host
 from fleetgate.router.scheduling.types import EndpointId
 
 REPO = Path(__file__).resolve().parents[2]
@@ -327,6 +327,62 @@ async def test_reflector_keeps_its_cache_through_api_errors() -> None:
     assert r.lists == 1  # errors are retried by watching again from "5", not by relisting
     assert [q.url.params.get("resourceVersion") for q in api.requests[1:4]] == ["5"] * 3
     assert list(r.cache.objects) == [("ns", "a")]
+
+
+# --------------------------------------------------------------------------- membership
+
+VLLM_METRICS = Path("/work/shared/fixtures/vllm-0.32-cpu/metrics_a_after_start.prom.txt")
+
+
+def fake_engines(request: httpx.Request) -> httpx.Response:
+    """Every engine answers health, models and the recorded vLLM 0.32 /metrics."""
+    if request.url.path == "/health":
+        return httpx.Response(200)
+    if request.url.path == "/v1/models":
+        return httpx.Response(200, json={"object": "list", "data": [{"id": "llama-3"}]})
+    if request.url.path == "/metrics":
+        return httpx.Response(200, content=VLLM_METRICS.read_bytes())
+    return httpx.Response(404)
+
+
+def target(eid: str, url: str) -> d.Target:
+    return d.Target(EndpointId(eid), "chat", "vllm", url, 16, "ns", "llama", "llama-3")
+
+
+async def test_membership_adds_polls_and_removes_only_its_own_endpoints() -> None:
+    config = RouterConfig.model_validate(
+        {
+            "test_mode": True,
+            "pools": [{"backends": [{"engine": "vllm", "url": "http://127.0.0.1:9"}]}],
+            "health": {"interval_s": 0.05},
+            "scrape": {"interval_s": 0.02},
+        }
+    )
+    app = build_router(config, transport=httpx.MockTransport(fake_engines), start_background=False)
+    async with app.router.lifespan_context(app):
+        fleet = app.state.router.fleet
+        m = d.FleetMembership(
+            fleet, app.state.poller, allow_url=lambda u: is_loopback_host(httpx.URL(u).host)
+        )
+        assert m.add(target("ns/a", "http://127.0.1.9:8000")) is True
+        assert m.add(target("127.0.0.1:9", "http://127.0.1.10:8000")) is False  # static id
+        assert m.add(target("ns/b", "http://192.0.2.1:8000")) is False  # not loopback
+        e = fleet.endpoints[EndpointId("ns/a")]
+        assert (e.engine, e.pool, e.capacity_hint) == ("vllm", "chat", 16)
+        await _until(lambda: e.healthy and e.models == {"llama-3"} and e.snapshot is not None, 5)
+        await m.close()
+        assert list(fleet.endpoints) == ["127.0.0.1:9"]  # the static backend stays
+        assert m.targets == {}
+
+
+def test_attach_with_a_broken_kubeconfig_is_a_one_line_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    app = build_router(RouterConfig(test_mode=True), start_background=False)
+    with pytest.raises(ConfigError, match=r"^discovery.kubernetes: cannot load credentials from"):
+        d.attach(app, d.KubernetesDiscoveryConfig(kubeconfig=str(bad)))
+    with pytest.raises(ConfigError, match="cannot load credentials"):
+        d.attach(app, d.KubernetesDiscoveryConfig(kubeconfig=str(tmp_path / "missing")))
 
 
 # --------------------------------------------------------------------------- real API
