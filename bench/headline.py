@@ -1,6 +1,7 @@
 """Print the README headline table from ``fleetgate bench run --json`` files.
 
     python bench/headline.py /tmp/fg-bench/*.json
+    python bench/headline.py --plots bench/results /tmp/fg-bench/x.json   # redraw PNGs
 
 One row per workload for fleetgate (default settings) and each peer router,
 medians of repeats with (min-max), followed by the goal verdicts.
@@ -36,6 +37,9 @@ def load(path: Path) -> list[Aggregate]:
 
 
 def main(paths: list[str]) -> int:
+    plots_dir = None
+    if paths[:1] == ["--plots"]:
+        plots_dir, paths = Path(paths[1]), paths[2:]
     aggs: list[Aggregate] = []
     commands = []
     for p in paths:
@@ -48,6 +52,13 @@ def main(paths: list[str]) -> int:
         print("\n".join(report.goal_lines(w, [a for a in aggs if a.workload == w])))
     print()
     print("\n".join(commands))
+    if plots_dir is not None:
+        for p in paths:
+            name = Path(p).stem
+            mine = load(Path(p))
+            prefix = f"{name}-" if name not in {a.workload for a in mine} else ""
+            for written in report.write_plots(mine, plots_dir, prefix):
+                print(f"plot: {written}")
     return 0
 
 

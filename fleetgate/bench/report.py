@@ -269,15 +269,27 @@ def write_plots(aggs: Sequence[Aggregate], out_dir: Path, prefix: str = "") -> l
         at_top = {a.contender: a for a in mine if a.load_factor == top}
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
         ax = axes[0]
-        for n in names:
+        if len({a.load_factor for a in mine}) == 1:
+            # one load level: TTFT p90 per contender, whiskers = min-max over repeats
+            spreads = [at_top[n].metrics.get("ttft_p90") if n in at_top else None for n in names]
+            mids = [sp[0] if sp else 0.0 for sp in spreads]
+            lo = [sp[0] - sp[1] if sp else 0.0 for sp in spreads]
+            hi = [sp[2] - sp[0] if sp else 0.0 for sp in spreads]
+            colors = ["C1" if is_peer(n) else "C0" for n in names]
+            ax.barh(names, mids, xerr=[lo, hi], color=colors, capsize=3)
+            ax.set_xlabel("TTFT p90 (modelled s), median and min-max of repeats")
+            ax.set_title(f"{w}: TTFT p90 at load x{top:g}")
+            ax.tick_params(axis="y", labelsize=7)
+        for n in names if len({a.load_factor for a in mine}) > 1 else ():
             pts = sorted((a.load_factor, median(a, "ttft_p90")) for a in mine if a.contender == n)
             xs = [x for x, y in pts if y is not None]
             ys = [y for _, y in pts if y is not None]
             ax.plot(xs, ys, marker="o", label=n, linestyle="-" if is_peer(n) else "--")
-        ax.set_xlabel("offered load (x the workload's base rate)")
-        ax.set_ylabel("TTFT p90 (modelled s)")
-        ax.set_title(f"{w}: TTFT p90 vs load")
-        ax.legend(fontsize=7)
+        if len({a.load_factor for a in mine}) > 1:
+            ax.set_xlabel("offered load (x the workload's base rate)")
+            ax.set_ylabel("TTFT p90 (modelled s)")
+            ax.set_title(f"{w}: TTFT p90 vs load")
+            ax.legend(fontsize=7)
         ax = axes[1]
         hits = [median(at_top[n], "hit_rate") if n in at_top else None for n in names]
         ax.barh(
