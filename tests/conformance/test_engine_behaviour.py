@@ -223,36 +223,57 @@ async def test_priority_orders_the_waiting_queue(
     pytest.fail(f"priority set-up never reached in 3 rounds: {misses}")
 
 
-async def test_kv_pressure_preempts_and_moves_the_gauges(
-    backend: Backend, client: httpx.AsyncClient
-) -> None:
-    """Four requests that outgrow the 3,072-token KV cache together force a preemption.
-
-    Each needs ~45 + 1000 tokens (9 blocks of 128); 4 x 9 = 36 > 24 blocks, so
-    when they reach ~720 tokens each a running request cannot get a block and
-    the scheduler preempts one (vLLM: recomputed later). All still finish with
-    every token. Seen on real vLLM in fixture load_timeseries (2 preemptions).
-    """
-    before = await scrape(client, backend.base_url)
-    prompt = "pressure: " + "the " * 40
-    jobs = [_complete(client, backend, f"p{i} {prompt}", 1000) for i in range(MAX_NUM_SEQS)]
+async def _pressure_round(
+    backend: Backend, client: httpx.AsyncClient, tag: str
+) -> tuple[list[float], list[dict[str, Any]]]:
+    """Run 8 x 1000-token requests; sample kv_cache_usage_perc until they are all done."""
+    prompt = f"pressure {tag}: " + "the " * 40
+    jobs = [_complete(client, backend, f"p{i} {prompt}", 1000) for i in range(2 * MAX_NUM_SEQS)]
     tasks = [asyncio.create_task(j) for j in jobs]
+    samples: list[float] = []
     try:
-        high = await poll(
-            client,
-            backend.base_url,
-            lambda s: s.value("vllm:kv_cache_usage_perc") >= 0.75,
-            timeout_s=60,
-            what="kv_cache_usage_perc >= 0.75",
-        )
-        assert high.value("vllm:kv_cache_usage_perc") <= 1.0
+        while not all(t.done() for t in tasks):
+            s = await scrape(client, backend.base_url)
+            samples.append(s.value("vllm:kv_cache_usage_perc"))
+            await asyncio.wait(tasks, timeout=0.05)
         results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=240)
     finally:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    assert [r["usage"]["completion_tokens"] for r in results] == [1000] * MAX_NUM_SEQS
+    return samples, results
+
+
+async def test_kv_pressure_preempts_and_moves_the_gauges(
+    backend: Backend, client: httpx.AsyncClient
+) -> None:
+    """Requests that outgrow the 3,072-token KV cache together force preemptions.
+
+    Each needs ~45 + 1000 tokens (9 blocks of 128); 4 running x 9 = 36 > 24
+    blocks, so when they reach ~720 tokens each a running request cannot get a
+    block and the scheduler preempts one (vLLM: recomputed later). 8 requests
+    make two such waves. All still return every token, ``kv_cache_usage_perc``
+    reaches >= 0.75 while they run and ``num_preemptions_total`` grows. Seen on
+    real vLLM in fixture load_timeseries (2 preemptions, usage 0.87).
+
+    The usage gauge is sampled all through the load. On this VM a scrape can
+    stall for 1-2 s and miss the high-usage window entirely; a round with fewer
+    than 10 samples is inconclusive and retried (at most 3 rounds).
+    """
     key = "vllm:num_preemptions_total"
+    before = await scrape(client, backend.base_url)
+    rounds: list[str] = []
+    for attempt in range(3):
+        samples, results = await _pressure_round(backend, client, f"{backend.name}{attempt}")
+        assert [r["usage"]["completion_tokens"] for r in results] == [1000] * len(results)
+        peak = max(samples, default=0.0)
+        rounds.append(f"{len(samples)} samples, peak {peak:.3f}")
+        if peak >= 0.75 or len(samples) >= 10:
+            assert 0.75 <= peak <= 1.0, f"kv usage never reached 0.75: {rounds}"
+            break
+    else:
+        pytest.fail(f"every round inconclusive (scrapes stalled): {rounds}")
+    print(f"kv pressure rounds on {backend.name}: {rounds}")
     after = await poll(
         client,
         backend.base_url,
@@ -260,7 +281,7 @@ async def test_kv_pressure_preempts_and_moves_the_gauges(
         timeout_s=15,
         what="num_preemptions_total grown and the engine idle",
     )
-    assert after.value("vllm:kv_cache_usage_perc") < high.value("vllm:kv_cache_usage_perc")
+    assert after.value("vllm:kv_cache_usage_perc") < peak
 
 
 async def _running_at_least_one(client: httpx.AsyncClient, backend: Backend) -> Scrape:

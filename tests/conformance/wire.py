@@ -226,12 +226,17 @@ async def poll(
 
 
 def _gauges(s: Scrape) -> str:
-    """running/waiting and how long the scrape took, e.g. ``r4w2(0.03)``."""
+    """running/waiting/KV usage and the scrape's duration, e.g. ``r4w2kv0.52(0.03)``."""
     try:
         r, w = s.value("vllm:num_requests_running"), s.value("vllm:num_requests_waiting")
     except KeyError:
         return "?"
-    return f"r{r:g}w{w:g}({s.elapsed_s:.2f})"
+    kv = s.samples.get(("vllm:kv_cache_usage_perc", _labels_of(s, "vllm:kv_cache_usage_perc")), -1)
+    return f"r{r:g}w{w:g}kv{kv:.2f}({s.elapsed_s:.2f})"
+
+
+def _labels_of(s: Scrape, name: str) -> Labels:
+    return next((ls for (n, ls) in s.samples if n == name), frozenset())
 
 
 def _brief(s: Scrape) -> str:
