@@ -149,3 +149,34 @@ def test_helm_install_makes_every_workload_available_and_uninstall_keeps_the_crd
         "get", "clusterroles", "-l", f"app.kubernetes.io/instance={release}"
     )
     assert roles["items"] == []
+
+
+def test_router_rbac_grants_reads_only_in_the_watched_namespaces(
+    k8s_cluster: DevCluster, k8s_namespace: str
+) -> None:
+    """The real RBAC authorizer on the chart's router ServiceAccount, ClusterRole and
+    per-namespace RoleBinding (``discovery.kubernetes.namespaces`` set)."""
+    release = f"fg-{uuid.uuid4().hex[:6]}"
+    text = render_text(
+        "--set-json", f'router.config.discovery.kubernetes.namespaces=["{k8s_namespace}"]',
+        "--show-only", "templates/router.yaml", release=release, namespace=k8s_namespace,
+    )  # fmt: skip
+    k8s_cluster.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=text)
+    sa = f"system:serviceaccount:{k8s_namespace}:{release}-fleetgate-router"
+    try:
+
+        def can(verb: str, resource: str, namespace: str) -> bool:
+            res = k8s_cluster.kubectl(
+                "auth", "can-i", verb, resource, "-n", namespace, "--as", sa, check=False
+            )
+            return res.stdout.strip() == "yes"
+
+        assert can("watch", "endpointslices.discovery.k8s.io", k8s_namespace)
+        assert can("list", "inferenceservices.fleetgate.dev", k8s_namespace)
+        assert not can("list", "endpointslices.discovery.k8s.io", "default")
+        assert not can("list", "inferenceservices.fleetgate.dev", "kube-system")
+        assert not can("list", "pods", k8s_namespace)
+        assert not can("patch", "inferenceservices.fleetgate.dev", k8s_namespace)
+        assert not can("get", "secrets", k8s_namespace)
+    finally:
+        k8s_cluster.kubectl("delete", "clusterrole", f"{release}-fleetgate-router", check=False)

@@ -281,3 +281,33 @@ def test_the_tuning_values_in_docs_deploy_md_render_and_validate(tmp_path: Path)
     priority = PriorityConfig.model_validate(config.priority)
     assert [c.name for c in priority.classes] == ["critical", "standard", "batch"]
     assert priority.body_priority_map == {"1": "critical", "-1": "batch"}
+
+
+def test_router_rbac_is_namespaced_when_discovery_is() -> None:
+    objs = render("--set-json", 'router.config.discovery.kubernetes.namespaces=["a","b"]')
+    bindings = [o for o in by_kind(objs, "RoleBinding")]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["a", "b"]
+    role = one(objs, "ClusterRole", "router")
+    assert {b["roleRef"]["name"] for b in bindings} == {role["metadata"]["name"]}
+    assert [
+        o for o in by_kind(objs, "ClusterRoleBinding") if "router" in o["metadata"]["name"]
+    ] == []
+    default = render()
+    assert by_kind(default, "RoleBinding") == []
+    assert one(default, "ClusterRoleBinding", "router")["subjects"][0]["namespace"] == "fg"
+
+
+def test_every_value_is_documented() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    missing: list[str] = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for key, sub in node.get("properties", {}).items():
+            where = f"{path}.{key}" if path else key
+            if not sub.get("description"):
+                missing.append(where)
+            walk(sub, where)
+
+    walk(schema, "")
+    assert missing == []
+    assert schema["additionalProperties"] is False
