@@ -280,3 +280,30 @@ async def test_two_router_replicas_place_new_prefixes_alike() -> None:
                     placed[k].add(resp.headers["x-fleetgate-endpoint"])
             assert all(len(v) == 1 for v in placed.values()), placed
             assert len({next(iter(v)) for v in placed.values()}) > 1  # and they spread
+
+
+async def test_non_streaming_client_disconnect_aborts_upstream() -> None:
+    async with (
+        rig([EngineSpec(kind="vllm")], time_scale=5.0) as r,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        body = {"model": MODEL, "prompt": "a long answer", "max_tokens": 400, "ignore_eos": True}
+        async with httpx.AsyncClient(timeout=30) as doomed:
+            task = asyncio.get_running_loop().create_task(
+                doomed.post(r.router + "/v1/completions", json=body)
+            )
+            for _ in range(100):
+                if await metric(c, r.engines[0], "vllm:num_requests_running") == 1:
+                    break
+                await asyncio.sleep(0.02)
+            task.cancel()  # closes the client's connection mid-request
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for _ in range(100):
+            if await metric(c, r.engines[0], "vllm:num_requests_running") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert await metric(c, r.engines[0], "vllm:num_requests_running") == 0
+        assert await metric(c, r.engines[0], "vllm:generation_tokens_total") < 200
+        await asyncio.sleep(0.1)
+        assert await metric(c, r.router, "fleetgate_client_disconnects_total") == 1
