@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +29,7 @@ _SCRAPE = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 class RouterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         ep = ["endpoint", "engine"]
         self.requests = Counter(
             "fleetgate_requests",
@@ -134,6 +136,15 @@ class RouterMetrics:
             ep,
             registry=r,
         )
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, memoised: the request path asks for the same few
+        children on every request, and label sets are bounded (see module docstring)."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def watch_fleet(self, fleet: Fleet, clock: Callable[[], float]) -> None:
         """Export per-endpoint state computed at scrape time (health, ages, engine counters)."""

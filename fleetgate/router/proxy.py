@@ -157,7 +157,7 @@ class ProxyEndpoint:
         finally:
             if sent.status:
                 r.status = sent.status
-            s.metrics.requests.labels(r.model, r.engine, r.endpoint, str(r.status)).inc()
+            s.metrics.child(s.metrics.requests, r.model, r.engine, r.endpoint, str(r.status)).inc()
             log.info(
                 "%s model=%s status=%s endpoint=%s dur_ms=%.1f",
                 self.path,
@@ -276,7 +276,7 @@ class ProxyEndpoint:
             if not task.done():
                 item.cancel("client-disconnect")
                 if r.endpoint != "none":
-                    s.metrics.client_disconnects.labels(r.endpoint, r.engine).inc()
+                    s.metrics.child(s.metrics.client_disconnects, r.endpoint, r.engine).inc()
                 r.status = r.status or 499
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -312,7 +312,9 @@ class ProxyEndpoint:
                 msg = f"no healthy endpoint serves model `{r.model}` ({e.filter_name})"
                 await send_error(send, 503, msg, retry_after=s.config.limits.retry_after_s)
                 return
-            s.metrics.decisions.labels(r.model, decision.reason, decision.decided_by).inc()
+            s.metrics.child(
+                s.metrics.decisions, r.model, decision.reason, decision.decided_by
+            ).inc()
             try:
                 async with asyncio.timeout(s.config.timeouts.total_s):
                     await self._attempts(r, send, decision, item)
@@ -345,22 +347,22 @@ class ProxyEndpoint:
                 break
             e = s.fleet.endpoints[eid]
             if attempts:
-                s.metrics.retries.labels(r.model, last.cause if last else "unknown").inc()
+                s.metrics.child(s.metrics.retries, r.model, last.cause if last else "unknown").inc()
             attempts += 1
             r.endpoint, r.engine = e.id, e.engine
             item.endpoint = e.id
             predicted = s.fleet.index.match(e.id, r.chain) if r.chain else 0
             e.dispatch(r.kv_tokens)
-            gauge = s.metrics.in_flight.labels(e.id, e.engine)
+            gauge = s.metrics.child(s.metrics.in_flight, e.id, e.engine)
             gauge.inc()
             try:
                 await self._relay(r, send, e, predicted)
                 return
             except _Fail as f:
                 last = f
-                s.metrics.upstream_errors.labels(e.id, e.engine, f.cause).inc()
+                s.metrics.child(s.metrics.upstream_errors, e.id, e.engine, f.cause).inc()
                 if e.record_failure(s.clock(), s.ejection):
-                    s.metrics.ejections.labels(e.id, e.engine).inc()
+                    s.metrics.child(s.metrics.ejections, e.id, e.engine).inc()
                     log.warning("endpoint %s ejected after repeated failures", e.id)
                 if not f.retry:
                     break
@@ -415,7 +417,9 @@ class ProxyEndpoint:
                 rest = [h for h in headers if h[0].lower() != b"content-type"]
                 await send_bytes(send, resp.status, data, content_type=ctype, headers=rest)
                 self._usage(e, data, predicted)
-                s.metrics.e2e.labels(r.model, e.engine, "false").observe(s.clock() - r.arrival)
+                s.metrics.child(s.metrics.e2e, r.model, e.engine, "false").observe(
+                    s.clock() - r.arrival
+                )
         finally:
             await resp.aclose()
 
@@ -460,8 +464,8 @@ class ProxyEndpoint:
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
         t = s.clock()
-        s.metrics.ttft.labels(r.model, e.engine).observe(t - r.arrival)
-        itl = s.metrics.itl.labels(r.model, e.engine)
+        s.metrics.child(s.metrics.ttft, r.model, e.engine).observe(t - r.arrival)
+        itl = s.metrics.child(s.metrics.itl, r.model, e.engine)
         usage_chunk = first if b'"usage"' in first else b""
         try:
             async for chunk in chunks:
@@ -472,12 +476,12 @@ class ProxyEndpoint:
                 if b'"usage"' in chunk:
                     usage_chunk = chunk
         except UpstreamError as err:
-            s.metrics.upstream_errors.labels(e.id, e.engine, "stream_broken").inc()
+            s.metrics.child(s.metrics.upstream_errors, e.id, e.engine, "stream_broken").inc()
             await send.end_with_error(True, f"upstream stream broke: {err}")
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         send.ended = True
-        s.metrics.e2e.labels(r.model, e.engine, "true").observe(s.clock() - r.arrival)
+        s.metrics.child(s.metrics.e2e, r.model, e.engine, "true").observe(s.clock() - r.arrival)
         if usage_chunk:
             for line in usage_chunk.split(b"\n"):
                 if line.startswith(b"data:") and b'"usage"' in line:
@@ -498,17 +502,17 @@ class ProxyEndpoint:
         lv = (e.id, e.engine)
         prompt = usage.get("prompt_tokens")
         if isinstance(prompt, int):
-            s.metrics.prompt_tokens.labels(*lv).inc(prompt)
+            s.metrics.child(s.metrics.prompt_tokens, *lv).inc(prompt)
         predicted = int(predicted_chunks * cfg.chunk_bytes / cfg.bytes_per_token)
         if isinstance(prompt, int):
             predicted = min(predicted, prompt)
-        s.metrics.predicted_cached.labels(*lv).inc(predicted)
+        s.metrics.child(s.metrics.predicted_cached, *lv).inc(predicted)
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if isinstance(cached, int):
-            s.metrics.actual_cached.labels(*lv).inc(cached)
+            s.metrics.child(s.metrics.actual_cached, *lv).inc(cached)
         else:
-            s.metrics.usage_without_cache.labels(*lv).inc()
+            s.metrics.child(s.metrics.usage_without_cache, *lv).inc()
 
 
 class _Tracked:
