@@ -307,3 +307,32 @@ async def test_non_streaming_client_disconnect_aborts_upstream() -> None:
         assert await metric(c, r.engines[0], "vllm:generation_tokens_total") < 200
         await asyncio.sleep(0.1)
         assert await metric(c, r.router, "fleetgate_client_disconnects_total") == 1
+
+
+async def test_saturated_engine_is_avoided_from_its_own_metrics() -> None:
+    """Load sent straight to one engine (not via the router) shows up in its scrape."""
+    specs = [EngineSpec(kind="vllm"), EngineSpec(kind="vllm")]
+    async with rig(specs, time_scale=5.0) as r, httpx.AsyncClient(timeout=60) as c:
+        busy, idle = r.engines
+        body = {"model": MODEL, "prompt": "fill", "max_tokens": 300, "ignore_eos": True}
+        flood = [
+            asyncio.get_running_loop().create_task(c.post(busy + "/v1/completions", json=body))
+            for _ in range(16)
+        ]
+        try:
+            for _ in range(100):
+                if await metric(c, busy, "vllm:num_requests_waiting") >= 4:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # a few router scrapes
+            used = collections.Counter()
+            for i in range(10):
+                short = {"model": MODEL, "prompt": f"q{i}", "max_tokens": 2}
+                resp = await c.post(r.router + "/v1/completions", json=short)
+                assert resp.status_code == 200
+                used[resp.headers["x-fleetgate-endpoint"]] += 1
+            assert used == {idle.removeprefix("http://"): 10}, used
+        finally:
+            for task in flood:
+                task.cancel()
+            await asyncio.gather(*flood, return_exceptions=True)
