@@ -11,7 +11,9 @@ removes it (and its engine gets no new request afterwards), and a bounded reques
 loop running all along sees no failure.
 
 The chart's own operator/router pods never run (kwok), which is why the test runs
-both as local processes configured from what the chart installed.
+both as local processes configured from what the chart installed, each with a token
+of the chart's ServiceAccount for it: they get exactly the chart's RBAC, as their
+in-cluster credentials would.
 """
 
 from __future__ import annotations
@@ -79,6 +81,22 @@ def inference_service(name: str, engine: str) -> dict[str, Any]:
             "routing": {"pool": "default", "role": "latency"},
         },
     }  # fmt: skip
+
+
+def as_service_account(
+    cluster: DevCluster, namespace: str, account: str, where: Path
+) -> tuple[str, str]:
+    """A kubeconfig with a token of the chart's ServiceAccount, so the process has
+    exactly the chart's RBAC (what its in-cluster credentials would give it)."""
+    token = cluster.kubectl(
+        "-n", namespace, "create", "token", account, "--duration=1h"
+    ).stdout.strip()
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path = where / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return str(path), token
 
 
 def free_port() -> int:
@@ -293,7 +311,8 @@ async def test_helm_operator_router_and_emulated_engines_end_to_end(
         assert json.loads(env["FLEETGATE_EXTRA_TOLERATIONS"]) == [KWOK]
         procs.start(
             "operator",
-            [FLEETGATE, *container["args"], "--kubeconfig", kc,
+            [FLEETGATE, *container["args"], "--kubeconfig", as_service_account(
+                cluster, ns, dep["spec"]["template"]["spec"]["serviceAccountName"], tmp_path)[0],
              "--metrics-host", "127.0.0.1", "--metrics-port", "0"],
             env=env,
         )  # fmt: skip
@@ -302,7 +321,11 @@ async def test_helm_operator_router_and_emulated_engines_end_to_end(
         cm = cluster.kubectl_json("-n", ns, "get", "configmap", f"{release}-fleetgate-router")
         config = yaml.safe_load(cm["data"]["router.yaml"])
         assert config["discovery"]["kind"] == "kubernetes"
-        config["discovery"]["kubernetes"]["kubeconfig"] = kc
+        router_sa = cluster.kubectl_json(
+            "-n", ns, "get", "deployment", f"{release}-fleetgate-router"
+        )["spec"]["template"]["spec"]["serviceAccountName"]
+        router_kc, _ = as_service_account(cluster, ns, router_sa, tmp_path)
+        config["discovery"]["kubernetes"]["kubeconfig"] = router_kc
         (tmp_path / "router.yaml").write_text(yaml.safe_dump(config))
         port = free_port()
         router = f"http://127.0.0.1:{port}"
