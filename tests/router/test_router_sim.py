@@ -336,3 +336,48 @@ async def test_saturated_engine_is_avoided_from_its_own_metrics() -> None:
             for task in flood:
                 task.cancel()
             await asyncio.gather(*flood, return_exceptions=True)
+
+
+async def test_killed_engine_is_ejected_and_requests_retry() -> None:
+    async with (
+        run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, model=MODEL) as stays,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        async with contextlib.AsyncExitStack() as stack:
+            doomed = await stack.enter_async_context(
+                run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, model=MODEL)
+            )
+            victim = doomed.engines[0].url
+            # Slow scrapes and probes: only the request path can notice the death here.
+            slow = {"scrape": {"interval_s": 60.0}, "health": {"interval_s": 60.0}}
+            backends = [("vllm", victim), ("vllm", stays.engines[0].url)]
+            app = build_router(router_config(backends, **slow))
+            url = await stack.enter_async_context(serve(app))
+            before = set()
+            for i in range(12):  # distinct prefixes spread over both engines
+                body = {"model": MODEL, "prompt": f"tenant {i}: {PREFIX}", "max_tokens": 2}
+                resp = await c.post(url + "/v1/completions", json=body)
+                assert resp.status_code == 200
+                before.add(resp.headers["x-fleetgate-endpoint"])
+            assert len(before) == 2
+            # Kill the victim engine (its server stops; the port refuses connections).
+            await doomed_close(stack, doomed)
+            for i in range(12):
+                body = {"model": MODEL, "prompt": f"tenant {i}: {PREFIX}", "max_tokens": 2}
+                resp = await c.post(url + "/v1/completions", json=body)
+                assert resp.status_code == 200, resp.text
+                assert resp.headers["x-fleetgate-endpoint"] == stays.engines[0].url[7:]
+            text = (await c.get(url + "/metrics")).text
+            victim_id = victim.removeprefix("http://")
+            assert scrape_sum(text, "fleetgate_retries_total") >= 1
+            ejected = scrape_sum(text, "fleetgate_endpoint_ejected", endpoint=victim_id)
+            healthy = scrape_sum(text, "fleetgate_endpoint_healthy", endpoint=victim_id)
+            assert ejected == 1 and healthy == 1  # passive ejection; no probe has run yet
+
+
+async def doomed_close(stack: contextlib.AsyncExitStack, fleet: Any) -> None:
+    """Stop one emulated engine while the router keeps running."""
+    engine = fleet.engines[0]
+    await engine.engine.driver.stop()
+    engine.server.should_exit = True
+    await engine.server.shutdown()
