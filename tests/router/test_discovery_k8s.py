@@ -467,6 +467,21 @@ async def test_pods_join_and_leave_and_a_410_relist_loses_nothing(
         await asyncio.to_thread(k8s_cluster.apply, _k8s_pod("llama-1", ns, "llama"))
         await _until(lambda: f"{ns}/llama-1" in fleet.endpoints)
 
+        # Unready leaves, ready again joins (the status a kubelet would write).
+        def set_ready(status: str) -> None:
+            patch = {"status": {"conditions": [{"type": "Ready", "status": status}]}}
+            k8s_cluster.kubectl(
+                "-n", ns, "patch", "pod", "llama-1", "--subresource=status",
+                "--type=strategic", "-p", json.dumps(patch),
+            )  # fmt: skip
+
+        await asyncio.to_thread(set_ready, "False")
+        await _until(lambda: f"{ns}/llama-1" not in fleet.endpoints)
+        assert removed == [f"{ns}/llama-1"]
+        await asyncio.to_thread(set_ready, "True")
+        await _until(lambda: f"{ns}/llama-1" in fleet.endpoints)
+        removed.clear()
+
         # Force a 410: pretend the last version seen is long compacted away.
         pods = discovery.addresses[0]
         lists = pods.lists
