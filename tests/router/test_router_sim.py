@@ -381,3 +381,38 @@ async def doomed_close(stack: contextlib.AsyncExitStack, fleet: Any) -> None:
     await engine.engine.driver.stop()
     engine.server.should_exit = True
     await engine.server.shutdown()
+
+
+class _ClosingEngine(asyncio.Protocol):
+    """Answers one request per connection, then closes it shortly after (idle timeout)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if b"\r\n\r\n" in self.buf:
+            body = b'{"ok":true}'
+            head = (
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n"
+            )
+            self.transport.write(head + body)  # type: ignore[attr-defined]
+            asyncio.get_running_loop().call_later(0.05, self.transport.close)
+
+
+async def test_raw_upstream_survives_keepalive_closed_by_the_engine() -> None:
+    server = await asyncio.get_running_loop().create_server(_ClosingEngine, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    up = RawUpstream(test_mode=True, connect_timeout=1, first_byte_timeout=1, idle_timeout=1)
+    try:
+        for _ in range(3):
+            resp = await up.send(base, "/v1/completions", b"{}", [])
+            assert resp.status == 200 and await resp.read() == b'{"ok":true}'
+            await resp.aclose()
+            assert up.idle_connections() == 1  # kept: the engine said nothing about closing
+            await asyncio.sleep(0.2)  # the engine closes it meanwhile
+    finally:
+        await up.aclose()
+        server.close()
+        await server.wait_closed()
