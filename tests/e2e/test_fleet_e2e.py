@@ -377,11 +377,17 @@ async def test_helm_operator_router_and_emulated_engines_end_to_end(
 
             # 6. Scale to 3 and delete a pod while a bounded request loop runs.
             async with traffic(client, router) as load:
+                t0 = time.monotonic()
                 await asyncio.to_thread(
                     cluster.kubectl, "-n", ns, "scale", "inferenceservice", "llama", "--replicas=3"
                 )
                 await until(lambda: synced_pods(4), 90, "four engine pods")
+                t_engines = time.monotonic()
                 got = await until(lambda: healthy_len(healthy, 4), 60, "router routes to 4")
+                print(
+                    f"figures: scale -> pods with engines up {t_engines - t0:.2f}s, "
+                    f"-> router routes to all 4 {time.monotonic() - t0:.2f}s"
+                )
                 assert sorted(got.values()) == ["trtllm", "vllm", "vllm", "vllm"]
 
                 async def routed() -> dict[str, float]:
@@ -396,10 +402,12 @@ async def test_helm_operator_router_and_emulated_engines_end_to_end(
                     assert await engines.served(client, ip) >= 1, f"{engine} on {ip} served none"
 
                 victim = sorted(p for p in engines.pods if p.startswith("llama-"))[0]
+                t0 = time.monotonic()
                 await asyncio.to_thread(
                     cluster.kubectl, "-n", ns, "delete", "pod", victim, "--wait=false"
                 )
                 await until(lambda: gone(healthy, f"{ns}/{victim}"), 60, f"{victim} left the fleet")
+                print(f"figures: pod delete -> out of routing {time.monotonic() - t0:.2f}s")
                 # The counter counts answered requests: let the ones in flight on the
                 # victim when it left finish (8-token streams take ~50 ms), then freeze it.
                 await asyncio.sleep(1.0)
