@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -209,3 +210,14 @@ async def test_port_in_use_is_a_clear_error_and_frees_what_started() -> None:
                 pass
     finally:
         blocker.close()
+
+
+def test_listening_socket_is_tcp_so_asyncio_sets_nodelay() -> None:
+    """asyncio enables TCP_NODELAY on accepted sockets only when proto == IPPROTO_TCP."""
+    from fleetgate.sim.fleet import _bind
+
+    sock = _bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
