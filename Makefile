@@ -35,6 +35,7 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python hack/gen_values_schema.py --check
+	$(BIN)/python hack/gen_chart_templates.py --check
 	bash hack/check-image.sh
 
 test: venv deps-k8s deps-vllm deps-prometheus lint

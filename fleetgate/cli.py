@@ -62,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(module.run(ns))
     except CliError as e:
-        print(f"fleetgate {name}: error: {e}", file=sys.stderr)
+        one_line = " ".join(str(e).split())  # e.g. a YAML parser's multi-line message
+        print(f"fleetgate {name}: error: {one_line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

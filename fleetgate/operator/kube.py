@@ -122,15 +122,18 @@ class DynamicKubeApi:
 
     def _resource(self, api_version: str, kind: str) -> Any:
         dyn = self._client()
-        try:
-            return dyn.resources.get(api_version=api_version, kind=kind)
-        except ResourceNotFoundError:
-            with self._lock:
-                dyn.resources.invalidate_cache()
+        # The client's discovery cache is not thread-safe: two handlers looking kinds up
+        # at once raised KeyError('resources') inside it (seen in every e2e run), so the
+        # whole lookup, including a cache refresh, happens under the lock.
+        with self._lock:
             try:
                 return dyn.resources.get(api_version=api_version, kind=kind)
-            except ResourceNotFoundError as e:
-                raise NotFound(404, f"the server does not serve {kind} ({api_version})") from e
+            except ResourceNotFoundError:
+                dyn.resources.invalidate_cache()
+                try:
+                    return dyn.resources.get(api_version=api_version, kind=kind)
+                except ResourceNotFoundError as e:
+                    raise NotFound(404, f"the server does not serve {kind} ({api_version})") from e
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         resource = self._resource(api_version, kind)

@@ -96,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
         app = build_router(config)
     except ConfigError as e:
         raise CliError(str(e)) from None
-    attach_discovery(app, config)
+    try:
+        attach_discovery(app, config)
+    except ConfigError as e:  # e.g. an unusable kubeconfig: one line, not a traceback
+        raise CliError(str(e)) from None
     loop = args.loop
     if loop == "auto":
         loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"

@@ -129,3 +129,21 @@ def test_cli_kubernetes_discovery_settings_are_checked(
     assert "discovery.kubernetes.sourc" in err and len(err.splitlines()) == 1
     with pytest.raises(ConfigError, match="discovery.kind"):
         parse_config({"discovery": {"kind": "consul"}})
+
+
+def test_cli_bad_kubeconfig_for_discovery_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleetgate.cli import main
+
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("this is: [not a kubeconfig")
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(
+        "discovery:\n  kind: kubernetes\n  kubernetes:\n"
+        f"    kubeconfig: {broken}\n    source: pods\n"
+    )
+    assert main(["router", "--port", "18999", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fleetgate router: error:"), err
+    assert len(err.splitlines()) == 1, err
