@@ -8,8 +8,9 @@ fields), and error bodies come from the vLLM engine adapter's ``error_body``.
 
 Request handling order: content type / JSON / pydantic validation (400
 ``Bad Request``) -> model name (404) -> ``max_tokens`` >= 1 (400) -> prompt
-length (400; ``max_tokens`` beyond the context is clamped, not refused) ->
-submit. All errors before the first byte are ordinary JSON responses, also with
+length (400) -> ``max_tokens`` <= ``max_model_len`` (400; a smaller value that
+only overflows the context with the prompt is clamped, not refused) -> submit.
+All errors before the first byte are ordinary JSON responses, also with
 ``stream: true`` (fixture README quirk 3); errors after the 200 went out are
 sent in-band as ``data: {"error": {...}}`` then ``data: [DONE]``.
 

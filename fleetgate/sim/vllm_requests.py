@@ -3,8 +3,17 @@
 Messages and ``param`` values are vLLM 0.32's own (fixtures ``err_*.json``):
 unknown model -> 404 ``NotFoundError``; ``max_tokens`` < 1 and prompts of
 ``max_model_len`` tokens or more -> 400 ``BadRequestError`` (the message shows
-``max_model_len + 1``, as vLLM truncates tokenisation there); ``max_tokens``
-beyond the context is clamped, not refused. ``X-Vllm-Priority`` overrides the
+``max_model_len + 1``, as vLLM truncates tokenisation there).
+
+``max_tokens`` has two limits (fixtures ``max_tokens_over_context_clamped.json``
+and docs/emulator-fidelity.md F1): a value greater than ``max_model_len`` itself
+is refused (400 ``BadRequestError``, ``param: "max_tokens"``, "max_tokens=5000
+cannot be greater than max_model_len=2048. Please request fewer output tokens."),
+while a value <= ``max_model_len`` that merely overflows the context together
+with the prompt is clamped to ``max_model_len - prompt_len`` (200). The prompt
+is checked first (vLLM tokenises and validates the prompt before it derives the
+output budget), so an over-long prompt is reported as such whatever
+``max_tokens`` says. ``X-Vllm-Priority`` overrides the
 body's ``priority`` (engines.md §2); ``X-Request-Id`` names the request.
 Pure: no I/O; raises :class:`HttpError` that the app turns into a response.
 """
@@ -79,6 +88,15 @@ def gen_request(
             f"(parameter=input_tokens, value={shown})",
             "BadRequestError",
             "input_tokens",
+        )
+    if max_tokens is not None and max_tokens > o.max_model_len:
+        raise HttpError(
+            400,
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={o.max_model_len}. "
+            "Please request fewer output tokens. "
+            f"(parameter=max_tokens, value={max_tokens})",
+            "BadRequestError",
+            "max_tokens",
         )
     room = o.max_model_len - len(prompt)
     limit = room if max_tokens is None else min(max_tokens, room)

@@ -257,13 +257,55 @@ async def test_prompt_too_long_is_plain_400_even_streaming(client: httpx.AsyncCl
 
 
 async def test_max_tokens_over_context_is_clamped(client: httpx.AsyncClient) -> None:
+    """max_tokens <= max_model_len (512 here) but past the context: 200, clamped
+    (fixture max_tokens_over_context_clamped.json: 8 + 2045 > 2048 gave 2040 tokens)."""
+    for max_tokens in (505, 512):
+        r = await client.post(
+            "/v1/completions",
+            json={
+                "prompt": "The prefix cache is warm.",
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            },
+        )
+        assert r.status_code == 200, r.text
+        u = r.json()["usage"]
+        assert u["total_tokens"] == 512
+        assert u["completion_tokens"] == 512 - u["prompt_tokens"]
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_max_tokens_over_max_model_len_is_400(
+    client: httpx.AsyncClient, path: str, stream: bool
+) -> None:
+    """max_tokens > max_model_len itself is refused like vLLM 0.32 (fix-list F1)."""
+    body: dict[str, Any] = {"max_tokens": 513, "stream": stream}
+    if path == "/v1/completions":
+        body["prompt"] = "hi"
+    else:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    r = await client.post(path, json=body)
+    assert r.status_code == 400
+    assert r.headers["content-type"] == "application/json"
+    assert r.json() == {
+        "error": {
+            "message": "max_tokens=513 cannot be greater than max_model_len=512. "
+            "Please request fewer output tokens. (parameter=max_tokens, value=513)",
+            "type": "BadRequestError",
+            "param": "max_tokens",
+            "code": 400,
+        }
+    }
+
+
+async def test_over_long_prompt_wins_over_max_tokens(client: httpx.AsyncClient) -> None:
     r = await client.post(
-        "/v1/completions",
-        json={"prompt": "The prefix cache is warm.", "max_tokens": 5000, "ignore_eos": True},
+        "/v1/completions", json={"prompt": "hello world " * 400, "max_tokens": 5000}
     )
-    u = r.json()["usage"]
-    assert r.status_code == 200 and u["total_tokens"] == 512
-    assert r.json()["choices"][0]["finish_reason"] == "length"
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "input_tokens"
 
 
 async def test_tokenize_detokenize_agree(client: httpx.AsyncClient) -> None:
