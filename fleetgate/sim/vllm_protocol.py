@@ -10,6 +10,10 @@ Behaviour pinned by the real recordings in
   "type": "Bad Request", "param": "body.<field>", "code": 400}}``: the message is
   the Python repr of each pydantic error dict with ``loc`` flattened to
   ``body.<path>``, and bad JSON is ``json_invalid`` at ``body.<char offset>``;
+  an ``input`` that is a dict (a missing field reports the whole body) is shown
+  as ``'<dict of N items>'``, never its contents (fix-list F5 of
+  docs/emulator-fidelity.md: ``'input': '<dict of 2 items>'`` for a chat body of
+  two fields without ``messages``);
 * ``max_tokens`` < 1 and prompts over ``max_model_len`` are engine errors
   (``BadRequestError`` with a plain ``param``), see :mod:`fleetgate.sim.vllm_app`.
 
@@ -105,6 +109,13 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(["body", *(str(p) for p in loc)])
 
 
+def _shown_input(value: Any) -> Any:
+    """vLLM 0.32 elides dict inputs in validation messages to ``<dict of N items>``."""
+    if isinstance(value, dict):
+        return f"<dict of {len(value)} items>"
+    return value
+
+
 def format_validation_error(errors: list[dict[str, Any]]) -> RequestParseError:
     """``N validation error(s):\\n  {repr}`` with ``loc`` as ``body.<path>``."""
     parts = []
@@ -113,7 +124,7 @@ def format_validation_error(errors: list[dict[str, Any]]) -> RequestParseError:
             "type": err["type"],
             "loc": _loc(tuple(err["loc"])),
             "msg": err["msg"],
-            "input": err.get("input"),
+            "input": _shown_input(err.get("input")),
         }
         if err.get("ctx"):
             item["ctx"] = {k: str(v) for k, v in err["ctx"].items()}

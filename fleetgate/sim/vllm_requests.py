@@ -141,9 +141,10 @@ def prompt_ids(engine: SimEngine, prompt: Any) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1:
         return prompt_ids(engine, prompt[0])
     if prompt is None or prompt == []:
+        # vLLM 0.32's wording (fix-list F4); note there is no ``value=`` part.
         raise HttpError(
             400,
-            "Prompt must not be empty. (parameter=prompt, value=None)",
+            "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)",
             "BadRequestError",
             "prompt",
         )

@@ -307,8 +307,7 @@ async def test_n_two_returns_two_choices(backend: Backend, request: pytest.Fixtu
     assert body["usage"]["completion_tokens"] == 8
 
 
-async def test_missing_prompt_message(backend: Backend, request: pytest.FixtureRequest) -> None:
-    _emulator_differs(request, backend, "F4: different message for a missing prompt")
+async def test_missing_prompt_message(backend: Backend) -> None:
     payload = {"model": backend.model, "max_tokens": 2}
     resp = await raw_request(*_post(backend, "/v1/completions", payload))
     assert resp.status == 400
@@ -322,12 +321,7 @@ async def test_missing_prompt_message(backend: Backend, request: pytest.FixtureR
     }
 
 
-async def test_missing_field_validation_message(
-    backend: Backend, request: pytest.FixtureRequest
-) -> None:
-    _emulator_differs(
-        request, backend, "F5: validation 'input' is the dict, not '<dict of N items>'"
-    )
+async def test_missing_field_validation_message(backend: Backend) -> None:
     payload = {"model": backend.model, "max_tokens": 2}
     resp = await raw_request(*_post(backend, "/v1/chat/completions", payload))
     assert resp.status == 400

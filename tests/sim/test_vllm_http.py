@@ -506,3 +506,32 @@ async def test_bad_priority_header_and_float_priority(client: httpx.AsyncClient)
     assert r.status_code == 400 and r.json()["error"]["param"] == "body.priority"
     r = await client.post("/v1/completions", json=body, headers={"X-Vllm-Priority": "-3"})
     assert r.status_code == 200
+
+
+async def test_missing_prompt_is_vllm_message(client: httpx.AsyncClient) -> None:
+    """Fix-list F4: a completion without ``prompt`` (or with ``[]``) words it as vLLM 0.32."""
+    for body in ({"max_tokens": 2}, {"max_tokens": 2, "prompt": []}):
+        r = await client.post("/v1/completions", json=body)
+        assert r.status_code == 400
+        assert r.json()["error"] == {
+            "message": "Either prompt or prompt_embeds must be provided and non-empty. "
+            "(parameter=prompt)",
+            "type": "BadRequestError",
+            "param": "prompt",
+            "code": 400,
+        }
+
+
+async def test_missing_field_shows_dict_input_elided(client: httpx.AsyncClient) -> None:
+    """Fix-list F5: pydantic's dict ``input`` is shown as '<dict of N items>'."""
+    r = await client.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "Bad Request" and err["param"] == "body.messages"
+    assert err["message"] == (
+        "1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', "
+        "'msg': 'Field required', 'input': '<dict of 2 items>'}"
+    )
+    # a scalar input is still shown as itself
+    r = await client.post("/v1/completions", json={"prompt": "x", "temperature": "hot"})
+    assert "'input': 'hot'" in r.json()["error"]["message"]
