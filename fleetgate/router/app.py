@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetgate.engines import get_adapter
+from fleetgate.router.admission import PriorityRuntime, parse_priority
 from fleetgate.router.client import make_client
 from fleetgate.router.config import ConfigError, RouterConfig
 from fleetgate.router.dispatch import Admission, ImmediateAdmission, InFlightTable
@@ -35,6 +36,7 @@ from fleetgate.router.errors import error_body
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.poller import Poller
 from fleetgate.router.proxy import ProxyEndpoint, Services
+from fleetgate.router.resume import PriorityPath
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.pipeline import PipelineWeights, default_pipeline
 from fleetgate.router.scheduling.prefix import PrefixIndex
@@ -139,6 +141,12 @@ def build_router(
         rng=rng or random.Random(sched.seed),
     )
     poller = Poller(fleet, client, config, metrics, clock)
+    settings = parse_priority(config.priority)
+    runtime: PriorityRuntime | None = None
+    if settings is not None:
+        runtime = PriorityRuntime(services, settings)
+        services.priority = PriorityPath(services, runtime)
+        poller.on_change = runtime.on_fleet_change
 
     async def models(request: Request) -> Response:
         now = clock()
@@ -174,6 +182,8 @@ def build_router(
             yield
         finally:
             await poller.stop()
+            if runtime is not None:
+                runtime.close()
             await upstream.aclose()
             await client.aclose()
 

@@ -40,22 +40,23 @@ class RouterMetrics:
         )
         self.ttft = Histogram(
             "fleetgate_time_to_first_token_seconds",
-            "Router-observed time from request arrival to the first body byte sent.",
-            ["model", "engine"],
+            "Router-observed time from request arrival to the first body byte sent "
+            "(class: priority class, 'none' without a priority section).",
+            ["model", "engine", "class"],
             buckets=_LATENCY,
             registry=r,
         )
         self.itl = Histogram(
             "fleetgate_inter_token_latency_seconds",
             "Router-observed gap between consecutive streamed chunks.",
-            ["model", "engine"],
+            ["model", "engine", "class"],
             buckets=_ITL,
             registry=r,
         )
         self.e2e = Histogram(
             "fleetgate_e2e_request_latency_seconds",
             "Router-observed time from request arrival to the last byte.",
-            ["model", "engine", "stream"],
+            ["model", "engine", "stream", "class"],
             buckets=_LATENCY,
             registry=r,
         )

@@ -57,6 +57,8 @@ class Poller:
         self.clock = clock
         self._tasks: list[asyncio.Task[None]] = []
         self._models_at: dict[str, float] = {}
+        self.on_change: Callable[[], None] | None = None
+        """Called after a scrape lands, health flips or models change (priority drain)."""
 
     async def start(self, initial_timeout: float = 2.0) -> None:
         """One probe + models + scrape round for every endpoint, then the loops."""
@@ -108,6 +110,8 @@ class Poller:
         if ok != e.healthy:
             log.info("endpoint %s is now %s", e.id, "healthy" if ok else "unhealthy")
         e.probe_result(ok, self.clock())
+        if self.on_change is not None:
+            self.on_change()
 
     async def load_models(self, e: Endpoint) -> None:
         try:
@@ -128,6 +132,8 @@ class Poller:
         e.models = frozenset(models)
         e.max_model_len = max_len
         self._models_at[e.id] = self.clock()
+        if self.on_change is not None:
+            self.on_change()
 
     async def scrape(self, e: Endpoint) -> None:
         source = e.metrics_source
@@ -154,4 +160,6 @@ class Poller:
                 # Counters went backwards: the engine restarted and lost its cache.
                 self.fleet.index.forget(e.id)
         e.scraped(snap)
+        if self.on_change is not None:
+            self.on_change()
         self.metrics.scrape_duration.labels(*lv).observe(self.clock() - started)

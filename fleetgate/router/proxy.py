@@ -33,7 +33,7 @@ import json
 import logging
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -54,6 +54,9 @@ from fleetgate.router.scheduling.types import Decision, EndpointId, RequestView
 from fleetgate.router.state import EjectionPolicy, Endpoint, Fleet
 from fleetgate.router.upstream import Headers, Upstream, UpstreamError, UpstreamResponse
 
+if TYPE_CHECKING:
+    from fleetgate.router.resume import PriorityPath
+
 log = logging.getLogger("fleetgate.router")
 
 _HOP = {
@@ -72,6 +75,7 @@ _SKIP_RESPONSE = _HOP | {b"date", b"server"}
 _PRIORITY_HEADER = b"x-fleetgate-priority"
 _ERROR_BODY_LIMIT = 1 << 20
 _NO_VIEW = RequestView(model="", chunks=0, prompt_tokens=0, max_tokens=0)
+_NO_CLASS = "none"  # metrics ``class`` label without a priority section
 
 
 class Services:
@@ -105,6 +109,8 @@ class Services:
             max_s=config.health.eject_max_s,
         )
         self.ids = itertools.count(1)
+        self.priority: PriorityPath | None = None
+        """Set by ``app.build_router`` when the config has a ``priority:`` section."""
 
 
 class _Fail(Exception):
@@ -219,7 +225,7 @@ class ProxyEndpoint:
         r.stream = bool(doc.get("stream", False))
         r.priority = 0
         raw_level = hdr.get(_PRIORITY_HEADER)
-        if raw_level is not None:
+        if raw_level is not None and s.priority is None:
             try:
                 level = int(raw_level)
             except ValueError:
@@ -251,6 +257,9 @@ class ProxyEndpoint:
         r.request_id = rid.decode("latin-1") if rid else f"fg-{next(s.ids)}"
         key = first_chunk_key(rendered, cfg.chunk_bytes)
         order = rendezvous_order(key, list(s.fleet.endpoints)) if r.chain else []
+        if s.priority is not None:  # classes, admission queue, preemption: resume.py
+            await s.priority.serve(r, hdr, receive, send, order)
+            return
         await self._run_watched(r, receive, send, order)
 
     async def _run_watched(
@@ -417,7 +426,7 @@ class ProxyEndpoint:
                 rest = [h for h in headers if h[0].lower() != b"content-type"]
                 await send_bytes(send, resp.status, data, content_type=ctype, headers=rest)
                 self._usage(e, data, predicted)
-                s.metrics.child(s.metrics.e2e, r.model, e.engine, "false").observe(
+                s.metrics.child(s.metrics.e2e, r.model, e.engine, "false", _NO_CLASS).observe(
                     s.clock() - r.arrival
                 )
         finally:
@@ -464,8 +473,8 @@ class ProxyEndpoint:
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
         t = s.clock()
-        s.metrics.child(s.metrics.ttft, r.model, e.engine).observe(t - r.arrival)
-        itl = s.metrics.child(s.metrics.itl, r.model, e.engine)
+        s.metrics.child(s.metrics.ttft, r.model, e.engine, _NO_CLASS).observe(t - r.arrival)
+        itl = s.metrics.child(s.metrics.itl, r.model, e.engine, _NO_CLASS)
         usage_chunk = first if b'"usage"' in first else b""
         try:
             async for chunk in chunks:
@@ -481,7 +490,9 @@ class ProxyEndpoint:
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         send.ended = True
-        s.metrics.child(s.metrics.e2e, r.model, e.engine, "true").observe(s.clock() - r.arrival)
+        s.metrics.child(s.metrics.e2e, r.model, e.engine, "true", _NO_CLASS).observe(
+            s.clock() - r.arrival
+        )
         if usage_chunk:
             for line in usage_chunk.split(b"\n"):
                 if line.startswith(b"data:") and b'"usage"' in line:
