@@ -53,7 +53,13 @@ from fleetgate.sim.vllm_protocol import (
     parse_body,
 )
 from fleetgate.sim.vllm_requests import HttpError, check_model, gen_request, prompt_ids, render
-from fleetgate.sim.vllm_shapes import StreamOptions, chat_logprobs, completion_logprobs, usage
+from fleetgate.sim.vllm_shapes import (
+    StreamOptions,
+    chat_logprobs,
+    completion_logprobs,
+    created_cache_tokens,
+    usage,
+)
 
 __all__ = ["VllmApp", "default_fingerprint"]
 
@@ -181,9 +187,12 @@ class VllmApp:
         except RequestParseError as e:
             raise HttpError(400, e.message, "Bad Request", e.param) from None
 
-    def _usage(self, prompt: int, completion: int, cached: int, full: bool) -> dict[str, Any]:
-        details = self.engine.options.enable_prompt_tokens_details
-        return usage(prompt, completion, cached, details, full)
+    def _usage(
+        self, prompt: int, completion: int, cached: int, full: bool, chat: bool = False
+    ) -> dict[str, Any]:
+        o = self.engine.options
+        created = created_cache_tokens(prompt, cached, o.block_size) if chat else None
+        return usage(prompt, completion, cached, o.enable_prompt_tokens_details, full, created)
 
     async def _completions(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         req = self._parse(scope, body, CompletionRequest)
@@ -401,7 +410,11 @@ class VllmApp:
             "service_tier": None,
             "system_fingerprint": self.fingerprint,
             "usage": self._usage(
-                len(gen.prompt_token_ids), len(ids), deltas[0].cached_prompt_tokens, full=True
+                len(gen.prompt_token_ids),
+                len(ids),
+                deltas[0].cached_prompt_tokens,
+                full=True,
+                chat=True,
             ),
             "prompt_logprobs": None,
             "prompt_token_ids": list(gen.prompt_token_ids) if return_ids else None,
@@ -469,7 +482,7 @@ class VllmApp:
             choice["token_ids"] = list(d.token_ids) if return_ids else None
             chunk: dict[str, Any] = {**head, "choices": [choice]}
             if opts.continuous_usage:
-                chunk["usage"] = self._usage(n_prompt, produced, cached, full=False)
+                chunk["usage"] = self._usage(n_prompt, produced, cached, full=False, chat=True)
             if d.finish_reason is not None and not opts.include_usage:
                 chunk["system_fingerprint"] = self.fingerprint
             await sse.event(chunk)
@@ -478,7 +491,7 @@ class VllmApp:
                     {
                         **head,
                         "choices": [],
-                        "usage": self._usage(n_prompt, produced, cached, full=False),
+                        "usage": self._usage(n_prompt, produced, cached, full=False, chat=True),
                         "system_fingerprint": self.fingerprint,
                     }
                 )

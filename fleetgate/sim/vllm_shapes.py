@@ -16,7 +16,14 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["StreamOptions", "chat_logprobs", "completion_logprobs", "token_logprob", "usage"]
+__all__ = [
+    "StreamOptions",
+    "chat_logprobs",
+    "completion_logprobs",
+    "created_cache_tokens",
+    "token_logprob",
+    "usage",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,22 +42,53 @@ class StreamOptions:
         return not (self.continuous_usage or self.return_token_ids or self.logprobs is not None)
 
 
-def usage(prompt: int, completion: int, cached: int, details: bool, full: bool) -> dict[str, Any]:
-    """``usage`` as vLLM writes it: ``full`` (responses) always has both ``*_details``
-    keys (null unless ``--enable-prompt-tokens-details``); stream usage has them only
-    when enabled."""
+def usage(
+    prompt: int,
+    completion: int,
+    cached: int,
+    details: bool,
+    full: bool,
+    created: int | None = None,
+) -> dict[str, Any]:
+    """``usage`` as vLLM 0.32 writes it (fix-list F2 of docs/emulator-fidelity.md).
+
+    ``full`` (non-streamed responses) always has both ``*_details`` keys (null
+    unless ``--enable-prompt-tokens-details``); with details on,
+    ``prompt_tokens_details`` has all three keys ``cached_tokens``,
+    ``created_cache_tokens`` (``created``: null on completions, an int on chat)
+    and ``multimodal_tokens`` (null: text only). Stream usage (the final usage
+    chunk, continuous usage) has ``prompt_tokens_details`` only when enabled and
+    then only its non-null keys: ``cached_tokens`` on completions, plus
+    ``created_cache_tokens`` on chat.
+    """
     out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
     }
-    block = {"cached_tokens": cached} if details else None
     if full:
-        out["prompt_tokens_details"] = block
+        out["prompt_tokens_details"] = (
+            {"cached_tokens": cached, "created_cache_tokens": created, "multimodal_tokens": None}
+            if details
+            else None
+        )
         out["completion_tokens_details"] = None
-    elif block is not None:
+    elif details:
+        block: dict[str, Any] = {"cached_tokens": cached}
+        if created is not None:
+            block["created_cache_tokens"] = created
         out["prompt_tokens_details"] = block
     return out
+
+
+def created_cache_tokens(prompt: int, cached: int, block_size: int) -> int:
+    """Prompt tokens this request newly wrote to the prefix cache: its whole blocks
+    (only full blocks are cached) minus those it found there already.
+
+    An emulator reading of vLLM's ``created_cache_tokens`` (cache writes); the real
+    server was only observed with short chat prompts, where it is 0 as here.
+    """
+    return max(0, (prompt // block_size) * block_size - cached)
 
 
 def token_logprob(token_id: int, position: int) -> float:

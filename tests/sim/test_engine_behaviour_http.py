@@ -172,7 +172,7 @@ async def test_prefix_cache_hits_show_in_usage_and_metrics() -> None:
                 "/v1/completions", json={"prompt": prefix + " Question B?", "max_tokens": 2}
             )
             text = (await c.get("/metrics")).text
-    assert a.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert a.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     cached = b.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     hits = metric(text, "vllm:prefix_cache_hits_total") - before
     assert cached > 0 and cached % 16 == 0, "whole 16-token blocks"

@@ -163,7 +163,52 @@ async def test_prompt_tokens_details_null_when_disabled() -> None:
                 f.engines[0].url + "/v1/completions",
                 json={"prompt": "The prefix cache is warm.", "max_tokens": 4},
             )
-        assert r.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert r.json()["usage"]["prompt_tokens_details"] == {
+            "cached_tokens": 0,
+            "created_cache_tokens": None,
+            "multimodal_tokens": None,
+        }
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_prompt_tokens_details_keys_like_vllm(
+    client: httpx.AsyncClient, stream: bool
+) -> None:
+    """Fix-list F2: three keys in responses (created_cache_tokens null on completions, an
+    int on chat); stream usage chunks keep only the non-null ones."""
+    # the fleet fixture's engine has 16-token blocks; this prompt spans several
+    prompt = " ".join(f"alpha{i} beta" for i in range(40))
+    extra: dict[str, Any] = {"max_tokens": 2, "stream": stream}
+    if stream:
+        extra["stream_options"] = {"include_usage": True}
+
+    async def details(path: str) -> dict[str, Any]:
+        if path == "/v1/completions":
+            body = {"prompt": prompt, **extra}
+        else:
+            body = {"messages": [{"role": "user", "content": prompt}], **extra}
+        r = await client.post(path, json=body)
+        assert r.status_code == 200
+        if stream:
+            chunks = [json.loads(x[6:]) for x in r.text.split("\n\n") if x[6:7] == "{"]
+            got: dict[str, Any] = chunks[-1]["usage"]["prompt_tokens_details"]
+        else:
+            got = r.json()["usage"]["prompt_tokens_details"]
+        return got
+
+    cmpl = await details("/v1/completions")
+    if stream:
+        assert set(cmpl) == {"cached_tokens"}
+    else:
+        assert cmpl == {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}
+    first = await details("/v1/chat/completions")
+    again = await details("/v1/chat/completions")
+    want = {"cached_tokens", "created_cache_tokens"} | (set() if stream else {"multimodal_tokens"})
+    assert set(first) == set(again) == want
+    # the first chat writes its whole blocks to the cache; the repeat reads them instead
+    assert first["created_cache_tokens"] > 0 and first["created_cache_tokens"] % 16 == 0
+    assert again["cached_tokens"] == first["cached_tokens"] + first["created_cache_tokens"]
+    assert again["created_cache_tokens"] == 0
 
 
 async def test_x_request_id_sets_id(client: httpx.AsyncClient) -> None:
@@ -200,9 +245,10 @@ async def test_sse_framing_matches_wire(fleet: Fleet, name: str, path: str, usag
     assert got[-1] == want[-1] == "[DONE]"
     for g, w in zip(got[:-1], want[:-1], strict=True):
         # the emulator runs with prompt-tokens details on (recording: off)
-        assert g.get("usage", {}).pop("prompt_tokens_details", {"cached_tokens": 0}) == {
-            "cached_tokens": 0
-        }
+        if "usage" in g:
+            details = g["usage"].pop("prompt_tokens_details")
+            assert details.pop("cached_tokens") == 0
+            assert details == ({"created_cache_tokens": 0} if "chat" in name else {})
         assert shape(g) == shape(w)
         assert list(g) == list(w)
     fp = [i for i, e in enumerate(got[:-1]) if "system_fingerprint" in e]
