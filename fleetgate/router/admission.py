@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,8 @@ from fleetgate.router.state import Endpoint
 if TYPE_CHECKING:
     from fleetgate.router.metrics import RouterMetrics
     from fleetgate.router.proxy import Services
+
+log = logging.getLogger("fleetgate.router.priority")
 
 _WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
 
@@ -354,6 +357,8 @@ class PriorityRuntime:
                 if victim is not None and self.request_preempt(victim):
                     self.preempting_for[a.for_item.request_id] = victim.request_id
                     victim.preemptions += 1
+                    log.info("preempt %s for %s: %s", victim.request_id, a.for_item.request_id,
+                             a.reason)  # fmt: skip
                     self.metrics.m.child(
                         self.metrics.preemptions, victim.model, victim.cls.name
                     ).inc()
