@@ -213,12 +213,19 @@ class Proc:
 
 
 def start_targets(
-    tmp: Path, engine: str, skip_peers: bool, profile: Path | None, compare_loops: bool = False
+    tmp: Path,
+    engine: str,
+    skip_peers: bool,
+    profile: Path | None,
+    compare_loops: bool = False,
+    fg_config: str | None = None,
 ) -> list[Proc]:
     py = sys.executable
     procs = []
     port = free_port()
     fg = [py, "-m", "fleetgate", "router", "--port", str(port), "--backend", f"vllm={engine}"]
+    if fg_config:
+        fg += ["--config", fg_config]
     if profile is not None:
         fg = [py, "-m", "cProfile", "-o", str(profile), *fg[1:]]
     procs.append(Proc("fleetgate", fg, port, tmp / "fleetgate.log"))
@@ -269,7 +276,9 @@ async def main_async(args: argparse.Namespace) -> int:
     targets: list[Proc] = []
     try:
         await sim.ready()
-        targets = start_targets(tmp, engine, args.skip_peers, None, args.compare_loops)
+        targets = start_targets(
+            tmp, engine, args.skip_peers, None, args.compare_loops, args.fleetgate_config
+        )
         usable = [sim]
         for t in targets:
             try:
@@ -372,6 +381,11 @@ def main() -> int:
         "--compare-loops", action="store_true", help="also run fleetgate on the asyncio loop"
     )
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument(
+        "--fleetgate-config",
+        metavar="FILE.yaml",
+        help="router config for fleetgate (e.g. with a 'priority: {}' section)",
+    )
     return asyncio.run(main_async(parser.parse_args()))
 
 
