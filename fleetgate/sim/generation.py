@@ -13,6 +13,10 @@ held back; the matched stop string is cut from the output,
 in the model the moment the consumer goes away (client disconnect -> the handler
 is cancelled -> :meth:`Generation.close` -> ``driver.abort`` frees its KV).
 
+A request with ``n`` choices is ``n`` independent generations (vLLM fans ``n``
+out into child requests the same way); :func:`merge` interleaves their deltas
+in arrival order, tagged with the choice index, for one response stream.
+
 Invariant: a request is reported to the observer exactly once as finished
 (``stop``/``length``) or as aborted, never both; an abort by the client is not a
 ``finished_reason="abort"`` success (vLLM does not count it, fixture README
@@ -21,9 +25,10 @@ quirk 5), the observer decides what to do with it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Literal, Protocol
 
 from fleetgate.sim.core.api import FinishReason, SimRequest
@@ -38,6 +43,7 @@ __all__ = [
     "SimEngine",
     "Tokenizer",
     "generate",
+    "merge",
 ]
 
 EngineKind = Literal["vllm", "trtllm"]
@@ -225,6 +231,41 @@ class Generation:
 def generate(engine: SimEngine, request: GenRequest) -> Generation:
     """Submit ``request`` now; iterate the result for its deltas, ``close()`` it at the end."""
     return Generation(engine, request)
+
+
+async def merge(runs: Sequence[Generation]) -> AsyncGenerator[tuple[int, Delta], None]:
+    """``(choice index, delta)`` from all ``runs`` as they arrive, until each ended.
+
+    Deltas of one run keep their order; runs that are ready together come in index
+    order. Use under ``contextlib.aclosing``: closing it cancels and awaits the
+    pending reads (the runs themselves are closed by their owner).
+    """
+    if len(runs) == 1:
+        async for d in runs[0]:
+            yield 0, d
+        return
+
+    async def read(run: Generation) -> Delta | None:
+        try:
+            return await anext(run)
+        except StopAsyncIteration:
+            return None
+
+    pending = {asyncio.ensure_future(read(run)): i for i, run in enumerate(runs)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: pending[f]):
+                i = pending.pop(fut)
+                got = fut.result()
+                if got is None:
+                    continue
+                pending[asyncio.ensure_future(read(runs[i]))] = i
+                yield i, got
+    finally:
+        for fut in pending:
+            fut.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _find_stop(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str] | None:

@@ -22,6 +22,7 @@ top-level ``prompt_token_ids``/``prompt_text``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 import uuid
@@ -42,7 +43,7 @@ from fleetgate.sim.asgi import (
     send_bytes,
     send_json,
 )
-from fleetgate.sim.generation import Delta, Generation, GenRequest, SimEngine, generate
+from fleetgate.sim.generation import Delta, Generation, GenRequest, SimEngine, generate, merge
 from fleetgate.sim.vllm_metrics import CONTENT_TYPE, VllmMetrics
 from fleetgate.sim.vllm_protocol import (
     ChatCompletionRequest,
@@ -52,7 +53,14 @@ from fleetgate.sim.vllm_protocol import (
     TokenizeRequest,
     parse_body,
 )
-from fleetgate.sim.vllm_requests import HttpError, check_model, gen_request, prompt_ids, render
+from fleetgate.sim.vllm_requests import (
+    HttpError,
+    check_model,
+    choice_requests,
+    gen_request,
+    prompt_ids,
+    render,
+)
 from fleetgate.sim.vllm_shapes import (
     StreamOptions,
     chat_logprobs,
@@ -201,14 +209,16 @@ class VllmApp:
         gen = gen_request(self.engine, _headers(scope), req, prompt, req.max_tokens)
         rid = "cmpl-" + gen.request_id.rsplit("#", 1)[0]
         opts = _options(req, req.logprobs)
-        run = self._start(gen)
+        gens = choice_requests(self.engine, gen, req.n, req.temperature)
+        runs: list[Generation] = []
         try:
-            if req.stream:
-                await race_disconnect(receive, self._stream_completion(send, gen, run, rid, opts))
-            else:
-                await race_disconnect(receive, self._complete_completion(send, gen, run, rid, opts))
+            for g in gens:
+                runs.append(self._start(g))
+            handler = self._stream_completion if req.stream else self._complete_completion
+            await race_disconnect(receive, handler(send, gen, runs, rid, opts))
         finally:
-            run.close()
+            for run in runs:
+                run.close()
 
     def _start(self, gen: GenRequest) -> Generation:
         limit = self.engine.options.max_num_queued_reqs
@@ -226,49 +236,54 @@ class VllmApp:
         except ValueError as e:
             raise HttpError(400, str(e), "BadRequestError", getattr(e, "param", None)) from None
 
-    async def _collect(self, run: Generation) -> tuple[list[Delta], str]:
-        deltas: list[Delta] = []
-        async for d in run:
-            deltas.append(d)
-        return deltas, "".join(d.text for d in deltas)
+    async def _collect(self, runs: list[Generation]) -> list[list[Delta]] | None:
+        """Every choice's deltas, or None when the engine aborted one of them."""
+        out: list[list[Delta]] = [[] for _ in runs]
+        async with contextlib.aclosing(merge(runs)) as stream:
+            async for i, d in stream:
+                out[i].append(d)
+        return None if any(ds[-1].finish_reason == "abort" for ds in out) else out
 
     async def _complete_completion(
-        self, send: Send, gen: GenRequest, run: Generation, rid: str, opts: StreamOptions
+        self, send: Send, gen: GenRequest, runs: list[Generation], rid: str, opts: StreamOptions
     ) -> None:
-        deltas, text = await self._collect(run)
-        last = deltas[-1]
-        if last.finish_reason == "abort":
+        results = await self._collect(runs)
+        if results is None:
             await self._send_error(send, _aborted())
             return
-        ids = [t for d in deltas for t in d.token_ids]
-        cached = deltas[0].cached_prompt_tokens
-        logprobs = None
-        if opts.logprobs is not None:
-            logprobs = completion_logprobs(
-                ids, self.engine.tokenizer.decode, opts.logprobs, self.engine.tokenizer.vocab_size
-            )
         return_ids = opts.return_token_ids
-        out = {
-            "id": rid,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.engine.options.model_name,
-            "choices": [
+        tok = self.engine.tokenizer
+        choices = []
+        produced = 0
+        for index, deltas in enumerate(results):
+            ids = [t for d in deltas for t in d.token_ids]
+            produced += len(ids)
+            logprobs = None
+            if opts.logprobs is not None:
+                logprobs = completion_logprobs(ids, tok.decode, opts.logprobs, tok.vocab_size)
+            choices.append(
                 {
-                    "index": 0,
-                    "text": text,
+                    "index": index,
+                    "text": "".join(d.text for d in deltas),
                     "logprobs": logprobs,
-                    "finish_reason": last.finish_reason,
-                    "stop_reason": last.stop_reason,
+                    "finish_reason": deltas[-1].finish_reason,
+                    "stop_reason": deltas[-1].stop_reason,
                     "token_ids": ids if return_ids else None,
                     "prompt_logprobs": None,
                     "prompt_token_ids": list(gen.prompt_token_ids) if return_ids else None,
                     "routed_experts": None,
                 }
-            ],
+            )
+        cached = results[0][0].cached_prompt_tokens
+        out = {
+            "id": rid,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.engine.options.model_name,
+            "choices": choices,
             "service_tier": None,
             "system_fingerprint": self.fingerprint,
-            "usage": self._usage(len(gen.prompt_token_ids), len(ids), cached, full=True),
+            "usage": self._usage(len(gen.prompt_token_ids), produced, cached, full=True),
             "kv_transfer_params": None,
             "ec_transfer_params": None,
             "metrics": None,
@@ -276,7 +291,7 @@ class VllmApp:
         await send_json(send, 200, out)
 
     async def _stream_completion(
-        self, send: Send, gen: GenRequest, run: Generation, rid: str, opts: StreamOptions
+        self, send: Send, gen: GenRequest, runs: list[Generation], rid: str, opts: StreamOptions
     ) -> None:
         sse = SseWriter(send)
         await sse.start()
@@ -284,70 +299,76 @@ class VllmApp:
         model = self.engine.options.model_name
         tok = self.engine.tokenizer
         n_prompt = len(gen.prompt_token_ids)
-        produced = 0
+        n = len(runs)
+        produced = [0] * n
+        offsets = [0] * n
+        started = [False] * n
+        finished = 0
         cached = 0
-        offset = 0
-        first = True
         # Fast path for the common middle-of-stream event: only the text varies, so the
-        # bytes around it are built once (same bytes json.dumps would give).
+        # bytes around it are built once per choice (same bytes json.dumps would give).
         head = dumps({"id": rid, "object": "text_completion", "created": created, "model": model})
-        pre = b"data: " + head[:-1] + b',"choices":[{"index":0,"text":'
+        pre = [b"data: " + head[:-1] + b',"choices":[{"index":%d,"text":' % i for i in range(n)]
         post = (
             b',"logprobs":null,"finish_reason":null,"stop_reason":null,'
             b'"prompt_token_ids":null,"token_ids":null}]}\n\n'
         )
-        async for d in run:
-            if d.finish_reason == "abort":
-                await sse.event(self._body(_aborted()))
-                break
-            position = produced
-            produced += len(d.token_ids)
-            if first:
-                cached = d.cached_prompt_tokens
-            elif d.finish_reason is None and opts.fast_path:
-                await sse.raw(pre + dumps(d.text) + post)
-                continue
-            logprobs = None
-            if opts.logprobs is not None:
-                logprobs = completion_logprobs(
-                    d.token_ids, tok.decode, opts.logprobs, tok.vocab_size, position, offset
-                )
-            offset += len(d.text)
-            ids = opts.return_token_ids
-            choice = {
-                "index": 0,
-                "text": d.text,
-                "logprobs": logprobs,
-                "finish_reason": d.finish_reason,
-                "stop_reason": d.stop_reason,
-                "prompt_token_ids": list(gen.prompt_token_ids) if ids and first else None,
-                "token_ids": list(d.token_ids) if ids else None,
-            }
-            first = False
-            chunk: dict[str, Any] = {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [choice],
-            }
-            if opts.continuous_usage:
-                chunk["usage"] = self._usage(n_prompt, produced, cached, full=False)
-            if d.finish_reason is not None and not opts.include_usage:
-                chunk["system_fingerprint"] = self.fingerprint
-            await sse.event(chunk)
-            if d.finish_reason is not None and opts.include_usage:
-                await sse.event(
-                    {
-                        "id": rid,
-                        "object": "text_completion",
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": self._usage(n_prompt, produced, cached, full=False),
-                        "system_fingerprint": self.fingerprint,
-                    }
-                )
+        async with contextlib.aclosing(merge(runs)) as stream:
+            async for i, d in stream:
+                if d.finish_reason == "abort":
+                    await sse.event(self._body(_aborted()))
+                    break
+                position = produced[i]
+                produced[i] += len(d.token_ids)
+                first = not started[i]
+                started[i] = True
+                if first and i == 0:
+                    cached = d.cached_prompt_tokens
+                elif not first and d.finish_reason is None and opts.fast_path:
+                    await sse.raw(pre[i] + dumps(d.text) + post)
+                    continue
+                logprobs = None
+                if opts.logprobs is not None:
+                    logprobs = completion_logprobs(
+                        d.token_ids, tok.decode, opts.logprobs, tok.vocab_size, position, offsets[i]
+                    )
+                offsets[i] += len(d.text)
+                ids = opts.return_token_ids
+                choice = {
+                    "index": i,
+                    "text": d.text,
+                    "logprobs": logprobs,
+                    "finish_reason": d.finish_reason,
+                    "stop_reason": d.stop_reason,
+                    "prompt_token_ids": list(gen.prompt_token_ids) if ids and first else None,
+                    "token_ids": list(d.token_ids) if ids else None,
+                }
+                chunk: dict[str, Any] = {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
+                }
+                if opts.continuous_usage:
+                    chunk["usage"] = self._usage(n_prompt, sum(produced), cached, full=False)
+                finished += d.finish_reason is not None
+                last = finished == n
+                if last and not opts.include_usage:
+                    chunk["system_fingerprint"] = self.fingerprint
+                await sse.event(chunk)
+                if last and opts.include_usage:
+                    await sse.event(
+                        {
+                            "id": rid,
+                            "object": "text_completion",
+                            "created": created,
+                            "model": model,
+                            "choices": [],
+                            "usage": self._usage(n_prompt, sum(produced), cached, full=False),
+                            "system_fingerprint": self.fingerprint,
+                        }
+                    )
         await sse.done()
 
     async def _chat(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
@@ -360,40 +381,40 @@ class VllmApp:
         gen = gen_request(self.engine, _headers(scope), req, prompt, max_tokens)
         rid = "chatcmpl-" + gen.request_id.rsplit("#", 1)[0]
         opts = _options(req, (req.top_logprobs or 0) if req.logprobs else None)
-        run = self._start(gen)
+        gens = choice_requests(self.engine, gen, req.n, req.temperature)
+        runs: list[Generation] = []
         try:
-            if req.stream:
-                await race_disconnect(receive, self._stream_chat(send, gen, run, rid, opts))
-            else:
-                await race_disconnect(receive, self._complete_chat(send, gen, run, rid, opts))
+            for g in gens:
+                runs.append(self._start(g))
+            handler = self._stream_chat if req.stream else self._complete_chat
+            await race_disconnect(receive, handler(send, gen, runs, rid, opts))
         finally:
-            run.close()
+            for run in runs:
+                run.close()
 
     async def _complete_chat(
-        self, send: Send, gen: GenRequest, run: Generation, rid: str, opts: StreamOptions
+        self, send: Send, gen: GenRequest, runs: list[Generation], rid: str, opts: StreamOptions
     ) -> None:
-        deltas, text = await self._collect(run)
-        last = deltas[-1]
-        if last.finish_reason == "abort":
+        results = await self._collect(runs)
+        if results is None:
             await self._send_error(send, _aborted())
             return
-        ids = [t for d in deltas for t in d.token_ids]
         return_ids = opts.return_token_ids
-        logprobs = None
-        if opts.logprobs is not None:
-            tok = self.engine.tokenizer
-            logprobs = chat_logprobs(ids, tok.decode, opts.logprobs, tok.vocab_size)
-        out = {
-            "id": rid,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.engine.options.model_name,
-            "choices": [
+        tok = self.engine.tokenizer
+        choices = []
+        produced = 0
+        for index, deltas in enumerate(results):
+            ids = [t for d in deltas for t in d.token_ids]
+            produced += len(ids)
+            logprobs = None
+            if opts.logprobs is not None:
+                logprobs = chat_logprobs(ids, tok.decode, opts.logprobs, tok.vocab_size)
+            choices.append(
                 {
-                    "index": 0,
+                    "index": index,
                     "message": {
                         "role": "assistant",
-                        "content": text,
+                        "content": "".join(d.text for d in deltas),
                         "refusal": None,
                         "annotations": None,
                         "audio": None,
@@ -401,21 +422,22 @@ class VllmApp:
                         "reasoning": None,
                     },
                     "logprobs": logprobs,
-                    "finish_reason": last.finish_reason,
-                    "stop_reason": last.stop_reason,
+                    "finish_reason": deltas[-1].finish_reason,
+                    "stop_reason": deltas[-1].stop_reason,
                     "token_ids": ids if return_ids else None,
                     "routed_experts": None,
                 }
-            ],
+            )
+        cached = results[0][0].cached_prompt_tokens
+        out = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.engine.options.model_name,
+            "choices": choices,
             "service_tier": None,
             "system_fingerprint": self.fingerprint,
-            "usage": self._usage(
-                len(gen.prompt_token_ids),
-                len(ids),
-                deltas[0].cached_prompt_tokens,
-                full=True,
-                chat=True,
-            ),
+            "usage": self._usage(len(gen.prompt_token_ids), produced, cached, full=True, chat=True),
             "prompt_logprobs": None,
             "prompt_token_ids": list(gen.prompt_token_ids) if return_ids else None,
             "prompt_text": None,
@@ -426,7 +448,7 @@ class VllmApp:
         await send_json(send, 200, out)
 
     async def _stream_chat(
-        self, send: Send, gen: GenRequest, run: Generation, rid: str, opts: StreamOptions
+        self, send: Send, gen: GenRequest, runs: list[Generation], rid: str, opts: StreamOptions
     ) -> None:
         sse = SseWriter(send)
         await sse.start()
@@ -434,67 +456,80 @@ class VllmApp:
         model = self.engine.options.model_name
         tok = self.engine.tokenizer
         n_prompt = len(gen.prompt_token_ids)
+        n = len(runs)
         return_ids = opts.return_token_ids
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-        await sse.event(
-            {
-                **head,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-                "prompt_token_ids": list(gen.prompt_token_ids) if return_ids else None,
-                "prompt_text": None,
-            }
-        )
-        produced = 0
+        for i in range(n):
+            await sse.event(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                    "prompt_token_ids": list(gen.prompt_token_ids) if return_ids else None,
+                    "prompt_text": None,
+                }
+            )
+        produced = [0] * n
+        finished = 0
         cached = 0
-        pre = b"data: " + dumps(head)[:-1] + b',"choices":[{"index":0,"delta":{"content":'
+        pre = [
+            b"data: " + dumps(head)[:-1] + b',"choices":[{"index":%d,"delta":{"content":' % i
+            for i in range(n)
+        ]
         post = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
-        async for d in run:
-            if d.finish_reason == "abort":
-                await sse.event(self._body(_aborted()))
-                break
-            if d.first:
-                cached = d.cached_prompt_tokens
-            position = produced
-            produced += len(d.token_ids)
-            if d.finish_reason is None and opts.fast_path:
-                await sse.raw(pre + dumps(d.text) + post)
-                continue
-            logprobs = None
-            if opts.logprobs is not None:
-                logprobs = chat_logprobs(
-                    d.token_ids, tok.decode, opts.logprobs, tok.vocab_size, position
-                )
-            choice: dict[str, Any] = {
-                "index": 0,
-                "delta": {"content": d.text},
-                "logprobs": logprobs,
-                "finish_reason": d.finish_reason,
-            }
-            if d.finish_reason is not None:
-                choice["stop_reason"] = d.stop_reason
-            choice["token_ids"] = list(d.token_ids) if return_ids else None
-            chunk: dict[str, Any] = {**head, "choices": [choice]}
-            if opts.continuous_usage:
-                chunk["usage"] = self._usage(n_prompt, produced, cached, full=False, chat=True)
-            if d.finish_reason is not None and not opts.include_usage:
-                chunk["system_fingerprint"] = self.fingerprint
-            await sse.event(chunk)
-            if d.finish_reason is not None and opts.include_usage:
-                await sse.event(
-                    {
-                        **head,
-                        "choices": [],
-                        "usage": self._usage(n_prompt, produced, cached, full=False, chat=True),
-                        "system_fingerprint": self.fingerprint,
-                    }
-                )
+        async with contextlib.aclosing(merge(runs)) as stream:
+            async for i, d in stream:
+                if d.finish_reason == "abort":
+                    await sse.event(self._body(_aborted()))
+                    break
+                if d.first and i == 0:
+                    cached = d.cached_prompt_tokens
+                position = produced[i]
+                produced[i] += len(d.token_ids)
+                if d.finish_reason is None and opts.fast_path:
+                    await sse.raw(pre[i] + dumps(d.text) + post)
+                    continue
+                logprobs = None
+                if opts.logprobs is not None:
+                    logprobs = chat_logprobs(
+                        d.token_ids, tok.decode, opts.logprobs, tok.vocab_size, position
+                    )
+                choice: dict[str, Any] = {
+                    "index": i,
+                    "delta": {"content": d.text},
+                    "logprobs": logprobs,
+                    "finish_reason": d.finish_reason,
+                }
+                if d.finish_reason is not None:
+                    choice["stop_reason"] = d.stop_reason
+                choice["token_ids"] = list(d.token_ids) if return_ids else None
+                chunk: dict[str, Any] = {**head, "choices": [choice]}
+                if opts.continuous_usage:
+                    chunk["usage"] = self._usage(
+                        n_prompt, sum(produced), cached, full=False, chat=True
+                    )
+                finished += d.finish_reason is not None
+                last = finished == n
+                if last and not opts.include_usage:
+                    chunk["system_fingerprint"] = self.fingerprint
+                await sse.event(chunk)
+                if last and opts.include_usage:
+                    await sse.event(
+                        {
+                            **head,
+                            "choices": [],
+                            "usage": self._usage(
+                                n_prompt, sum(produced), cached, full=False, chat=True
+                            ),
+                            "system_fingerprint": self.fingerprint,
+                        }
+                    )
         await sse.done()
 
     # -- tokenizer endpoints ------------------------------------------------

@@ -20,6 +20,7 @@ Pure: no I/O; raises :class:`HttpError` that the app turns into a response.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 from fleetgate.sim.generation import GenRequest, SimEngine
 from fleetgate.sim.vllm_protocol import ChatCompletionRequest, CompletionRequest
 
-__all__ = ["HttpError", "check_model", "gen_request", "prompt_ids", "render"]
+__all__ = ["HttpError", "check_model", "choice_requests", "gen_request", "prompt_ids", "render"]
 
 
 class HttpError(Exception):
@@ -76,8 +77,13 @@ def gen_request(
             "BadRequestError",
             "max_tokens",
         )
-    if req.n != 1:
-        raise HttpError(400, "n must be 1 on the emulator.", "BadRequestError", "n")
+    if req.n < 1:
+        raise HttpError(
+            400,
+            f"n must be at least 1, got {req.n}. (parameter=n, value={req.n})",
+            "BadRequestError",
+            "n",
+        )
     if len(prompt) >= o.max_model_len:
         shown = o.max_model_len + 1 if len(prompt) > o.max_model_len else len(prompt)
         raise HttpError(
@@ -121,6 +127,30 @@ def gen_request(
         stop_token_ids=tuple(req.stop_token_ids or ()),
         seed=req.seed or 0,
     )
+
+
+def choice_requests(
+    engine: SimEngine, gen: GenRequest, n: int, temperature: float | None
+) -> list[GenRequest]:
+    """The ``n`` independent generations of one request, choice ``i`` at index ``i``.
+
+    Choice 0 is ``gen`` itself (so ``n: 1`` and the first of ``n`` choices agree);
+    choice ``i`` gets its own engine id and, unless sampling is greedy
+    (``temperature: 0``, where real vLLM gives ``n`` equal outputs), the seed
+    ``seed + i``, so the choices differ but each is repeatable.
+    """
+    greedy = temperature == 0
+    out = [gen]
+    for i in range(1, n):
+        external = gen.request_id.rsplit("#", 1)[0]
+        out.append(
+            dataclasses.replace(
+                gen,
+                request_id=engine.internal_id(external),
+                seed=gen.seed if greedy else gen.seed + i,
+            )
+        )
+    return out
 
 
 def prompt_ids(engine: SimEngine, prompt: Any) -> list[int]:

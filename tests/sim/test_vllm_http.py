@@ -487,7 +487,7 @@ async def test_priority_order_through_http() -> None:
         pytest.param(b'{"prompt": "x", "stop": 3}', id="stop-int"),
         pytest.param(b'{"prompt": [99999999]}', id="bad-token-id"),
         pytest.param(b'{"messages": "hi"}', id="chat-to-completions"),
-        pytest.param(b'{"prompt": "x", "n": 2}', id="n2"),
+        pytest.param(b'{"prompt": "x", "n": 0}', id="n0"),
         pytest.param(b"\xff\xfe", id="not-utf8"),
     ],
 )
@@ -581,3 +581,88 @@ async def test_missing_field_shows_dict_input_elided(client: httpx.AsyncClient) 
     # a scalar input is still shown as itself
     r = await client.post("/v1/completions", json={"prompt": "x", "temperature": "hot"})
     assert "'input': 'hot'" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_n_choices_non_streaming(client: httpx.AsyncClient, path: str) -> None:
+    """Fix-list F3: ``n`` independent choices, each repeatable; choice 0 is the n=1 output;
+    greedy choices are equal (as on real vLLM); usage counts every choice."""
+    body: dict[str, Any] = {"max_tokens": 6, "ignore_eos": True, "n": 3}
+    if path == "/v1/completions":
+        body["prompt"] = "several answers"
+    else:
+        body["messages"] = [{"role": "user", "content": "several answers"}]
+
+    def texts(resp: httpx.Response) -> list[str]:
+        assert resp.status_code == 200, resp.text
+        choices = resp.json()["choices"]
+        assert [c["index"] for c in choices] == list(range(len(choices)))
+        return [c["text"] if "text" in c else c["message"]["content"] for c in choices]
+
+    r = await client.post(path, json=body)
+    sampled = texts(r)
+    assert len(sampled) == 3 and len(set(sampled)) == 3, sampled
+    assert r.json()["usage"]["completion_tokens"] == 18
+    assert texts(await client.post(path, json=body)) == sampled, "repeatable"
+    single = texts(await client.post(path, json={**body, "n": 1}))
+    assert single == sampled[:1]
+    greedy = texts(await client.post(path, json={**body, "temperature": 0}))
+    assert len(greedy) == 3 and len(set(greedy)) == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_n_choices_streaming(client: httpx.AsyncClient, path: str) -> None:
+    body: dict[str, Any] = {"max_tokens": 5, "ignore_eos": True, "n": 2, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    if path == "/v1/completions":
+        body["prompt"] = "several answers"
+    else:
+        body["messages"] = [{"role": "user", "content": "several answers"}]
+    plain = (await client.post(path, json={**body, "stream": False})).json()
+    r = await client.post(path, json=body)
+    assert r.status_code == 200
+    raw = [x[6:] for x in r.text.split("\n\n") if x.startswith("data: ")]
+    assert raw[-1] == "[DONE]"
+    events = [json.loads(x) for x in raw[:-1]]
+    assert len({e["id"] for e in events}) == 1
+    text = {0: "", 1: ""}
+    finished = []
+    for e in events[:-1]:
+        (choice,) = e["choices"]
+        delta = choice.get("delta", choice)
+        text[choice["index"]] += delta.get("text") or delta.get("content") or ""
+        if choice["finish_reason"] is not None:
+            finished.append(choice["index"])
+    assert sorted(finished) == [0, 1]
+    if path == "/v1/chat/completions":
+        roles = [
+            e["choices"][0]["index"] for e in events[:-1] if "role" in e["choices"][0]["delta"]
+        ]
+        assert roles == [0, 1]
+    for i, c in enumerate(plain["choices"]):
+        assert text[i] == c.get("text", c.get("message", {}).get("content")), i
+    assert events[-1]["choices"] == []
+    assert events[-1]["usage"]["completion_tokens"] == 10
+    assert [i for i, e in enumerate(events) if "system_fingerprint" in e] == [len(events) - 1]
+
+
+async def test_n_choices_client_disconnect_frees_all(fleet: Fleet) -> None:
+    """Closing an n=2 stream early aborts both generations (running back to 0)."""
+    url = fleet.engines[0].url
+    body = {"prompt": "long", "max_tokens": 400, "ignore_eos": True, "n": 2, "stream": True}
+    async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+        async with c.stream("POST", "/v1/completions", json=body) as r:
+            got = 0
+            async for _ in r.aiter_raw():
+                got += 1
+                if got >= 3:
+                    break
+        running = -1.0
+        for _ in range(100):
+            running = metric((await c.get("/metrics")).text, "vllm:num_requests_running")
+            if running == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert running == 0
+        generated = metric((await c.get("/metrics")).text, "vllm:generation_tokens_total")
+        assert generated < 100, "both choices stopped long before 400 tokens each"
