@@ -231,12 +231,11 @@ class PriorityRuntime:
     def on_fleet_change(self) -> None:
         """Poller hook: a scrape landed, health or the model list changed."""
         self.metrics.precreate(self.s.fleet.models(healthy_only=False, now=self.s.clock()))
-        if self._queued:
-            self.kick()
+        self.kick()
 
     def kick(self) -> None:
-        """Run one drain on the next loop turn (events coalesce)."""
-        if not self._scheduled:
+        """Run one drain on the next loop turn (events coalesce; nothing queued: no-op)."""
+        if self._queued and not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._drain_now)
 
