@@ -197,6 +197,11 @@ def build_engine(
         enable_prompt_tokens_details=spec.enable_prompt_tokens_details,
         max_num_queued_reqs=spec.max_num_queued_reqs,
         version=spec.version or (VLLM_VERSION if spec.kind == "vllm" else TRTLLM_VERSION),
+        num_gpu_blocks_override=(
+            stats.blocks_total if {"num_gpu_blocks", "num_blocks"} & set(spec.overrides) else None
+        ),
+        prefix_caching=bool(getattr(getattr(model, "config", None), "prefix_caching", True)),
+        user_specified_block_size=bool({"block_size", "tokens_per_block"} & set(spec.overrides)),
     )
     adapter = get_adapter(spec.kind)
     if spec.kind == "vllm":

@@ -82,6 +82,11 @@ class EngineOptions:
     version: str = ""
     system_fingerprint: str = ""
     engine_index: str = "0"
+    num_gpu_blocks_override: int | None = None
+    """vLLM ``--num-gpu-blocks-override``: set when the KV block count was given
+    explicitly (not derived from the profile); shown in ``vllm:cache_config_info``."""
+    prefix_caching: bool = True
+    user_specified_block_size: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

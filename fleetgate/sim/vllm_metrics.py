@@ -357,19 +357,60 @@ class VllmMetrics(Collector):
         )
 
     def _cache_config_labels(self, s: EngineStats) -> dict[str, str]:
+        """The 37 labels of vLLM 0.32's ``vllm:cache_config_info`` (every ``CacheConfig``
+        field plus ``engine``; fixture ``metrics_a_after_start.prom.txt``).
+
+        Values follow the emulated config where it has one (block size and count, the
+        override when ``--num-gpu-blocks`` was given, prefix caching, the KV size in
+        tokens, ``kv_cache_max_concurrency`` = that size / ``max_model_len``, and
+        ``user_specified_block_size`` when ``--block-size`` was given); the
+        rest are vLLM 0.32's defaults for a text-only attention model (e.g.
+        ``gpu_memory_utilization="0.92"``). ``kv_cache_memory_bytes`` is "None": the
+        emulator stands for a GPU server sized by memory utilisation, whereas the
+        recorded CPU build reports its ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB) there.
+        """
         o = self.options
+        size = s.blocks_total * s.block_size
+        override = o.num_gpu_blocks_override
+        concurrency = size / o.max_model_len if o.max_model_len else 0.0
         return {
+            "_block_size_resolved": "True",
             "block_size": str(s.block_size),
             "cache_dtype": "auto",
-            "enable_prefix_caching": "True",
+            "cache_hit_alignment_tokens": "None",
+            "effective_attention_block_size": str(s.block_size),
+            "enable_mamba_shared_prefix_checkpoint": "False",
+            "enable_prefix_caching": str(o.prefix_caching),
             "engine": o.engine_index,
-            "gpu_memory_utilization": "0.9",
-            "kv_cache_size_tokens": str(s.blocks_total * s.block_size),
+            "gpu_memory_utilization": "0.92",
+            "hash_block_size": "None",
+            "is_attention_free": "False",
+            "kv_cache_dtype_skip_layers": "[]",
+            "kv_cache_layout": "None",
+            "kv_cache_max_concurrency": repr(round(concurrency, 2)),
+            "kv_cache_memory_bytes": "None",
+            "kv_cache_size_tokens": str(size),
+            "kv_offloading_backend": "native",
+            "kv_offloading_size": "None",
+            "kv_sharing_fast_prefill": "False",
+            "mamba_block_size": "None",
+            "mamba_cache_dtype": "auto",
+            "mamba_cache_mode": "none",
+            "mamba_page_size_padded": "None",
+            "mamba_ssm_cache_dtype": "float32",
             "num_cpu_blocks": "None",
             "num_gpu_blocks": str(s.blocks_total),
-            "num_gpu_blocks_override": "None",
+            "num_gpu_blocks_override": "None" if override is None else str(override),
+            "prefix_cache_retention_interval": "0",
             "prefix_caching_hash_algo": "sha256",
+            "prefix_match_unit": "None",
+            "replayssm_buffer_len": "16",
+            "skip_page_size_padded": "None",
             "sliding_window": "None",
+            "swa_bounded_replay": "True",
+            "use_kda_recoverssm": "False",
+            "use_replayssm": "False",
+            "user_specified_block_size": str(o.user_specified_block_size),
         }
 
 

@@ -666,3 +666,33 @@ async def test_n_choices_client_disconnect_frees_all(fleet: Fleet) -> None:
         assert running == 0
         generated = metric((await c.get("/metrics")).text, "vllm:generation_tokens_total")
         assert generated < 100, "both choices stopped long before 400 tokens each"
+
+
+def _labels(text: str, family: str) -> dict[str, str]:
+    (line,) = [x for x in text.splitlines() if x.startswith(family + "{")]
+    return dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+
+
+async def test_cache_config_info_labels_like_vllm() -> None:
+    """Fix-list F8: the recording's 37 labels, values from the emulated config."""
+    want = _labels((FIX / "metrics_a_after_start.prom.txt").read_text(), "vllm:cache_config_info")
+    assert len(want) == 37
+    overrides = {"num_gpu_blocks": 24, "block_size": 128, "max_model_len": 2048}
+    specs = [EngineSpec(kind="vllm", overrides=overrides), EngineSpec(kind="vllm")]
+    async with run_fleet(specs, "127.0.0.1", 0, model=MODEL) as f, httpx.AsyncClient() as c:
+        texts = [(await c.get(e.url + "/metrics")).text for e in f.engines]
+    given, default = (_labels(t, "vllm:cache_config_info") for t in texts)
+    assert set(given) == set(default) == set(want)
+    # same geometry as the recorded server -> the same values, except what differs by
+    # construction: the block size was given here, and the CPU build's KV memory size
+    differ = {"user_specified_block_size", "kv_cache_memory_bytes"}
+    assert {k: v for k, v in given.items() if k not in differ} == {
+        k: v for k, v in want.items() if k not in differ
+    }
+    assert given["user_specified_block_size"] == "True"
+    # profile geometry (test profile: 64 blocks of 16, max_model_len 512), no override
+    assert default["num_gpu_blocks_override"] == "None"
+    assert default["user_specified_block_size"] == "False"
+    assert (default["block_size"], default["num_gpu_blocks"]) == ("16", "64")
+    assert default["kv_cache_size_tokens"] == "1024"
+    assert default["kv_cache_max_concurrency"] == "2.0"
