@@ -33,6 +33,7 @@ import httpx
 import pytest
 from routerkit import router_config, serve
 
+from fleetgate.engines import get_adapter
 from fleetgate.router.admission import parse_priority
 from fleetgate.router.app import build_router
 from fleetgate.router.config import ConfigError
@@ -323,3 +324,57 @@ def test_priority_section_errors_are_one_line() -> None:
     assert s is not None and not s.config.preemption_enabled
     assert not s.engine_priority.enabled("trt", "e1") and s.engine_priority.enabled("p", "e1")
     assert parse_priority(None) is None
+
+
+def _sse_answer(request: httpx.Request) -> httpx.Response:
+    """A vLLM-shaped stream with token ids, whatever was asked (mock engine)."""
+    evs = []
+    for i, word in enumerate([" one", " two"]):
+        choice = {"index": 0, "text": word, "logprobs": None,
+                  "finish_reason": "length" if i == 1 else None, "stop_reason": None,
+                  "token_ids": [10 + i],
+                  "prompt_token_ids": [1, 2] if i == 0 else None}  # fmt: skip
+        evs.append({"id": "cmpl-9", "object": "text_completion", "created": 1, "model": "m",
+                    "choices": [choice]})  # fmt: skip
+    evs.append({"id": "cmpl-9", "object": "text_completion", "created": 1, "model": "m",
+                "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 2,
+                                         "total_tokens": 4}})  # fmt: skip
+    data = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in evs)
+    return httpx.Response(
+        200, content=data + b"data: [DONE]\n\n", headers={"content-type": "text/event-stream"}
+    )
+
+
+@pytest.mark.parametrize("engine_priority", [True, False])
+async def test_engine_body_carries_engine_priority_and_stream_options(
+    engine_priority: bool,
+) -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def route(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return _sse_answer(request)
+
+    cfg = router_config(
+        [("vllm", "http://127.0.0.1:18011")],
+        priority=priority_section(engine_priority={"default": engine_priority}),
+    )
+    app = build_router(cfg, transport=httpx.MockTransport(route), start_background=False)
+    for e in app.state.router.fleet:
+        e.healthy = True
+        e.models = frozenset({MODEL})
+    async with serve(app) as url, httpx.AsyncClient(timeout=30) as c:
+        doc = {"model": MODEL, "prompt": "x", "max_tokens": 2, "priority": "critical"}
+        r = await c.post(url + "/v1/completions", json=doc)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["choices"][0]["text"] == " one two"
+        assert got["choices"][0]["token_ids"] is None  # the client did not ask for ids
+        assert got["usage"]["completion_tokens"] == 2
+        up = sent[-1]
+        assert up["stream"] is True and up["stream_options"] == {"include_usage": True}
+        assert up["return_token_ids"] is True
+        if engine_priority:
+            assert up["priority"] == get_adapter("vllm").priority_fields(8)["priority"]
+        else:
+            assert "priority" not in up  # the client's class name never reaches the engine
