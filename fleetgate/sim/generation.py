@@ -119,8 +119,16 @@ class RequestObserver(Protocol):
     def on_admit(self, request: GenRequest, now: float) -> None: ...
 
     def on_tokens(
-        self, request: GenRequest, count: int, now: float, first: bool, cached: int
-    ) -> None: ...
+        self,
+        request: GenRequest,
+        count: int,
+        now: float,
+        first: bool,
+        cached: int,
+        scheduled_at: float | None = None,
+    ) -> None:
+        """``scheduled_at``: model time the request was first scheduled (first event)."""
+        ...
 
     def on_finish(
         self, request: GenRequest, reason: FinishReason, completion_tokens: int, now: float
@@ -193,7 +201,12 @@ class Generation:
         self.produced += len(event.token_ids)
         if event.token_ids:
             engine.observer.on_tokens(
-                request, len(event.token_ids), now, event.first, event.cached_prompt_tokens
+                request,
+                len(event.token_ids),
+                now,
+                event.first,
+                event.cached_prompt_tokens,
+                event.scheduled_at,
             )
         text = engine.tokenizer.decode(event.token_ids) if event.token_ids else ""
         finish: FinishReason | None = event.finish_reason

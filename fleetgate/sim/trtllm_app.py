@@ -96,6 +96,7 @@ class ChatCompletionRequest(_Req):
 class _Live:
     arrival: float
     first: float | None = None
+    scheduled: float | None = None
 
 
 class TrtllmMetrics(Collector):
@@ -123,12 +124,20 @@ class TrtllmMetrics(Collector):
         self._live[request.request_id] = _Live(now)
 
     def on_tokens(
-        self, request: GenRequest, count: int, now: float, first: bool, cached: int
+        self,
+        request: GenRequest,
+        count: int,
+        now: float,
+        first: bool,
+        cached: int,
+        scheduled_at: float | None = None,
     ) -> None:
         live = self._live.get(request.request_id)
         if live is not None and live.first is None:
             live.first = now
             self.hist["time_to_first_token_seconds"].observe(now - live.arrival)
+            if scheduled_at is not None:
+                live.scheduled = min(max(scheduled_at, live.arrival), now)
 
     def on_finish(
         self, request: GenRequest, reason: FinishReason, completion_tokens: int, now: float
@@ -138,6 +147,9 @@ class TrtllmMetrics(Collector):
             return
         self.success[reason] = self.success.get(reason, 0) + 1
         self.hist["e2e_request_latency_seconds"].observe(now - live.arrival)
+        if live.scheduled is not None:
+            # queue time = arrival until first scheduled (the model's scheduling instant)
+            self.hist["request_queue_time_seconds"].observe(live.scheduled - live.arrival)
         if live.first is not None and completion_tokens > 1:
             self.hist["time_per_output_token_seconds"].observe(
                 (now - live.first) / (completion_tokens - 1)

@@ -14,9 +14,11 @@ Sources of values:
 
 A client abort is **not** counted in ``request_success{finished_reason="abort"}``
 and not in ``e2e_request_latency`` (fixture README quirk 5), but its TTFT was.
-Queue/prefill/inference time histograms are exposed with their real buckets;
-the engine model does not report a request's scheduling instant, so only
-``request_decode_time`` (first to last token) is observed among those four.
+The phase histograms use the instant the model first scheduled the request
+(``TokenEvent.scheduled_at``), as vLLM's ``RequestStateStats`` do, observed
+when a request finishes: queue = scheduled - arrival, prefill = first token -
+scheduled, decode = last token - first token, inference = last token -
+scheduled (so inference = prefill + decode). Client aborts observe none of them.
 The ``python_*``/``process_*`` families are the emulator process's own; the
 ``http_*`` instrumentator series are not emulated.
 """
@@ -90,6 +92,7 @@ class _Live:
     first: float | None = None
     last: float | None = None
     cached: int = 0
+    scheduled: float | None = None
 
 
 class VllmMetrics(Collector):
@@ -136,7 +139,13 @@ class VllmMetrics(Collector):
         self._live[request.request_id] = _Live(arrival=now)
 
     def on_tokens(
-        self, request: GenRequest, count: int, now: float, first: bool, cached: int
+        self,
+        request: GenRequest,
+        count: int,
+        now: float,
+        first: bool,
+        cached: int,
+        scheduled_at: float | None = None,
     ) -> None:
         live = self._live.get(request.request_id)
         if live is None:
@@ -144,6 +153,10 @@ class VllmMetrics(Collector):
         if live.first is None:
             live.first = now
             live.cached = cached
+            # clamp into [arrival, first token]: the model's clock and the observer's
+            # are the same driver clock, so this only guards rounding
+            if scheduled_at is not None:
+                live.scheduled = min(max(scheduled_at, live.arrival), now)
             self.hist["time_to_first_token_seconds"].observe(now - live.arrival)
         elif live.last is not None:
             gap = (now - live.last) / count
@@ -168,6 +181,10 @@ class VllmMetrics(Collector):
         h["e2e_request_latency_seconds"].observe(now - live.arrival)
         h["request_num_preemptions"].observe(0)
         h["request_prefill_kv_computed_tokens"].observe(max(0, prompt - live.cached))
+        if live.scheduled is not None and live.first is not None:
+            h["request_queue_time_seconds"].observe(live.scheduled - live.arrival)
+            h["request_prefill_time_seconds"].observe(live.first - live.scheduled)
+            h["request_inference_time_seconds"].observe(now - live.scheduled)
         if live.first is not None:
             h["request_decode_time_seconds"].observe(now - live.first)
             if completion_tokens > 1:

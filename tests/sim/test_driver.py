@@ -78,7 +78,13 @@ class Recorder:
         self.log.append(("admit", request.request_id))
 
     def on_tokens(
-        self, request: GenRequest, count: int, now: float, first: bool, cached: int
+        self,
+        request: GenRequest,
+        count: int,
+        now: float,
+        first: bool,
+        cached: int,
+        scheduled_at: float | None = None,
     ) -> None:
         pass
 

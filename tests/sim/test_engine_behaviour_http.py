@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 import httpx
+import pytest
 
 from fleetgate.sim.fleet import EngineSpec, run_fleet
 
@@ -225,3 +226,38 @@ async def test_many_streams_with_random_disconnects_leave_nothing_behind() -> No
             ok = await c.post("/v1/completions", json={"prompt": "after", "max_tokens": 2})
         assert ok.status_code == 200
         assert metric(text, "vllm:request_success_total", finished_reason="abort") == 0
+
+
+async def test_phase_histograms_filled_from_the_scheduling_instant() -> None:
+    """queue/prefill/inference/decode time histograms (vLLM) and the TRT queue time are
+    observed per finished request from ``TokenEvent.scheduled_at``; with one slot the
+    later requests queue, so queue time is positive, and e2e = queue + inference."""
+    specs = [
+        EngineSpec(kind="vllm", overrides={"max_running": 1}),
+        EngineSpec(kind="trtllm", overrides={"max_running": 1}),
+    ]
+    body = {"prompt": "phases", "max_tokens": 12, "ignore_eos": True}
+    async with run_fleet(specs, "127.0.0.1", 0, model="m") as f:
+        async with httpx.AsyncClient(timeout=10) as c:
+            for e in f.engines:
+                rs = await asyncio.gather(
+                    *(c.post(e.url + "/v1/completions", json=body) for _ in range(3))
+                )
+                assert [r.status_code for r in rs] == [200] * 3
+            vllm = (await c.get(f.engines[0].url + "/metrics")).text
+            trt = (await c.get(f.engines[1].url + "/prometheus/metrics")).text
+
+    def h(text: str, name: str, part: str) -> float:
+        return metric(text, f"{name}_{part}")
+
+    phases = ["queue", "prefill", "inference", "decode"]
+    sums = {p: h(vllm, f"vllm:request_{p}_time_seconds", "sum") for p in phases}
+    for p in phases:
+        assert h(vllm, f"vllm:request_{p}_time_seconds", "count") == 3, p
+        assert sums[p] >= 0, p
+    assert sums["queue"] > 0 and sums["prefill"] > 0 and sums["decode"] > 0
+    assert sums["inference"] == pytest.approx(sums["prefill"] + sums["decode"], abs=1e-6)
+    e2e = h(vllm, "vllm:e2e_request_latency_seconds", "sum")
+    assert e2e == pytest.approx(sums["queue"] + sums["inference"], abs=1e-6)
+    assert h(trt, "trtllm_request_queue_time_seconds", "count") == 3
+    assert h(trt, "trtllm_request_queue_time_seconds", "sum") > 0

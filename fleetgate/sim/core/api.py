@@ -46,6 +46,11 @@ class TokenEvent:
     """Prompt tokens served from the prefix cache (set on the first event)."""
     first: bool = False
     """True on the request's first event (time to first token ends here)."""
+    scheduled_at: float | None = None
+    """On the first event: the model time (the ``now`` given to :meth:`EngineModel.step`)
+    of the step that first scheduled the request, i.e. where its queueing ended and
+    its prefill began (vLLM's ``scheduled_ts``). ``None`` on later events and from
+    models that do not track it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

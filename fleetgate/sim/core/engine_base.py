@@ -137,6 +137,8 @@ class RequestState:
     cached_prompt_tokens: int = 0
     admitted: bool = False
     num_preemptions: int = 0
+    scheduled_at: float | None = None
+    """Model time of the first step that scheduled this request (kept across preemption)."""
 
     @property
     def request_id(self) -> str:
@@ -308,14 +310,20 @@ class BaseEngine:
         )
 
     def step(self, now: float) -> StepResult:
-        """One iteration. ``now`` is accepted for the contract; the model is time-free."""
-        del now
+        """One iteration starting at ``now``.
+
+        The model is otherwise time-free: ``now`` only stamps a request's first
+        scheduling (``TokenEvent.scheduled_at`` on its first event), for both
+        schedulers since they share this loop.
+        """
         if not self.requests:
             return StepResult(duration=0.0, events=())
         scheduled = self._schedule()
         events: list[TokenEvent] = []
         prefill = decode = kv = 0
         for st, n in scheduled:
+            if st.scheduled_at is None:
+                st.scheduled_at = now
             if n == 1 and st.num_generated > 0 and st.num_computed == len(st.tokens) - 1:
                 decode += 1
             else:
@@ -395,4 +403,5 @@ class BaseEngine:
             finish_reason="stop" if reason == "stop" else "length" if reason else None,
             cached_prompt_tokens=st.cached_prompt_tokens if first else 0,
             first=first,
+            scheduled_at=st.scheduled_at if first else None,
         )

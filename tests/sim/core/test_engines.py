@@ -340,3 +340,33 @@ def test_router_style_resume_on_another_engine_continues_exactly(first: str, sec
     resumed = run(other)
     assert got + resumed.tokens("resumed") == full
     assert resumed.finish("resumed") == reference.finish("whole")
+
+
+@pytest.mark.parametrize("kind", ["vllm", "trtllm"])
+def test_first_event_reports_when_the_request_was_first_scheduled(kind: str) -> None:
+    """``TokenEvent.scheduled_at``: the ``now`` of the step that first scheduled the
+    request (queue end / prefill start), on its first event only."""
+    engine = build_engine_model(kind, "test", {"max_running": 1})
+    engine.add_request(request("a", prompt(40, salt=1), 5))
+    engine.add_request(request("b", prompt(40, salt=2), 5, arrival=1e-3))
+    t = 10.0
+    starts: list[float] = []
+    first: dict[str, tuple[float, float | None]] = {}
+    later: list[float | None] = []
+    while engine.has_work():
+        assert len(starts) < 1000
+        starts.append(t)
+        result = engine.step(t)
+        for e in result.events:
+            if e.first:
+                first[e.request_id] = (t, e.scheduled_at)
+            else:
+                later.append(e.scheduled_at)
+        t += result.duration
+    assert set(later) == {None}
+    # one slot: "a" is scheduled in the very first step, "b" only after "a" finished
+    assert first["a"][1] == starts[0] == 10.0
+    b_step, b_sched = first["b"]
+    assert b_sched is not None and b_sched in starts
+    assert b_sched > first["a"][0], "b waited for a's whole run"
+    assert b_sched <= b_step
