@@ -353,7 +353,7 @@ def report(
 
 async def profile_fleetgate(tmp: Path, engine: str, args: argparse.Namespace) -> None:
     out = tmp / "fleetgate.prof"
-    (proc,) = start_targets(tmp, engine, True, out)
+    (proc,) = start_targets(tmp, engine, True, out, fg_config=args.fleetgate_config)
     try:
         await proc.ready()
         await throughput(proc.port, args.concurrency, args.duration_s, args.cap)
