@@ -155,6 +155,12 @@ class PriorityMetrics:
             "Requests that got a first token (met = within the class TTFT objective) or failed.",
             ["model", "class", "met"], registry=r,
         )  # fmt: skip
+        self.refed = PromCounter(
+            "fleetgate_resume_refed_tokens",
+            "Generated tokens sent back to an engine as prompt by continuations "
+            "(re-prefilled unless the engine still caches them).",
+            mc, registry=r,
+        )  # fmt: skip
         self._models: set[str] = set()
 
     def precreate(self, models: Sequence[str]) -> None:
@@ -169,6 +175,7 @@ class PriorityMetrics:
                 self.m.child(self.wait, *lv)
                 self.m.child(self.dispatches, *lv)
                 self.m.child(self.preemptions, *lv)
+                self.m.child(self.refed, *lv)
                 self.m.child(self.resume_latency, *lv)
                 for cause in ("preempted", "engine_failure"):
                     self.m.child(self.resumes, *lv, cause)

@@ -240,6 +240,7 @@ class PriorityPath:
                 await self._fail(ans, send, 502, f"upstream failure ({outcome})")
                 return
             ans.tokens_at_park = ans.splicer.tokens if ans.splicer else 0
+            s.metrics.child(rt.metrics.refed, job.model, job.cls.name).inc(ans.tokens_at_park)
             rt.park(job, cause)
 
     async def _segment(self, ans: _Answer, send: _Tracked, e: Endpoint) -> str:

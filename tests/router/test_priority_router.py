@@ -159,6 +159,8 @@ async def test_critical_burst_preempts_batch_flood_and_batch_output_is_exact(
             text, "fleetgate_resumes_total", cause="preempted", **{"class": "batch"}
         )
         assert preempted >= 1 and resumed == preempted, (preempted, resumed)
+        # Victims had produced tokens (10 ms steps, preempted ~0.25 s in): resumed from ids.
+        assert scrape_sum(text, "fleetgate_resume_refed_tokens_total", **{"class": "batch"}) > 0
         victims = {
             int(m.split()[1].removeprefix("batch-"))
             for m in caplog.messages
