@@ -380,3 +380,60 @@ async def test_engine_body_carries_engine_priority_and_stream_options(
             assert up["priority"] == get_adapter("vllm").priority_fields(8)["priority"]
         else:
             assert "priority" not in up  # the client's class name never reaches the engine
+
+
+def chat_pieces(raw: bytes) -> list[str]:
+    out = []
+    for ev in events(raw):
+        for ch in ev.get("choices", []):
+            out.append((ch.get("delta") or {}).get("content") or "")
+    return out
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_chat_preempted_resumes_exactly_and_non_resumable_passes_through(
+    stream: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="fleetgate.router.priority")
+    async with rig(1, capacity=1) as (url, engines, _), httpx.AsyncClient(timeout=60) as c:
+        chat: dict[str, Any] = {
+            "model": MODEL, "messages": [{"role": "user", "content": "tell me a long story"}],
+            "max_tokens": 50, "ignore_eos": True, "seed": 11, "temperature": 0.7,
+        }  # fmt: skip
+        if stream:
+            chat["stream"] = True
+        hb = {"x-fleetgate-priority": "batch", "x-request-id": "chat-victim"}
+        victim = asyncio.create_task(c.post(url + "/v1/chat/completions", json=chat, headers=hb))
+        await asyncio.sleep(0.15)
+        crit = await c.post(
+            url + "/v1/completions",
+            json=body("urgent", 3, stream=False),
+            headers={"x-fleetgate-priority": "critical"},
+        )
+        assert crit.status_code == 200
+        got = await victim
+        assert got.status_code == 200, got.text
+        assert any(m.startswith("preempt chat-victim") for m in caplog.messages)
+        twin = await c.post(engines[0].url + "/v1/chat/completions", json=chat)
+        if stream:
+            assert "".join(chat_pieces(got.content)) == "".join(chat_pieces(twin.content))
+            assert chat_pieces(got.content) == chat_pieces(twin.content)
+            assert got.content.count(b'"role":"assistant"') == 1
+            assert got.content.count(b"data: [DONE]") == 1
+        else:
+            want = twin.json()
+            assert (
+                got.json()["choices"][0]["message"]["content"]
+                == (want["choices"][0]["message"]["content"])
+            )
+            assert got.json()["usage"]["completion_tokens"] == 50
+        # n > 1 cannot be spliced: relayed unchanged, never preempted.
+        multi = {**body("two answers", 3, stream=stream), "n": 2}
+        r = await c.post(
+            url + "/v1/completions", json=multi, headers={"x-fleetgate-priority": "batch"}
+        )
+        assert r.status_code == 200
+        if stream:
+            assert {ch["index"] for ev in events(r.content) for ch in ev["choices"]} == {0, 1}
+        else:
+            assert len(r.json()["choices"]) == 2
