@@ -231,10 +231,11 @@ async def test_engine_killed_mid_stream_completes_on_the_other_engine() -> None:
                 data += chunk
                 if data.count(b'"text"') >= 10:
                     break
-            # Crash: every connection of the victim dropped, its driver stopped.
+            # Crash: the victim's listeners close and every connection drops at once.
+            for listener in victim.server.servers:
+                listener.close()
             for conn in list(victim.server.server_state.connections):
                 conn.transport.abort()
-            victim.server.should_exit = True
             async for chunk in it:
                 data += chunk
         twin = await c.post(survivor.url + "/v1/completions", json=doc)
@@ -243,6 +244,12 @@ async def test_engine_killed_mid_stream_completes_on_the_other_engine() -> None:
         assert usage_of(data)["completion_tokens"] == 60
         text = (await c.get(url + "/metrics")).text
         assert scrape_sum(text, "fleetgate_resumes_total", cause="engine_failure") == 1
+        victim_id = victim.url.removeprefix("http://")
+        assert scrape_sum(text, "fleetgate_upstream_errors_total", endpoint=victim_id) == 1
+        survivor_id = survivor.url.removeprefix("http://")
+        assert scrape_sum(text, "fleetgate_dispatches_total") == 2
+        # The answer was finished by the survivor (the request is logged on its last endpoint).
+        assert scrape_sum(text, "fleetgate_requests_total", endpoint=survivor_id) == 1
 
 
 async def test_shedding_queue_limits_and_bad_class() -> None:
