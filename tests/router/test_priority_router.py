@@ -217,7 +217,8 @@ async def test_without_preemption_critical_waits_for_batch() -> None:
         assert scrape_sum(text, "fleetgate_preemptions_total") == 0
 
 
-async def test_engine_killed_mid_stream_completes_on_the_other_engine() -> None:
+@pytest.mark.parametrize("how", ["crash", "driver-stop"])
+async def test_engine_killed_mid_stream_completes_on_the_other_engine(how: str) -> None:
     async with rig(2) as (url, engines, _), httpx.AsyncClient(timeout=60) as c:
         doc = body("a long answer that will lose its engine", 60, stream=True, seed=3)
         data = b""
@@ -231,11 +232,16 @@ async def test_engine_killed_mid_stream_completes_on_the_other_engine() -> None:
                 data += chunk
                 if data.count(b'"text"') >= 10:
                     break
-            # Crash: the victim's listeners close and every connection drops at once.
+            # The victim's listeners close; then either every connection drops at once
+            # (crash) or its engine loop stops (the emulator ends open streams with an
+            # error event, as vLLM does when its engine core dies).
             for listener in victim.server.servers:
                 listener.close()
-            for conn in list(victim.server.server_state.connections):
-                conn.transport.abort()
+            if how == "crash":
+                for conn in list(victim.server.server_state.connections):
+                    conn.transport.abort()
+            else:
+                await victim.engine.driver.stop()
             async for chunk in it:
                 data += chunk
         twin = await c.post(survivor.url + "/v1/completions", json=doc)
