@@ -76,9 +76,12 @@ FLEET = DashboardSpec(
             "percentunit",
             (
                 Query(
-                    f'sum by (model) (rate(fleetgate_requests_total{{{MODEL},status=~"[45].."}}'
-                    "[$__rate_interval])) / clamp_min(sum by (model) "
-                    f"(rate(fleetgate_requests_total{{{MODEL}}}[$__rate_interval])), 1e-9)",
+                    # `or ... * 0`: a model with traffic and no errors shows 0, not "no data"
+                    f'(sum by (model) (rate(fleetgate_requests_total{{{MODEL},status=~"[45].."}}'
+                    "[$__rate_interval])) or 0 * sum by (model) "
+                    f"(rate(fleetgate_requests_total{{{MODEL}}}[$__rate_interval]))) / clamp_min("
+                    f"sum by (model) (rate(fleetgate_requests_total{{{MODEL}}}[$__rate_interval])),"
+                    " 1e-9)",
                     "{{model}}",
                 ),
             ),

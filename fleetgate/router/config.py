@@ -153,7 +153,9 @@ class RouterConfig(_Strict):
     limits: Limits = Limits()
     discovery: Discovery = Discovery()
     priority: dict[str, Any] | None = None
-    """Priority classes; validated by ``fleetgate.router.priority`` (next issue)."""
+    """Priority classes, admission queue and preemption (``fleetgate.router.admission``
+    validates it). Absent: off, and ``x-fleetgate-priority`` is a plain integer level;
+    ``priority: {}`` turns on the default classes (the Helm chart's default)."""
 
     @property
     def effective_test_mode(self) -> bool:

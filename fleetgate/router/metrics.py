@@ -12,7 +12,7 @@ Labels are bounded: ``model`` (served models), ``engine`` (adapter name),
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -146,6 +146,33 @@ class RouterMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def record_usage(
+        self,
+        endpoint: str,
+        engine: str,
+        usage: Mapping[str, Any],
+        scheduling: Any,
+        predicted_chunks: int,
+    ) -> None:
+        """Count one upstream ``usage`` for the cache closed loop: prompt tokens, the
+        router's predicted cached tokens (matched prefix chunks, converted with the
+        scheduling config's ``chunk_bytes`` / ``bytes_per_token``) and the engine's
+        reported ``prompt_tokens_details.cached_tokens``."""
+        lv = (endpoint, engine)
+        prompt = usage.get("prompt_tokens")
+        if isinstance(prompt, int):
+            self.child(self.prompt_tokens, *lv).inc(prompt)
+        predicted = int(predicted_chunks * scheduling.chunk_bytes / scheduling.bytes_per_token)
+        if isinstance(prompt, int):
+            predicted = min(predicted, prompt)
+        self.child(self.predicted_cached, *lv).inc(predicted)
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int):
+            self.child(self.actual_cached, *lv).inc(cached)
+        else:
+            self.child(self.usage_without_cache, *lv).inc()
 
     def watch_fleet(self, fleet: Fleet, clock: Callable[[], float]) -> None:
         """Export per-endpoint state computed at scrape time (health, ages, engine counters)."""

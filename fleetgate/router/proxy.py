@@ -500,30 +500,16 @@ class ProxyEndpoint:
 
     def _usage(self, e: Endpoint, data: bytes, predicted_chunks: int) -> None:
         """Closed loop: predicted versus actual cached prompt tokens, per endpoint."""
-        s = self.s
-        cfg = s.config.scheduling
         if b'"usage"' not in data:
             return
         try:
             usage = json.loads(data).get("usage")
         except (ValueError, AttributeError):
             return
-        if not isinstance(usage, dict):
-            return
-        lv = (e.id, e.engine)
-        prompt = usage.get("prompt_tokens")
-        if isinstance(prompt, int):
-            s.metrics.child(s.metrics.prompt_tokens, *lv).inc(prompt)
-        predicted = int(predicted_chunks * cfg.chunk_bytes / cfg.bytes_per_token)
-        if isinstance(prompt, int):
-            predicted = min(predicted, prompt)
-        s.metrics.child(s.metrics.predicted_cached, *lv).inc(predicted)
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        if isinstance(cached, int):
-            s.metrics.child(s.metrics.actual_cached, *lv).inc(cached)
-        else:
-            s.metrics.child(s.metrics.usage_without_cache, *lv).inc()
+        if isinstance(usage, dict):
+            self.s.metrics.record_usage(
+                e.id, e.engine, usage, self.s.config.scheduling, predicted_chunks
+            )
 
 
 class _Tracked:

@@ -259,6 +259,7 @@ class PriorityPath:
             rid = job.request_id if ans.segments == 1 else f"{job.request_id}-{ans.segments}"
             headers = [(k, v) for k, v in r.headers if k.lower() not in _STRIP]
             headers.append((b"x-request-id", rid.encode()))
+            predicted = s.fleet.index.match(e.id, job.chain) if job.chain else 0
             try:
                 resp = await s.upstream.send(e.url, path, body, headers)
             except UpstreamError as err:
@@ -269,6 +270,8 @@ class PriorityPath:
                 e.record_success()
                 if job.chain:
                     s.fleet.index.record(e.id, job.chain)
+                if ans.splicer is not None:
+                    ans.splicer.upstream_usage = None
                 try:
                     if ans.splicer is None:
                         return await self._relay_raw(ans, send, e, resp)
@@ -283,6 +286,10 @@ class PriorityPath:
                     return self._failed(e, err.cause)
                 except _Preempted:
                     return "preempted"
+                if ans.splicer.upstream_usage is not None:
+                    s.metrics.record_usage(
+                        e.id, e.engine, ans.splicer.upstream_usage, s.config.scheduling, predicted
+                    )
                 if ans.splicer.finished:
                     return "done"
                 return self._failed(e, "stream_broken")

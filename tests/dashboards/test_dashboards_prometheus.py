@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from fleetgate.bench.loadgen import run_sessions
-from fleetgate.bench.workloads import WorkloadParams, priority_storm
+from fleetgate.bench.workloads import WorkloadParams, priority_storm, shared_prefix
 from fleetgate.dashboards.render import render_png, series_from_matrix
 from fleetgate.dashboards.spec import DASHBOARDS, ROUTING
 
@@ -129,9 +129,10 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
             time.sleep(0.2)
         assert len(engines) == 3, procs.tail()
         router_port = _free_port()
+        (tmp_path / "router.yaml").write_text("priority: {}\n")  # the chart's default classes
         procs.start(
             "router",
-            [*fg, "router", "--port", str(router_port)]
+            [*fg, "router", "--port", str(router_port), "--config", str(tmp_path / "router.yaml")]
             + [a for kind, url in engines for a in ("--backend", f"{kind}={url}")],
         )
         prom_port = _free_port()
@@ -185,7 +186,10 @@ async def test_every_panel_query_returns_series(stack: dict[str, Any]) -> None:
     async with httpx.AsyncClient(timeout=10) as client:
         await _wait_ready(client, stack["router"] + "/ready", 60, procs)
         await _wait_ready(client, stack["prometheus"] + "/-/ready", 60, procs)
+        # priority classes (queue, preemption panels) plus shared documents (cache panels)
         sessions = priority_storm(WorkloadParams(duration_s=12, rate=3, scale=0.2, seed=11))
+        sessions += shared_prefix(WorkloadParams(duration_s=12, rate=1, scale=0.1, seed=12))
+        sessions.sort(key=lambda s: s.start_s)
         results = await run_sessions(stack["router"], "tiny", sessions, deadline_s=40)
         ok = sum(r.ok for r in results)
         assert ok >= len(results) * 0.8, [r.error for r in results if not r.ok][:5]

@@ -450,3 +450,18 @@ async def test_chat_preempted_resumes_exactly_and_non_resumable_passes_through(
             assert {ch["index"] for ev in events(r.content) for ch in ev["choices"]} == {0, 1}
         else:
             assert len(r.json()["choices"]) == 2
+
+
+async def test_cache_closed_loop_is_counted_on_the_priority_path() -> None:
+    """Predicted vs engine-reported cached tokens are exported with classes on too,
+    so a silent 0% hit rate stays visible whatever the router's mode."""
+    shared = "shared document " * 60
+    async with rig(1) as (url, _, _), httpx.AsyncClient(timeout=30) as c:
+        for i in range(3):
+            doc = body(f"{shared} question {i}", 4, stream=i % 2 == 0)
+            status, _, _, _ = await post(c, url, doc, {"x-fleetgate-priority": "standard"})
+            assert status == 200
+        text = (await c.get(url + "/metrics")).text
+    assert scrape_sum(text, "fleetgate_prompt_tokens_total") > 3 * 60
+    assert scrape_sum(text, "fleetgate_predicted_cached_tokens_total") > 0
+    assert scrape_sum(text, "fleetgate_actual_cached_tokens_total") > 0

@@ -101,6 +101,8 @@ class StreamSplicer:
         self.upstream_error: dict[str, Any] | None = None
         self._held: dict[str, Any] | None = None
         self._usage_template: dict[str, Any] | None = None
+        self.upstream_usage: dict[str, Any] | None = None
+        """The last ``usage`` an upstream segment reported (the router's cache closed loop)."""
         self._done_sent = False
         self._seam_pending = False
         self._seam_prefix: str | None = None
@@ -200,6 +202,8 @@ class StreamSplicer:
             return b""
         self._adopt_identity(obj)
         usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.upstream_usage = usage
         if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
             self._learn_prompt_tokens(int(usage["prompt_tokens"]))
         if not obj.get("choices"):
