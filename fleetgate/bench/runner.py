@@ -298,6 +298,13 @@ async def _drive(
                 if key in counters:
                     extra[key] = counters[key] - counters_before.get(key, 0.0)
             extra.update(await twin_mismatches(url, scenario, results, wall + 60.0, mapping))
+    kinds: dict[str, int] = {}
+    for r in results:
+        if r.error is not None or r.status != 200:
+            key = f"{r.status} {(r.error or '')[:80]}"
+            kinds[key] = kinds.get(key, 0) + 1
+    if kinds:
+        extra["error_kinds"] = kinds  # JSON only: which errors, how many
     cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     _to_model_time(results, scenario.time_scale)
     for r in results:
