@@ -219,8 +219,7 @@ def notes_for(settings: Settings) -> list[str]:
         "hit rate and imbalance come from the ENGINES' /metrics counters (before/after); "
         "imbalance = max/mean of per-engine generated tokens; goodput = requests per modelled "
         "second meeting their class's TTFT objective.",
-        f"not available: {', '.join(f'{k} ({v})' for k, v in cmod.UNAVAILABLE.items())}.",
-    ]
+    ] + [f"not available: {k} ({v})." for k, v in cmod.UNAVAILABLE.items()]
 
 
 def command_line(args: argparse.Namespace, settings: Settings) -> str:

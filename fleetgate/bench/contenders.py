@@ -15,6 +15,8 @@ fleetgate ablations are configuration variations of the same router
 * ``fleetgate-least-loaded`` load only
 * ``fleetgate-kv-only``      KV headroom only
 * ``fleetgate-affinity-only`` prefix affinity only (with its load bound)
+* ``fleetgate-no-preemption`` default weights, priority classes on, preemption
+  off (``priority.preemption_enabled: false``); only differs on class workloads
 
 Peers (PyPI, flags from each CLI's ``--help``): ``vllm-router`` 0.1.17 with
 ``--policy cache_aware|power_of_two|round_robin`` and ``sglang-router`` 0.3.2
@@ -43,6 +45,8 @@ class Contender:
     weights: tuple[float, float, float] | None = None
     """fleetgate (prefix, load, kv) weights; None = the router's defaults."""
     description: str = ""
+    preemption: bool = True
+    """fleetgate: ``priority.preemption_enabled`` when the workload has classes."""
 
 
 CONTENDERS: dict[str, Contender] = {
@@ -70,6 +74,12 @@ CONTENDERS: dict[str, Contender] = {
             weights=(1.0, 0.0, 0.0),
             description="prefix affinity only (with its load bound)",
         ),
+        Contender(
+            "fleetgate-no-preemption",
+            "fleetgate",
+            preemption=False,
+            description="default weights, priority classes on, preemption off",
+        ),
         Contender("vllm-router-cache_aware", "vllm-router", policy="cache_aware"),
         Contender("vllm-router-power_of_two", "vllm-router", policy="power_of_two"),
         Contender("vllm-router-round_robin", "vllm-router", policy="round_robin"),
@@ -78,12 +88,7 @@ CONTENDERS: dict[str, Contender] = {
 }
 
 #: Asked for by the issue but not expressible with the integrated router yet.
-UNAVAILABLE: dict[str, str] = {
-    "fleetgate-no-preemption": (
-        "the router config has no preemption switch yet (priority classes are not "
-        "integrated into fleetgate/router: RouterConfig.priority is unvalidated)"
-    ),
-}
+UNAVAILABLE: dict[str, str] = {}
 
 DEFAULT_SET = (
     "fleetgate",
@@ -124,14 +129,24 @@ def parse_contenders(text: str) -> list[Contender]:
 
 
 def fleetgate_config(
-    contender: Contender, backends: Sequence[tuple[str, str]], seed: int
+    contender: Contender,
+    backends: Sequence[tuple[str, str]],
+    seed: int,
+    priority_classes: bool = False,
 ) -> dict[str, Any]:
-    """The router YAML (as a dict) for ``contender`` over ``(engine, url)`` backends."""
+    """The router YAML (as a dict) for ``contender`` over ``(engine, url)`` backends.
+
+    ``priority_classes``: the workload sends class names, so turn the router's
+    default classes on (``priority: {}``, as the Helm chart does), with
+    preemption as the contender says.
+    """
     config: dict[str, Any] = {
         "test_mode": True,
         "pools": [{"name": "default", "backends": [{"engine": k, "url": u} for k, u in backends]}],
         "scheduling": {"seed": seed},
     }
+    if priority_classes:
+        config["priority"] = {} if contender.preemption else {"preemption_enabled": False}
     if contender.weights is not None:
         prefix, load, kv = contender.weights
         config["scheduling"]["weights"] = {"prefix": prefix, "load": load, "kv": kv}

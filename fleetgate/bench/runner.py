@@ -93,12 +93,13 @@ def start_contender(
     peers_root: Path | None,
     startup_s: float = 60.0,
     env: dict[str, str] | None = None,
+    priority_classes: bool = False,
 ) -> tuple[procs.Proc, str]:
     port, metrics_port = procs.free_ports(2)
     config_path = None
     if contender.kind == "fleetgate":
         config_path = run_dir / f"{contender.name}.yaml"
-        config = cmod.fleetgate_config(contender, fleet.engines, seed)
+        config = cmod.fleetgate_config(contender, fleet.engines, seed, priority_classes)
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     argv = cmod.command(
         contender,
@@ -345,7 +346,10 @@ def run_one(
     router: procs.Proc | None = None
     try:
         fleet = start_fleet(scenario, run_dir, env=env)
-        router, url = start_contender(contender, fleet, run_dir, scenario.seed, peers_root, env=env)
+        classes = any(s.priority_class for s in scenario.sessions())
+        router, url = start_contender(
+            contender, fleet, run_dir, scenario.seed, peers_root, env=env, priority_classes=classes
+        )
         results, engines, cpu, extra = asyncio.run(
             _drive(scenario, contender, fleet, router, url, on_result)
         )

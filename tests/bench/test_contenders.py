@@ -62,6 +62,9 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     w = config.scheduling.weights
     expected = c.weights if c.weights is not None else (3.0, 2.0, 1.0)
     assert (w.prefix, w.load, w.kv) == expected
+    assert config.priority is None, "no classes unless the workload sends them"
+    with_classes = parse_config(cmod.fleetgate_config(c, BACKENDS, 3, priority_classes=True))
+    assert with_classes.priority == ({} if c.preemption else {"preemption_enabled": False})
 
 
 @pytest.mark.parametrize(
@@ -69,7 +72,6 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     [
         ("", "at least one"),
         ("fleetgate,nope", "unknown contender 'nope'"),
-        ("fleetgate-no-preemption", "not available"),
         ("fleetgate,fleetgate", "twice"),
     ],
 )

@@ -47,8 +47,8 @@ def test_bench_run_shared_prefix_against_fleetgate(
 def test_bench_run_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "run", "nope"]) == 2
     assert "unknown workload 'nope'" in capsys.readouterr().err
-    assert main(["bench", "run", "agentic", "--contenders", "fleetgate-no-preemption"]) == 2
-    assert "not available" in capsys.readouterr().err
+    assert main(["bench", "run", "agentic", "--contenders", "fleetgate,bogus"]) == 2
+    assert "unknown contender 'bogus'" in capsys.readouterr().err
     assert main(["bench", "run", "agentic", "--load-factors", "x"]) == 2
     assert "--load-factors" in capsys.readouterr().err
     assert main(["bench", "run", "agentic", "--report-name", "../x"]) == 2
