@@ -203,6 +203,12 @@ async def router_counters(client: httpx.AsyncClient, url: str) -> dict[str, floa
     except httpx.HTTPError:
         return {}
     out: dict[str, float] = {}
+    for key in ("preemptions", "resumes"):
+        # a labelled counter shows no sample before its first increment
+        if f"# TYPE fleetgate_{key}_total counter" in resp.text or (
+            f"# TYPE fleetgate_{key} counter" in resp.text
+        ):
+            out[key] = 0.0
     for name, value in _COUNTER.findall(resp.text):
         key = name.removeprefix("fleetgate_").removesuffix("_total")
         out[key] = out.get(key, 0.0) + float(value)
