@@ -196,6 +196,7 @@ def run_real_vllm(python: Path, model: Path, log_path: Path) -> Iterator[RealVll
             start_new_session=True,
         )
     base_url = f"http://127.0.0.1:{port}"
+    group = _cpu_group(port, proc.pid)
     try:
         deadline = started + HEALTH_TIMEOUT_S
         with httpx.Client(timeout=5.0) as client:
@@ -214,9 +215,55 @@ def run_real_vllm(python: Path, model: Path, log_path: Path) -> Iterator[RealVll
                         f"log {log_path}:\n{_tail(log_path)}"
                     )
                 time.sleep(0.5)
-        yield RealVllm(base_url, SERVED_MODEL, proc.pid, log_path, time.monotonic() - started)
+        startup_s = time.monotonic() - started
+        _throttle(group)
+        yield RealVllm(base_url, SERVED_MODEL, proc.pid, log_path, startup_s)
     finally:
         _stop(proc)
+        _remove_group(group)
+
+
+#: Share of one core the server (API process, EngineCore, workers together) may use
+#: once started. On an idle machine the tiny model streams thousands of tokens per
+#: second and finishes long requests before a /metrics scrape returns, so the
+#: behaviour checks (priority order, disconnect abort, preemption through the router)
+#: saw nothing to observe; they were written, and pass, at the pace of a busy machine.
+#: A cgroup CPU quota gives that pace deterministically. 0 disables it.
+CPU_SHARE = float(os.environ.get("FLEETGATE_REAL_VLLM_CPU_SHARE", "0.35"))
+_CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+
+
+def _cpu_group(port: int, pid: int) -> Path | None:
+    """Put the server (and so every process it spawns later) in its own cpu cgroup."""
+    if CPU_SHARE <= 0 or not (_CPU_CGROUP / "cgroup.procs").exists():
+        print("real vLLM: no cgroup v1 cpu controller, running unthrottled")
+        return None
+    group = _CPU_CGROUP / f"fleetgate-real-vllm-{port}"
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "cgroup.procs").write_text(str(pid))
+    except OSError as e:
+        print(f"real vLLM: cannot use cgroup {group} ({e}), running unthrottled")
+        return None
+    return group
+
+
+def _throttle(group: Path | None) -> None:
+    if group is None:
+        return
+    period = int((group / "cpu.cfs_period_us").read_text())
+    (group / "cpu.cfs_quota_us").write_text(str(int(period * CPU_SHARE)))
+
+
+def _remove_group(group: Path | None) -> None:
+    if group is None:
+        return
+    for _ in range(50):
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)  # processes still leaving
 
 
 @pytest.fixture(scope="session")

@@ -142,10 +142,9 @@ async def _priority_round(
 
     tasks: list[asyncio.Task[None]] = []
     try:
-        # 4 x (45 + 500) tokens fit the 24 x 128-token KV cache with room to spare,
-        # so all four run at once even if one arrives late, and no preemption
-        # happens before the first long one ends.
-        for i, n in enumerate((500, 700, 900, 1100)):
+        # 4 x (45 + 700) tokens still fit the 24 x 128-token KV cache, so no
+        # preemption happens before the first long one ends.
+        for i, n in enumerate((700, 1000, 1300, 1600)):
             tasks.append(asyncio.create_task(job(f"long{i}", n, 10)))
         try:
             await poll(
@@ -239,12 +238,9 @@ async def test_priority_orders_the_waiting_queue(
 async def _pressure_round(
     backend: Backend, client: httpx.AsyncClient, tag: str
 ) -> tuple[list[float], list[dict[str, Any]]]:
-    """Run 16 x 1000-token requests; sample kv_cache_usage_perc until they are all done.
-
-    Four waves rather than two: on a quiet machine the real engine finished two
-    waves within two stalled /metrics scrapes, leaving nothing to sample."""
+    """Run 8 x 1000-token requests; sample kv_cache_usage_perc until they are all done."""
     prompt = f"pressure {tag}: " + "the " * 40
-    jobs = [_complete(client, backend, f"p{i} {prompt}", 1000) for i in range(4 * MAX_NUM_SEQS)]
+    jobs = [_complete(client, backend, f"p{i} {prompt}", 1000) for i in range(2 * MAX_NUM_SEQS)]
     tasks = [asyncio.create_task(j) for j in jobs]
     samples: list[float] = []
     try:
