@@ -39,7 +39,9 @@ WAITING = "vllm:num_requests_waiting"
 
 @pytest.fixture
 async def client(backend: Backend) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=120) as c:
+    # generous: the real engine runs under a CPU quota (tests/realvllm.py) and eight
+    # 1000-token requests through a 24-block cache take minutes there
+    async with httpx.AsyncClient(timeout=600) as c:
         # Start from an idle engine: earlier checks must not bleed into this one.
         await poll(
             c,
@@ -256,6 +258,7 @@ async def _pressure_round(
     return samples, results
 
 
+@pytest.mark.timeout(1200)  # up to 3 rounds of a multi-minute load on the throttled engine
 async def test_kv_pressure_preempts_and_moves_the_gauges(
     backend: Backend, client: httpx.AsyncClient
 ) -> None:
