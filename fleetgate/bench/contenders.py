@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from fleetgate.router.priority.config import DEFAULT_CLASSES, PriorityClass
+
 ContenderKind = Literal["fleetgate", "vllm-router", "sglang-router"]
 
 PEER_VERSIONS: dict[str, str] = {"vllm-router": "0.1.17", "sglang-router": "0.3.2"}
@@ -133,24 +135,57 @@ def fleetgate_config(
     backends: Sequence[tuple[str, str]],
     seed: int,
     priority_classes: bool = False,
+    *,
+    capacities: Sequence[int | None] | None = None,
+    time_scale: float = 1.0,
 ) -> dict[str, Any]:
     """The router YAML (as a dict) for ``contender`` over ``(engine, url)`` backends.
 
+    ``capacities``: each backend's concurrent-sequence limit (``--max-num-seqs`` /
+    ``max_batch_size``), given to the router as ``capacity`` exactly as Kubernetes
+    discovery takes it from the InferenceService spec (vLLM does not export it in
+    its metrics; without it the router only learns a slot limit from the engine's
+    own queue). The peers have no such setting.
+
     ``priority_classes``: the workload sends class names, so turn the router's
     default classes on (``priority: {}``, as the Helm chart does), with
-    preemption as the contender says.
+    preemption as the contender says. ``time_scale`` (emulator wall seconds per
+    modelled second): the classes' times (TTFT objective, queue time limit,
+    Retry-After) are the defaults multiplied by it, so the router works to the
+    same objectives, in its wall clock, that the report measures in modelled time.
     """
+    caps = list(capacities) if capacities is not None else [None] * len(backends)
+    if len(caps) != len(backends):
+        raise ValueError(f"{len(caps)} capacities for {len(backends)} backends")
+    pool_backends: list[dict[str, Any]] = []
+    for (kind, url), cap in zip(backends, caps, strict=True):
+        b: dict[str, Any] = {"engine": kind, "url": url}
+        if cap is not None:
+            b["capacity"] = cap
+        pool_backends.append(b)
     config: dict[str, Any] = {
         "test_mode": True,
-        "pools": [{"name": "default", "backends": [{"engine": k, "url": u} for k, u in backends]}],
+        "pools": [{"name": "default", "backends": pool_backends}],
         "scheduling": {"seed": seed},
     }
     if priority_classes:
-        config["priority"] = {} if contender.preemption else {"preemption_enabled": False}
+        priority: dict[str, Any] = {} if contender.preemption else {"preemption_enabled": False}
+        if time_scale != 1.0:
+            priority["classes"] = [_scaled_class(c, time_scale) for c in DEFAULT_CLASSES]
+        config["priority"] = priority
     if contender.weights is not None:
         prefix, load, kv = contender.weights
         config["scheduling"]["weights"] = {"prefix": prefix, "load": load, "kv": kv}
     return config
+
+
+def _scaled_class(cls: PriorityClass, time_scale: float) -> dict[str, Any]:
+    out = cls.model_dump(exclude_defaults=True)
+    out["ttft_objective_s"] = cls.ttft_objective_s * time_scale
+    out["max_queue_time_s"] = cls.max_queue_time_s * time_scale
+    if cls.retry_after_s:
+        out["retry_after_s"] = max(1, round(cls.retry_after_s * time_scale))
+    return out
 
 
 def peer_dir(kind: str, root: Path) -> Path:

@@ -89,7 +89,7 @@ def start_contender(
     contender: cmod.Contender,
     fleet: Fleet,
     run_dir: Path,
-    seed: int,
+    scenario: Scenario,
     peers_root: Path | None,
     startup_s: float = 60.0,
     env: dict[str, str] | None = None,
@@ -99,7 +99,14 @@ def start_contender(
     config_path = None
     if contender.kind == "fleetgate":
         config_path = run_dir / f"{contender.name}.yaml"
-        config = cmod.fleetgate_config(contender, fleet.engines, seed, priority_classes)
+        config = cmod.fleetgate_config(
+            contender,
+            fleet.engines,
+            scenario.seed,
+            priority_classes,
+            capacities=[scenario.capacity(kind) for kind, _ in fleet.engines],
+            time_scale=scenario.time_scale,
+        )
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     argv = cmod.command(
         contender,
@@ -354,7 +361,7 @@ def run_one(
         fleet = start_fleet(scenario, run_dir, env=env)
         classes = any(s.priority_class for s in scenario.sessions())
         router, url = start_contender(
-            contender, fleet, run_dir, scenario.seed, peers_root, env=env, priority_classes=classes
+            contender, fleet, run_dir, scenario, peers_root, env=env, priority_classes=classes
         )
         results, engines, cpu, extra = asyncio.run(
             _drive(scenario, contender, fleet, router, url, on_result)

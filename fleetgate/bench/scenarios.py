@@ -134,6 +134,12 @@ class Scenario:
             return ["vllm" if i % 2 == 0 else "trtllm" for i in range(self.engines)]
         return ["vllm"] * self.engines
 
+    def capacity(self, kind: str) -> int | None:
+        """An engine's concurrent-sequence limit from its shape (None = profile default)."""
+        shape = ENGINE_SHAPES[self.load.shape][kind]
+        limit = shape.get("max_num_seqs", shape.get("max_batch_size"))
+        return int(limit) if limit is not None else None
+
     def objective(self, priority_class: str) -> float:
         o = self.load.ttft_objective_s
         return o.get(priority_class, o["*"])

@@ -84,3 +84,34 @@ def test_parse_contenders_all_and_order() -> None:
     assert [c.name for c in cmod.parse_contenders("all")] == list(cmod.DEFAULT_SET)
     got = cmod.parse_contenders(" vllm-router-round_robin , fleetgate ")
     assert [c.name for c in got] == ["vllm-router-round_robin", "fleetgate"]
+
+
+def test_fleetgate_config_gives_capacities_and_scales_class_times() -> None:
+    """The router gets each engine's slot limit (as discovery would) and wall-clock objectives."""
+    from fleetgate.router.priority.config import DEFAULT_CLASSES, PriorityConfig
+
+    c = cmod.CONTENDERS["fleetgate"]
+    raw = cmod.fleetgate_config(
+        c, BACKENDS, 3, priority_classes=True, capacities=[8, None], time_scale=8.0
+    )
+    config = parse_config(raw)
+    assert [b.capacity for _, b in config.backends()] == [8, None]
+    assert config.priority is not None
+    classes = PriorityConfig.model_validate(config.priority).classes
+    assert [k.name for k in classes] == [k.name for k in DEFAULT_CLASSES]
+    for got, base in zip(classes, DEFAULT_CLASSES, strict=True):
+        assert got.ttft_objective_s == base.ttft_objective_s * 8
+        assert got.max_queue_time_s == base.max_queue_time_s * 8
+        assert got.preempt_after_fraction == base.preempt_after_fraction
+        assert got.level == base.level
+        assert got.max_preemptions_per_request == base.max_preemptions_per_request
+    with pytest.raises(ValueError, match="1 capacities for 2 backends"):
+        cmod.fleetgate_config(c, BACKENDS, 3, capacities=[8])
+
+
+def test_scenario_capacity_follows_the_engine_shape() -> None:
+    from fleetgate.bench import scenarios
+
+    sc = scenarios.make("priority-storm", engines=4, duration_s=1, time_scale=8, seed=0)
+    assert sc.capacity("vllm") == scenarios.ENGINE_SHAPES["priority"]["vllm"]["max_num_seqs"]
+    assert sc.capacity("trtllm") == scenarios.ENGINE_SHAPES["priority"]["trtllm"]["max_batch_size"]
