@@ -465,3 +465,30 @@ async def test_cache_closed_loop_is_counted_on_the_priority_path() -> None:
     assert scrape_sum(text, "fleetgate_prompt_tokens_total") > 3 * 60
     assert scrape_sum(text, "fleetgate_predicted_cached_tokens_total") > 0
     assert scrape_sum(text, "fleetgate_actual_cached_tokens_total") > 0
+
+
+async def test_unknown_slot_limit_is_warned_once_per_endpoint(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """vLLM exports no --max-num-seqs: a backend without ``capacity`` gets one warning."""
+    specs = [EngineSpec(kind="vllm", overrides=SLOW) for _ in range(2)]
+    async with run_fleet(specs, "127.0.0.1", 0, model=MODEL) as fleet:
+        cfg = router_config([("vllm", e.url) for e in fleet.engines], priority=priority_section())
+        # router_config gives every backend capacity 8; drop it on the second one
+        raw = cfg.model_dump()
+        raw["pools"][0]["backends"][1]["capacity"] = None
+        cfg = type(cfg).model_validate(raw)
+        app = build_router(cfg)
+        with caplog.at_level(logging.WARNING, logger="fleetgate.router.priority"):
+            async with serve(app):
+                rt = app.state.router.priority.rt
+                endpoints = list(app.state.router.fleet)
+                for _ in range(200):
+                    if all(e.snapshot is not None for e in endpoints) and rt.unknown_slot_limit:
+                        break
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.2)  # several more scrapes: still one warning
+        assert rt.unknown_slot_limit == {endpoints[1].id}
+        warned = [r for r in caplog.records if "no concurrent-sequence limit" in r.getMessage()]
+        assert len(warned) == 1
+        assert endpoints[1].id in warned[0].getMessage()
