@@ -102,6 +102,7 @@ def build_router(
         load_bound=sched.load_bound,
         slack_requests=sched.slack_requests,
         queue_work=sched.queue_work,
+        picker=sched.picker,
     )
     n = max(1, len(fleet.endpoints))
     client = make_client(

@@ -83,6 +83,11 @@ class Weights(_Strict):
 
 class Scheduling(_Strict):
     weights: Weights = Weights()
+    picker: Literal["max-score", "round-robin"] = "max-score"
+    """``max-score``: highest weighted score wins (seeded random tie-break).
+    ``round-robin``: take turns over the endpoints the filters kept, ignoring
+    scores and weights (``fleetgate.router.scheduling.plugins.RoundRobinPicker``).
+    Same values as ``scheduling.plugins.PickerName`` (a test keeps them equal)."""
     seed: int = 0
     """Seed of the picker's tie-break random generator."""
     chunk_bytes: int = Field(128, ge=16)

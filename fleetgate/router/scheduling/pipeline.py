@@ -7,7 +7,14 @@ decision carries the full ranking (the retry order), the reason exported as
 * ``filter:<name>``  only one endpoint survived; ``<name>`` cut the last rival.
 * ``scorer:<name>``  the scorer with the largest weighted lead of the winner
   over the runner-up.
-* ``picker:tie-break`` totals were equal and the seeded random picked.
+* ``picker:tie-break`` totals were equal and the seeded random picked
+  (``max-score`` picker).
+* ``picker:round-robin`` the ``round-robin`` picker took its turn (scores are
+  still computed and recorded in ``Decision.scored``, but do not decide).
+
+The pipeline itself holds no state and uses no clock or I/O. The picker is the
+one plugin that may hold state (the round-robin cursor); it is built per
+router app by :func:`default_pipeline`, so two apps never share a cursor.
 
 Reasons: ``affinity-hit`` (the pick holds the longest believed prefix),
 ``cold`` (no endpoint holds any of it; the pick is the rendezvous target),
@@ -28,12 +35,13 @@ from fleetgate.router.scheduling.plugins import (
     HealthyFilter,
     KvHeadroomScorer,
     LoadScorer,
-    MaxScorePicker,
     NotEjectedFilter,
     Picker,
+    PickerName,
     PrefixAffinityScorer,
     ServesModelFilter,
     WeightedScorer,
+    make_picker,
 )
 from fleetgate.router.scheduling.types import (
     Decision,
@@ -96,12 +104,12 @@ class Pipeline:
             )
             for e in candidates
         ]
-        ordered, tie = self.picker.order(scored, rng)
+        ordered, picker_decided = self.picker.order(scored, rng)
         winner = ordered[0]
         if len(ordered) == 1:
             decided_by = f"filter:{last_cut}"
-        elif tie:
-            decided_by = f"picker:{'tie-break'}"
+        elif picker_decided:
+            decided_by = self.picker.decided_by
         else:
             decided_by = self._lead(winner, ordered[1])
         by_id = {e.id: e for e in candidates}
@@ -160,8 +168,13 @@ def default_pipeline(
     slack_requests: float = 2.0,
     queue_work: float = 1.0,
     context_margin: float = 0.5,
+    picker: PickerName = "max-score",
 ) -> Pipeline:
-    """The registered in-tree plugins, in order (one place to read them all)."""
+    """The registered in-tree plugins, in order (one place to read them all).
+
+    ``picker`` names the picker (``scheduling.picker``); each call builds a
+    fresh instance, so a round-robin cursor belongs to one pipeline only.
+    """
     return Pipeline(
         filters=(
             HealthyFilter(),
@@ -176,5 +189,5 @@ def default_pipeline(
             WeightedScorer(LoadScorer(), weights.load),
             WeightedScorer(KvHeadroomScorer(), weights.kv),
         ),
-        picker=MaxScorePicker(),
+        picker=make_picker(picker),
     )

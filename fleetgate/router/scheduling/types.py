@@ -93,7 +93,8 @@ class Decision:
     """Endpoints in preference order; the first is the pick, the rest are retry targets."""
     reason: DecisionReason
     decided_by: str
-    """The plugin that made the call: ``filter:<n>``, ``scorer:<n>`` or ``picker:tie-break``."""
+    """The plugin that made the call: ``filter:<n>``, ``scorer:<n>``, ``picker:tie-break``
+    (max-score, equal totals) or ``picker:round-robin``."""
     scored: tuple[ScoredEndpoint, ...] = ()
     filtered_out: tuple[tuple[str, EndpointId], ...] = ()
     """(filter name, endpoint) for every endpoint a filter removed."""
