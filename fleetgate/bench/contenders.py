@@ -7,11 +7,14 @@ Prometheus listeners (``--prometheus-host``; sglang-router would otherwise bind
 0.0.0.0), and points it only at the emulated engines' loopback URLs.
 
 fleetgate ablations are configuration variations of the same router
-(``scheduling.weights`` in ``fleetgate/router/config.py``):
+(``scheduling.weights`` and ``scheduling.picker`` in ``fleetgate/router/config.py``):
 
 * ``fleetgate``              default weights (prefix 3, load 2, kv 1)
-* ``fleetgate-random``       all weights 0: the seeded tie-break picks. The router
-  has no round-robin picker, so this stands in for "round robin" (see docs).
+* ``fleetgate-round-robin``  ``scheduling.picker: round-robin``: the router takes
+  turns over the endpoints its filters keep (healthy, not ejected, serving the
+  model), ignoring every score; the issue's "round robin" ablation
+* ``fleetgate-random``       all weights 0: the seeded tie-break picks at random
+  (kept as a contender, not in :data:`DEFAULT_SET`)
 * ``fleetgate-least-loaded`` load only
 * ``fleetgate-kv-only``      KV headroom only
 * ``fleetgate-affinity-only`` prefix affinity only (with its load bound)
@@ -49,6 +52,8 @@ class Contender:
     description: str = ""
     preemption: bool = True
     """fleetgate: ``priority.preemption_enabled`` when the workload has classes."""
+    picker: Literal["max-score", "round-robin"] | None = None
+    """fleetgate ``scheduling.picker``; None = the router's default (max-score)."""
 
 
 CONTENDERS: dict[str, Contender] = {
@@ -56,10 +61,16 @@ CONTENDERS: dict[str, Contender] = {
     for c in (
         Contender("fleetgate", "fleetgate", description="default weights prefix 3, load 2, kv 1"),
         Contender(
+            "fleetgate-round-robin",
+            "fleetgate",
+            picker="round-robin",
+            description="round-robin picker over the filtered endpoints, scores ignored",
+        ),
+        Contender(
             "fleetgate-random",
             "fleetgate",
             weights=(0.0, 0.0, 0.0),
-            description="all scorers off: seeded random pick (stand-in for round robin)",
+            description="all scorers off: seeded random pick",
         ),
         Contender(
             "fleetgate-least-loaded", "fleetgate", weights=(0.0, 1.0, 0.0), description="load only"
@@ -94,7 +105,7 @@ UNAVAILABLE: dict[str, str] = {}
 
 DEFAULT_SET = (
     "fleetgate",
-    "fleetgate-random",
+    "fleetgate-round-robin",
     "fleetgate-least-loaded",
     "fleetgate-kv-only",
     "fleetgate-affinity-only",
@@ -176,6 +187,8 @@ def fleetgate_config(
     if contender.weights is not None:
         prefix, load, kv = contender.weights
         config["scheduling"]["weights"] = {"prefix": prefix, "load": load, "kv": kv}
+    if contender.picker is not None:
+        config["scheduling"]["picker"] = contender.picker
     return config
 
 

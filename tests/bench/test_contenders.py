@@ -62,6 +62,7 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     w = config.scheduling.weights
     expected = c.weights if c.weights is not None else (3.0, 2.0, 1.0)
     assert (w.prefix, w.load, w.kv) == expected
+    assert config.scheduling.picker == (c.picker or "max-score")
     assert config.priority is None, "no classes unless the workload sends them"
     with_classes = parse_config(cmod.fleetgate_config(c, BACKENDS, 3, priority_classes=True))
     assert with_classes.priority == ({} if c.preemption else {"preemption_enabled": False})
@@ -115,3 +116,22 @@ def test_scenario_capacity_follows_the_engine_shape() -> None:
     sc = scenarios.make("priority-storm", engines=4, duration_s=1, time_scale=8, seed=0)
     assert sc.capacity("vllm") == scenarios.ENGINE_SHAPES["priority"]["vllm"]["max_num_seqs"]
     assert sc.capacity("trtllm") == scenarios.ENGINE_SHAPES["priority"]["trtllm"]["max_batch_size"]
+
+
+def test_round_robin_ablation_is_the_real_picker_and_in_the_default_set() -> None:
+    """Issue #7's "round robin" ablation runs the router's round-robin picker."""
+    from fleetgate.router.scheduling.pipeline import default_pipeline
+    from fleetgate.router.scheduling.plugins import RoundRobinPicker
+
+    rr = cmod.CONTENDERS["fleetgate-round-robin"]
+    assert rr.picker == "round-robin" and rr.weights is None
+    assert "fleetgate-round-robin" in cmod.DEFAULT_SET
+    assert "fleetgate-random" in cmod.CONTENDERS and "fleetgate-random" not in cmod.DEFAULT_SET
+    raw = cmod.fleetgate_config(rr, BACKENDS, 3, capacities=[8, 8])
+    assert raw["scheduling"] == {"seed": 3, "picker": "round-robin"}
+    # the router app builds its pipeline from this field (tests/router/test_round_robin.py
+    # runs it end to end)
+    picker = default_pipeline(picker=parse_config(raw).scheduling.picker).picker
+    assert isinstance(picker, RoundRobinPicker)
+    others = [c for c in cmod.CONTENDERS.values() if c.kind == "fleetgate" and c is not rr]
+    assert all(c.picker is None for c in others)
