@@ -67,13 +67,16 @@ class Endpoint:
             dispatched_tokens_since_scrape=c.dispatched_tokens_since_scrape + kv_tokens,
         )
 
-    def finish(self, kv_tokens: int) -> None:
+    def finish(self, kv_tokens: int, held_tokens: int | None = None) -> None:
+        """A request dispatched with ``kv_tokens`` ended, holding ``held_tokens`` of KV."""
         c = self.counts
+        held = kv_tokens if held_tokens is None else min(kv_tokens, max(0, held_tokens))
         self.counts = dataclasses.replace(
             c,
             in_flight=max(0, c.in_flight - 1),
             finished_since_scrape=c.finished_since_scrape + 1,
             finished_tokens_since_scrape=c.finished_tokens_since_scrape + kv_tokens,
+            freed_tokens_since_scrape=c.freed_tokens_since_scrape + held,
         )
 
     def scraped(self, snapshot: LoadSnapshot) -> None:

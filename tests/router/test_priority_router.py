@@ -492,3 +492,56 @@ async def test_unknown_slot_limit_is_warned_once_per_endpoint(
         warned = [r for r in caplog.records if "no concurrent-sequence limit" in r.getMessage()]
         assert len(warned) == 1
         assert endpoints[1].id in warned[0].getMessage()
+
+
+def test_saturation_counts_a_victims_freed_kv_before_the_next_scrape() -> None:
+    """KV over the bound at the scrape; a preempted request's held blocks free it at once."""
+    from fleetgate.engines.base import LoadSnapshot
+    from fleetgate.router.admission import Job
+    from fleetgate.router.priority.config import PriorityConfig
+    from fleetgate.router.priority.saturation import endpoint_verdict
+    from fleetgate.router.scheduling.types import RequestView
+
+    cfg = router_config([("vllm", "http://127.0.0.1:18011")], capacity=64, priority={})
+    app = build_router(cfg, transport=httpx.MockTransport(_sse_answer), start_background=False)
+    services = app.state.router
+    rt = services.priority.rt
+    (e,) = list(services.fleet)
+    e.healthy, e.models = True, frozenset({MODEL})
+    now = services.clock()
+
+    def job(rid: str, prompt: int, max_tokens: int) -> Job:
+        return Job(
+            request_id=rid,
+            cls=PriorityConfig().get("batch"),
+            tenant="t",
+            model=MODEL,
+            arrival=now,
+            view=RequestView(model=MODEL, chunks=1, prompt_tokens=prompt, max_tokens=max_tokens),
+            chain=(),
+            order=[],
+            kv_tokens=prompt + max_tokens,
+            resumable=True,
+        )
+
+    victim, newcomer = job("victim", 300, 500), job("new", 100, 100)
+    rt._reserve(victim, e.id)  # running when the engine is scraped
+    # 100 blocks of 16 tokens, 95% in use
+    e.scraped(LoadSnapshot(scraped_at=now, kv_usage=0.95, running=10, waiting=0,
+                           block_size=16, blocks_total=100, blocks_free=5))  # fmt: skip
+    thresholds = rt.cfg.saturation
+    (view,) = rt.views(newcomer, now)
+    assert view.kv_usage == pytest.approx(0.95)
+    assert endpoint_verdict(view, thresholds).verdict == "over"
+    victim.generated = 100
+    rt.release(victim)  # preempted: it held 300 + 100 tokens, not its 800-token estimate
+    (view,) = rt.views(newcomer, now)
+    assert view.kv_usage == pytest.approx(0.95 - 400 / 1600)
+    assert endpoint_verdict(view, thresholds).verdict == "free"
+    rt._reserve(newcomer, e.id)  # dispatched after the scrape: its estimate counts at once
+    (view,) = rt.views(newcomer, now)
+    assert view.kv_usage == pytest.approx(0.95 - 400 / 1600 + 200 / 1600)
+    e.scraped(LoadSnapshot(scraped_at=now, kv_usage=0.5, running=10, waiting=0,
+                           block_size=16, blocks_total=100, blocks_free=50))  # fmt: skip
+    (view,) = rt.views(newcomer, now)
+    assert view.kv_usage == pytest.approx(0.5), "a new scrape replaces the estimate"

@@ -45,6 +45,10 @@ class RouterCounts:
     dispatched_tokens_since_scrape: int = 0
     """KV tokens (prompt + max output, estimated) of requests dispatched since the scrape."""
     finished_tokens_since_scrape: int = 0
+    freed_tokens_since_scrape: int = 0
+    """KV tokens the finished requests actually held (prompt + generated so far), where
+    the router knows it; else their dispatch estimate. Priority saturation subtracts
+    it from the scraped KV use, so a preemption's freed blocks count at once."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
