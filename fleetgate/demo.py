@@ -7,9 +7,9 @@ critical interactive requests with bursts, a batch flood) for ``--duration``
 wall seconds with a progress bar, then prints a summary (per-class TTFT and
 objective attainment, the engines' own prefix-cache hit rate, preemptions,
 per-engine load) and writes a PNG. ``--compare`` runs the identical schedule
-on a fresh identical fleet behind a baseline router (fleetgate with every
-scorer switched off: a seeded random pick, since the router has no
-round-robin picker) and prints both side by side.
+on a fresh identical fleet behind a baseline router (fleetgate with its
+round-robin picker: scores ignored, endpoints take turns) and prints both side
+by side.
 
 Everything binds 127.0.0.1; no GPU, no cluster, no network. The emulator runs
 at a time scale (wall seconds per modelled second) so that a laptop keeps up;
@@ -36,7 +36,7 @@ from fleetgate.cli import CliError
 ENGINES = 5
 TIME_SCALE = 8.0
 BASELINE = cmod.Contender(
-    "baseline-random", "fleetgate", weights=(0.0, 0.0, 0.0), description="random pick"
+    "baseline-round-robin", "fleetgate", picker="round-robin", description="round robin"
 )
 
 
