@@ -31,7 +31,23 @@ derived from the first continuation's usage minus the tokens it was given.
 
 JSON is re-serialized compactly with raw UTF-8 (``separators=(",", ":")``,
 ``ensure_ascii=False``), which reproduces vLLM's bytes; events that need no
-change are forwarded byte for byte. :meth:`StreamSplicer.assemble_response`
+change are forwarded byte for byte.
+
+Fast path (the CPU per streamed token): a plain token event (one choice, no
+role, no finish, no usage, nothing to repair) of a known engine shape
+(:data:`_CHAT_SHAPES`, :data:`_COMPLETIONS_SHAPES`: vLLM 0.32 and the
+TensorRT-LLM shapes) whose bytes start with this answer's identity prefix
+(``data: {"id":..,"object":..,"created":..,"model":..,"choices":[`` exactly as
+:func:`encode_json` renders the adopted identity) is handled by one anchored
+regex match instead of ``json.loads`` + re-encoding: the text and token ids are
+taken from the bytes and the event is forwarded as is, or with its
+``"token_ids":[..]`` bytes replaced by ``null`` when the client did not ask for
+them. The output is the slow path's byte for byte: the prefix is the encoding
+of the identity, the rest of the shape is fixed literals, and a text holding an
+escape is forwarded only when :func:`encode_json` renders it the same. Anything
+else (first event, role, finish, usage, error, a continuation's events, an
+unknown shape) takes the JSON path. ``fast_path=False`` turns it off (tests
+compare both). :meth:`StreamSplicer.assemble_response`
 builds the non-streaming body in vLLM 0.32's shape (fixtures
 completions_nonstream / chat_nonstream); :func:`merge_responses` merges two
 non-streaming bodies.
@@ -42,12 +58,41 @@ Pure and synchronous: bytes in, bytes out.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from fleetgate.router.priority.continuation import Delivered, Kind, Mode
 
 DONE = b"data: [DONE]\n\n"
+
+# A JSON string body without control characters, escapes complete; a token-id list.
+_STR = rb'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*'
+_INT = rb"(?:0|[1-9][0-9]{0,18})"
+_IDS = rb"\[" + _INT + rb"(?:," + _INT + rb")*\]"
+
+#: Plain token events after the identity prefix, matched to the end of the event.
+_CHAT_SHAPES = (
+    # vLLM 0.32 (token_ids: null without return_token_ids) and the TensorRT-LLM shape
+    re.compile(
+        rb'\{"index":0,"delta":\{"content":"(?P<text>' + _STR + rb')"\}'
+        rb'(?:,"logprobs":null,"finish_reason":null)?'
+        rb'(?:,"token_ids":(?P<ids>null|' + _IDS + rb"))?\}\]\}\n\n"
+    ),
+)
+_COMPLETIONS_SHAPES = (
+    # vLLM 0.32
+    re.compile(
+        rb'\{"index":0,"text":"(?P<text>' + _STR + rb')","logprobs":null,"finish_reason":null,'
+        rb'"stop_reason":null(?:,"prompt_token_ids":null)?'
+        rb'(?:,"token_ids":(?P<ids>null|' + _IDS + rb"))?\}\]\}\n\n"
+    ),
+    # TensorRT-LLM
+    re.compile(
+        rb'\{"index":0,"text":"(?P<text>' + _STR + rb')","token_ids":(?P<ids>null),'
+        rb'"logprobs":null,"finish_reason":null,"stop_reason":null\}\],"usage":null\}\n\n'
+    ),
+)
 
 
 def encode_json(obj: Any) -> str:
@@ -77,6 +122,7 @@ class StreamSplicer:
         include_usage: bool,
         return_token_ids: bool,
         prompt_tokens: int | None = None,
+        fast_path: bool = True,
     ) -> None:
         self.kind: Kind = kind
         self.include_usage = include_usage
@@ -90,7 +136,7 @@ class StreamSplicer:
         self.created: int | None = None
         self.model: str | None = None
         self.system_fingerprint: str | None = None
-        self.text = ""
+        self._text_parts: list[str] = [""]
         self.token_ids: list[int] | None = []
         self.prompt_token_ids: list[int] | None = None
         self.prompt_tokens = prompt_tokens
@@ -106,6 +152,11 @@ class StreamSplicer:
         self._done_sent = False
         self._seam_pending = False
         self._seam_prefix: str | None = None
+        self._fast_path = fast_path
+        self._prefix: bytes | None = None
+        """``data: {"id":..,"object":..,"created":..,"model":..,"choices":[`` of the adopted
+        identity (fast path; None until adopted)."""
+        self._shapes = _CHAT_SHAPES if kind == "chat" else _COMPLETIONS_SHAPES
 
     # -- state -----------------------------------------------------------
 
@@ -113,6 +164,14 @@ class StreamSplicer:
     def finished(self) -> bool:
         """The answer is complete (a finish_reason reached the client's copy)."""
         return self.finish_reason is not None
+
+    @property
+    def text(self) -> str:
+        """The answer's text the client has received (joined on demand)."""
+        parts = self._text_parts
+        if len(parts) != 1:
+            parts[:] = ["".join(parts)]
+        return parts[0]
 
     @property
     def done_sent(self) -> bool:
@@ -148,15 +207,20 @@ class StreamSplicer:
 
     def feed(self, data: bytes) -> bytes:
         """Consume upstream SSE bytes (any chunking); return bytes for the client."""
-        self._buffer += data.replace(b"\r\n", b"\n")
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        buffer = self._buffer + data if self._buffer else data
+        end = buffer.find(b"\n\n")
+        if end >= 0 and end == len(buffer) - 2:  # the usual case: one chunk, one event
+            self._buffer = b""
+            return self._event(buffer)
         out = bytearray()
-        while True:
-            end = self._buffer.find(b"\n\n")
-            if end < 0:
-                break
-            raw = self._buffer[: end + 2]
-            self._buffer = self._buffer[end + 2 :]
-            out += self._event(raw)
+        start = 0
+        while end >= 0:
+            out += self._event(buffer[start : end + 2])
+            start = end + 2
+            end = buffer.find(b"\n\n", start)
+        self._buffer = buffer[start:]
         return bytes(out)
 
     def finish(self) -> bytes:
@@ -180,7 +244,51 @@ class StreamSplicer:
 
     # -- events ----------------------------------------------------------
 
+    def _fast_event(self, raw: bytes) -> bytes | None:
+        """A plain token event of a known shape, from its bytes (module docstring);
+        None: take the JSON path."""
+        prefix = self._prefix
+        if (
+            prefix is None
+            or self.finish_reason is not None
+            or self._seam_pending
+            or not raw.startswith(prefix)
+        ):
+            return None
+        for shape in self._shapes:
+            m = shape.fullmatch(raw, len(prefix))
+            if m is not None:
+                break
+        else:
+            return None
+        quoted = m["text"]
+        escaped = b"\\" in quoted
+        try:
+            text: str = json.loads(b'"' + quoted + b'"') if escaped else quoted.decode()
+        except ValueError:  # not UTF-8: the JSON path decides what it is
+            return None
+        ids = m["ids"]
+        out = raw
+        if ids is not None and ids != b"null":
+            if not self.return_token_ids:
+                if escaped and encode_json(text).encode() != b'"' + quoted + b'"':
+                    return None  # the JSON path would re-render this text differently
+                start, end = m.span("ids")
+                out = b"".join((raw[:start], b"null", raw[end:]))
+            if self.token_ids is not None:
+                self.token_ids.extend(map(int, ids[1:-1].split(b",")))
+            self.tokens += ids.count(b",") + 1
+        else:
+            self.token_ids = None
+            self.tokens += 1
+        self._text_parts.append(text)
+        return out
+
     def _event(self, raw: bytes) -> bytes:
+        if self._fast_path:
+            fast = self._fast_event(raw)
+            if fast is not None:
+                return fast
         payload = b"\n".join(
             line[5:].lstrip(b" ") for line in raw.split(b"\n") if line.startswith(b"data:")
         )
@@ -229,6 +337,15 @@ class StreamSplicer:
             self.id = obj.get("id")
             self.created = obj.get("created")
             self.model = obj.get("model")
+            ident, kind, created, model = map(
+                encode_json, (self.id, obj.get("object"), self.created, self.model)
+            )
+            head = f'data: {{"id":{ident},"object":{kind},"created":{created},"model":{model},'
+            head += '"choices":['
+            try:
+                self._prefix = head.encode()
+            except UnicodeEncodeError:  # a lone surrogate: no fast path for this answer
+                self._prefix = None
 
     @property
     def _fresh(self) -> bool:
@@ -286,7 +403,7 @@ class StreamSplicer:
         else:
             self.token_ids = None
             self.tokens += 1
-        self.text += text
+        self._text_parts.append(text)
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
             self.stop_reason = choice.get("stop_reason")
