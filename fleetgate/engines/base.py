@@ -77,6 +77,15 @@ class LoadSnapshot:
     blocks_free: int | None = None
     max_running: int | None = None
     """The engine's concurrent-sequence limit (max_num_seqs / max batch size)."""
+    decode_seconds_sum: float | None = None
+    """Cumulative sum of observed decode latencies, each in seconds per output token
+    (a latency histogram's ``_sum``). With :attr:`decode_observations` it gives the
+    engine's mean decode speed over any interval: ``delta sum / delta observations``.
+    What one observation is depends on the engine (the adapter's docstring says):
+    one inter-token gap (vLLM), or one finished request's mean time per output
+    token (TensorRT-LLM's Prometheus histogram)."""
+    decode_observations: float | None = None
+    """Cumulative number of observations behind :attr:`decode_seconds_sum` (``_count``)."""
     models: tuple[str, ...] = ()
     source: str = ""
     """Name of the :class:`MetricsSource` this came from."""

@@ -13,6 +13,16 @@ Sources. "engines.md" is /work/shared/reference/engines.md:
   ``kvCacheStats.reusedBlocks``/``missedBlocks`` are cumulative: TRT's own Prometheus
   collector turns them into counters by differencing (``metrics/collector.py``), so
   prefix counters in tokens are ``blocks * tokensPerBlock``.
+* Decode speed (``decode_seconds_sum``/``decode_observations``, ratio of deltas =
+  seconds per output token). ``prometheus``: the ``trtllm_time_per_output_token_seconds``
+  histogram (engines.md §4, since 1.1.0rc5; the emulator ``fleetgate/sim/trtllm_app.py``
+  observes it per finished request), one observation = one request's mean TPOT.
+  ``iteration-stats``: an iteration's ``iterLatencyMS`` is the gap each request in its
+  generation phase saw, so the counters add ``latency x numGenRequests`` and
+  ``numGenRequests`` over every drained iteration (token-weighted, like vLLM's ITL;
+  context requests' first tokens are TTFT, and several speculative tokens per iteration
+  are not accounted). They count from the router's first read and survive empty drains.
+  ``triton``: unknown (engines.md §5 lists no per-token latency family).
 * Priority: engines.md §4 "Priority (main)" and §6: ``priority: float`` in [0, 1],
   higher first, default 0.5.
 * Errors: engines.md §4 "Errors": flat ``{"object": "error", ...}`` bodies, validation
@@ -54,7 +64,6 @@ Pure: no I/O, no clock reads; the Prometheus scanner is vllm.py's :class:`PromSc
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -67,10 +76,16 @@ from fleetgate.engines._common import (
     PromScanner,
     check_error_status,
     clamp_level,
+    decode_pair,
     error_json,
     finite,
+    json_int,
+    json_number,
+    json_section,
+    nonneg_count,
     require_some,
     text_message,
+    unit_fraction,
     validate_launch,
 )
 from fleetgate.engines.base import (
@@ -180,6 +195,8 @@ _T_MISSED = "trtllm_kv_cache_missed_blocks_total"
 _T_PROMPT = "trtllm_prompt_tokens_total"
 _T_GENERATION = "trtllm_generation_tokens_total"
 _T_MAX_ACTIVE = "trtllm_max_num_active_requests"
+_T_TPOT_SUM = "trtllm_time_per_output_token_seconds_sum"
+_T_TPOT_COUNT = "trtllm_time_per_output_token_seconds_count"
 _TRTLLM_SCANNER = PromScanner(
     (
         _T_RUNNING,
@@ -195,6 +212,8 @@ _TRTLLM_SCANNER = PromScanner(
         _T_PROMPT,
         _T_GENERATION,
         _T_MAX_ACTIVE,
+        _T_TPOT_SUM,
+        _T_TPOT_COUNT,
     )
 )
 
@@ -212,24 +231,9 @@ def _total(samples: Sequence[PromSample], what: str) -> float | None:
     return sum(finite(s.value, what) for s in samples) if samples else None
 
 
-def _count(value: float | None, what: str) -> int | None:
-    if value is None:
-        return None
-    if value < 0:
-        raise MetricsParseError(f"{what} is negative: {value!r}")
-    return int(value)
-
-
 def _unique_int(samples: Sequence[PromSample], what: str) -> int | None:
     values = {int(finite(s.value, what)) for s in samples}
     return values.pop() if len(values) == 1 else None
-
-
-def _fraction(value: float, what: str) -> float:
-    finite(value, what)
-    if not -1e-9 <= value <= 1.0 + 1e-9:
-        raise MetricsParseError(f"{what} out of [0, 1]: {value!r}")
-    return min(1.0, max(0.0, value))
 
 
 def _prefix_tokens(
@@ -247,14 +251,14 @@ def _parse_trtllm_prometheus(body: bytes, now: float) -> LoadSnapshot:
     found = _TRTLLM_SCANNER.scan(body)
     require_some(body, found, b"trtllm_")
     block_size = _unique_int(found[_T_TPB], _T_TPB)
-    blocks_total = _count(_total(found[_T_MAX_BLOCKS], _T_MAX_BLOCKS), _T_MAX_BLOCKS)
+    blocks_total = nonneg_count(_total(found[_T_MAX_BLOCKS], _T_MAX_BLOCKS), _T_MAX_BLOCKS)
     kv_samples = found[_T_KV]
     if kv_samples:
-        kv: float | None = sum(_fraction(s.value, _T_KV) for s in kv_samples) / len(kv_samples)
+        kv: float | None = sum(unit_fraction(s.value, _T_KV) for s in kv_samples) / len(kv_samples)
     else:
         used = _total(found[_T_USED_BLOCKS], _T_USED_BLOCKS)
         kv = (
-            _fraction(used / blocks_total, _T_USED_BLOCKS)
+            unit_fraction(used / blocks_total, _T_USED_BLOCKS)
             if used is not None and blocks_total
             else None
         )
@@ -268,20 +272,25 @@ def _parse_trtllm_prometheus(body: bytes, now: float) -> LoadSnapshot:
             if s.labels.get("model_name", _PLACEHOLDER) != _PLACEHOLDER
         }
     )
+    decode_sum, decode_count = decode_pair(
+        found[_T_TPOT_SUM], found[_T_TPOT_COUNT], "trtllm_time_per_output_token_seconds"
+    )
     return LoadSnapshot(
         scraped_at=now,
         kv_usage=kv,
-        running=_count(_total(found[_T_RUNNING], _T_RUNNING), _T_RUNNING),
-        waiting=_count(_total(found[_T_WAITING], _T_WAITING), _T_WAITING),
-        paused=_count(_total(found[_T_PAUSED], _T_PAUSED), _T_PAUSED),
+        running=nonneg_count(_total(found[_T_RUNNING], _T_RUNNING), _T_RUNNING),
+        waiting=nonneg_count(_total(found[_T_WAITING], _T_WAITING), _T_WAITING),
+        paused=nonneg_count(_total(found[_T_PAUSED], _T_PAUSED), _T_PAUSED),
         prefix_query_tokens=queries,
         prefix_hit_tokens=hits,
         prompt_tokens=_total(found[_T_PROMPT], _T_PROMPT),
         generation_tokens=_total(found[_T_GENERATION], _T_GENERATION),
+        decode_seconds_sum=decode_sum,
+        decode_observations=decode_count,
         block_size=block_size,
         blocks_total=blocks_total,
-        blocks_free=_count(_total(found[_T_FREE_BLOCKS], _T_FREE_BLOCKS), _T_FREE_BLOCKS),
-        max_running=_count(_total(found[_T_MAX_ACTIVE], _T_MAX_ACTIVE), _T_MAX_ACTIVE),
+        blocks_free=nonneg_count(_total(found[_T_FREE_BLOCKS], _T_FREE_BLOCKS), _T_FREE_BLOCKS),
+        max_running=nonneg_count(_total(found[_T_MAX_ACTIVE], _T_MAX_ACTIVE), _T_MAX_ACTIVE),
         models=tuple(models),
         source=PROMETHEUS.name,
     )
@@ -313,7 +322,7 @@ def _parse_triton(body: bytes, now: float) -> LoadSnapshot:
     }
     block_size = int(block_sizes.pop()) if len(block_sizes) == 1 else None
     fractions = [
-        (_fraction(m[f"{_NV_KV}:fraction"], _NV_KV), m.get(f"{_NV_KV}:max"))
+        (unit_fraction(m[f"{_NV_KV}:fraction"], _NV_KV), m.get(f"{_NV_KV}:max"))
         for m in per_model.values()
         if f"{_NV_KV}:fraction" in m
     ]
@@ -328,51 +337,26 @@ def _parse_triton(body: bytes, now: float) -> LoadSnapshot:
     return LoadSnapshot(
         scraped_at=now,
         kv_usage=kv,
-        running=_count(total(f"{_NV_REQUEST}:active"), "active requests"),
-        waiting=_count(total(f"{_NV_REQUEST}:waiting"), "waiting requests"),
-        paused=_count(total(f"{_NV_IFB}:paused_requests"), "paused requests"),
+        running=nonneg_count(total(f"{_NV_REQUEST}:active"), "active requests"),
+        waiting=nonneg_count(total(f"{_NV_REQUEST}:waiting"), "waiting requests"),
+        paused=nonneg_count(total(f"{_NV_IFB}:paused_requests"), "paused requests"),
         # Triton reports reused blocks but no misses: hits are known, queries are not.
         prefix_hit_tokens=None if reused is None or block_size is None else reused * block_size,
         block_size=block_size,
-        blocks_total=_count(total(f"{_NV_KV}:max"), "max blocks"),
-        blocks_free=_count(total(f"{_NV_KV}:free"), "free blocks"),
-        max_running=_count(total(f"{_NV_REQUEST}:max"), "max requests"),
+        blocks_total=nonneg_count(total(f"{_NV_KV}:max"), "max blocks"),
+        blocks_free=nonneg_count(total(f"{_NV_KV}:free"), "free blocks"),
+        max_running=nonneg_count(total(f"{_NV_REQUEST}:max"), "max requests"),
         models=tuple(sorted(m for m in per_model if m)),
         source=TRITON.name,
     )
 
 
 # ------------------------------------------------------------------ JSON iteration stats
-def _json_number(obj: Mapping[str, Any], key: str, where: str) -> float | None:
-    value = obj.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise MetricsParseError(f"{where}.{key} is not a number: {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise MetricsParseError(f"{where}.{key} is not a finite non-negative number: {value!r}")
-    return float(value)
-
-
-def _json_int(obj: Mapping[str, Any], key: str, where: str) -> int | None:
-    value = _json_number(obj, key, where)
-    return None if value is None else int(value)
-
-
-def _json_section(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    section = obj.get(key)
-    if section is None:
-        return {}
-    if not isinstance(section, dict):
-        raise MetricsParseError(f"iteration stats field {key} is not an object: {section!r}")
-    return section
-
-
 def _latest(items: list[Any]) -> Mapping[str, Any]:
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise MetricsParseError(f"iteration stats element {i} is not an object: {item!r}")
-    iters = [_json_number(item, "iter", "iteration stats") for item in items]
+    iters = [json_number(item, "iter", "iteration stats") for item in items]
     if all(i is not None for i in iters):
         best = max(range(len(items)), key=lambda i: (iters[i] or 0.0, i))
         latest: Mapping[str, Any] = items[best]
@@ -391,33 +375,56 @@ def _parse_iteration_stats(body: bytes, now: float, previous: LoadSnapshot | Non
     if not data:
         return _carry_over(now, previous)
     stats = _latest(data)
-    kv = _json_section(stats, "kvCacheStats")
-    ifb = _json_section(stats, "inflightBatchingStats")
-    max_blocks = _json_int(kv, "maxNumBlocks", "kvCacheStats")
-    used_blocks = _json_number(kv, "usedNumBlocks", "kvCacheStats")
-    tokens_per_block = _json_int(kv, "tokensPerBlock", "kvCacheStats")
+    decode_sum, decode_count = _decode_iterations(data, previous)
+    kv = json_section(stats, "kvCacheStats")
+    ifb = json_section(stats, "inflightBatchingStats")
+    max_blocks = json_int(kv, "maxNumBlocks", "kvCacheStats")
+    used_blocks = json_number(kv, "usedNumBlocks", "kvCacheStats")
+    tokens_per_block = json_int(kv, "tokensPerBlock", "kvCacheStats")
     usage = None
     if max_blocks and used_blocks is not None:
-        usage = _fraction(used_blocks / max_blocks, "usedNumBlocks/maxNumBlocks")
+        usage = unit_fraction(used_blocks / max_blocks, "usedNumBlocks/maxNumBlocks")
     queries, hits = _prefix_tokens(
-        _json_number(kv, "reusedBlocks", "kvCacheStats"),
-        _json_number(kv, "missedBlocks", "kvCacheStats"),
+        json_number(kv, "reusedBlocks", "kvCacheStats"),
+        json_number(kv, "missedBlocks", "kvCacheStats"),
         tokens_per_block,
     )
     return LoadSnapshot(
         scraped_at=now,
         kv_usage=usage,
-        running=_json_int(stats, "numActiveRequests", "iteration stats"),
-        waiting=_json_int(stats, "numQueuedRequests", "iteration stats"),
-        paused=_json_int(ifb, "numPausedRequests", "inflightBatchingStats"),
+        running=json_int(stats, "numActiveRequests", "iteration stats"),
+        waiting=json_int(stats, "numQueuedRequests", "iteration stats"),
+        paused=json_int(ifb, "numPausedRequests", "inflightBatchingStats"),
         prefix_query_tokens=queries,
         prefix_hit_tokens=hits,
+        decode_seconds_sum=decode_sum,
+        decode_observations=decode_count,
         block_size=tokens_per_block,
         blocks_total=max_blocks,
-        blocks_free=_json_int(kv, "freeNumBlocks", "kvCacheStats"),
-        max_running=_json_int(stats, "maxNumActiveRequests", "iteration stats"),
+        blocks_free=json_int(kv, "freeNumBlocks", "kvCacheStats"),
+        max_running=json_int(stats, "maxNumActiveRequests", "iteration stats"),
         source=ITERATION_STATS.name,
     )
+
+
+def _decode_iterations(
+    items: list[Any], previous: LoadSnapshot | None
+) -> tuple[float | None, float | None]:
+    """Decode latency counters accumulated over drained iterations (module docstring)."""
+    total = count = None
+    if previous is not None and previous.source == ITERATION_STATS.name:
+        total, count = previous.decode_seconds_sum, previous.decode_observations
+    for item in items:
+        latency_ms = json_number(item, "iterLatencyMS", "iteration stats")
+        ifb = json_section(item, "inflightBatchingStats")
+        gen = json_number(ifb, "numGenRequests", "inflightBatchingStats")
+        if latency_ms is None or gen is None:
+            continue
+        total = (total or 0.0) + latency_ms / 1000.0 * gen
+        count = (count or 0.0) + gen
+    if total is None or count is None:
+        return None, None
+    return total, count
 
 
 def _carry_over(now: float, previous: LoadSnapshot | None) -> LoadSnapshot:
@@ -436,6 +443,8 @@ def _carry_over(now: float, previous: LoadSnapshot | None) -> LoadSnapshot:
         preemptions=previous.preemptions,
         prompt_tokens=previous.prompt_tokens,
         generation_tokens=previous.generation_tokens,
+        decode_seconds_sum=previous.decode_seconds_sum,
+        decode_observations=previous.decode_observations,
         block_size=previous.block_size,
         blocks_total=previous.blocks_total,
         blocks_free=previous.blocks_free if idle else None,

@@ -11,6 +11,11 @@ vLLM 0.32 recordings in /work/shared/fixtures/vllm-0.32-cpu/ (their README.md):
   so the number of free blocks is recovered exactly from it. Pre-0.12 names
   (``vllm:gpu_cache_usage_perc``, ``vllm:gpu_prefix_cache_*``) are read as fallbacks
   (engines.md §1 "Version history").
+  Decode speed: ``vllm:inter_token_latency_seconds`` (histogram, one observation per
+  inter-token gap; engines.md §1 table) gives ``decode_seconds_sum``/``decode_observations``
+  from its ``_sum``/``_count``; before 0.12 the same histogram was also named
+  ``vllm:time_per_output_token_seconds`` (read as the fallback). Real example:
+  fixtures ``metrics_c3_after_load.prom.txt`` (8145 gaps, 14.549 s).
 * Priority: engines.md §2 "Priority": ``priority: int``, lower is handled sooner, default 0.
 * Errors: engines.md §3 (0.33 nested ``{"error": {...}}``, 503 for the queue limits of
   §2 "Overload"), fixtures README "Quirks" 1: request-validation errors use the same
@@ -42,6 +47,7 @@ from fleetgate.engines._common import (
     PromScanner,
     check_error_status,
     clamp_level,
+    decode_pair,
     error_json,
     finite,
     require_some,
@@ -143,6 +149,10 @@ _PREEMPTIONS = "vllm:num_preemptions_total"
 _PROMPT = "vllm:prompt_tokens_total"
 _GENERATION = "vllm:generation_tokens_total"
 _CACHE_INFO = "vllm:cache_config_info"
+_ITL_SUM = "vllm:inter_token_latency_seconds_sum"
+_ITL_COUNT = "vllm:inter_token_latency_seconds_count"
+_ITL_SUM_OLD = "vllm:time_per_output_token_seconds_sum"
+_ITL_COUNT_OLD = "vllm:time_per_output_token_seconds_count"
 _FAMILIES = (
     _RUNNING,
     _WAITING,
@@ -153,8 +163,16 @@ _FAMILIES = (
     _PROMPT,
     _GENERATION,
     _CACHE_INFO,
+    _ITL_SUM,
+    _ITL_COUNT,
 )
-_FALLBACKS = {_KV: _KV_OLD, _QUERIES: _QUERIES_OLD, _HITS: _HITS_OLD}
+_FALLBACKS = {
+    _KV: _KV_OLD,
+    _QUERIES: _QUERIES_OLD,
+    _HITS: _HITS_OLD,
+    _ITL_SUM: _ITL_SUM_OLD,
+    _ITL_COUNT: _ITL_COUNT_OLD,
+}
 _SCANNER = PromScanner((*_FAMILIES, *_FALLBACKS.values()))
 
 #: Messages of vLLM's admission-control rejections (engines.md §2 "Overload").
@@ -236,6 +254,9 @@ class VllmAdapter:
         for what, value in ((_RUNNING, running), (_WAITING, waiting)):
             if value is not None and value < 0:
                 raise MetricsParseError(f"{what} is negative: {value!r}")
+        decode_sum, decode_count = decode_pair(
+            found[_ITL_SUM], found[_ITL_COUNT], "vllm:inter_token_latency_seconds"
+        )
         models = sorted(
             {
                 s.labels["model_name"]
@@ -253,6 +274,8 @@ class VllmAdapter:
             preemptions=_sum(found[_PREEMPTIONS], _PREEMPTIONS),
             prompt_tokens=_sum(found[_PROMPT], _PROMPT),
             generation_tokens=_sum(found[_GENERATION], _GENERATION),
+            decode_seconds_sum=decode_sum,
+            decode_observations=decode_count,
             block_size=block_size,
             blocks_total=blocks_total,
             blocks_free=blocks_free,
