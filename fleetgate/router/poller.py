@@ -10,15 +10,24 @@ turns pessimistic at once instead of reading idle.
 Errors are caught narrowly (HTTP/transport, adapter parse errors), counted
 in metrics and logged at most once per state change, never swallowed
 silently and never fatal to the loop.
+
+Cost: every GET goes through a :class:`Getter`. By default that is the shared
+httpx client (tests replace its transport); ``getter=`` takes the request
+path's :class:`~fleetgate.router.upstream.RawUpstream`, whose keep-alive GET
+costs ~0.15 ms of CPU per ``/metrics`` scrape and ~0.05 ms per ``/health``
+probe where httpx costs ~1.1 ms and ~0.7 ms (measured against the emulator's
+44 kB vLLM exposition). At the default 0.2 s scrape interval that is the
+router's idle CPU: ~24 ms per second for 4 engines over httpx, ~3 ms raw.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -27,6 +36,7 @@ from fleetgate.engines.base import EngineError
 from fleetgate.router.config import RouterConfig
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.state import Endpoint, Fleet
+from fleetgate.router.upstream import UpstreamError
 
 log = logging.getLogger("fleetgate.router.poller")
 
@@ -41,6 +51,30 @@ def metrics_url(base: str, port: int | None) -> str:
     return urlunsplit((parts.scheme, f"{host}:{port}", parts.path, "", ""))
 
 
+class Getter(Protocol):
+    async def get(self, url: str, within_s: float) -> tuple[int, bytes]:
+        """``GET url``: (status, body); raises ``httpx.HTTPError`` or ``UpstreamError``."""
+        ...
+
+
+class HttpxGetter:
+    """:class:`Getter` over an ``httpx.AsyncClient`` (the default; tests mock its transport)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def get(self, url: str, within_s: float) -> tuple[int, bytes]:
+        resp = await self.client.get(url, timeout=within_s)
+        return resp.status_code, resp.content
+
+
+class _HttpStatus(Exception):
+    """A non-2xx answer to a scrape or a model listing."""
+
+
+_FETCH_ERRORS = (httpx.HTTPError, UpstreamError, OSError)
+
+
 class Poller:
     def __init__(
         self,
@@ -49,9 +83,12 @@ class Poller:
         config: RouterConfig,
         metrics: RouterMetrics,
         clock: Callable[[], float],
+        *,
+        getter: Getter | None = None,
     ) -> None:
         self.fleet = fleet
         self.client = client
+        self.getter: Getter = getter if getter is not None else HttpxGetter(client)
         self.config = config
         self.metrics = metrics
         self.clock = clock
@@ -103,9 +140,9 @@ class Poller:
     async def probe(self, e: Endpoint) -> None:
         ok = False
         try:
-            resp = await self.client.get(e.url + "/health", timeout=self.config.health.timeout_s)
-            ok = resp.status_code == 200
-        except httpx.HTTPError:
+            status, _ = await self.getter.get(e.url + "/health", self.config.health.timeout_s)
+            ok = status == 200
+        except _FETCH_ERRORS:
             ok = False
         if ok != e.healthy:
             log.info("endpoint %s is now %s", e.id, "healthy" if ok else "unhealthy")
@@ -115,10 +152,11 @@ class Poller:
 
     async def load_models(self, e: Endpoint) -> None:
         try:
-            resp = await self.client.get(e.url + "/v1/models", timeout=self.config.health.timeout_s)
-            resp.raise_for_status()
-            data = resp.json().get("data", [])
-        except (httpx.HTTPError, ValueError, AttributeError) as err:
+            status, body = await self.getter.get(e.url + "/v1/models", self.config.health.timeout_s)
+            if not 200 <= status < 300:
+                raise _HttpStatus(f"HTTP {status} from {e.url}/v1/models")
+            data = json.loads(body).get("data", [])
+        except (*_FETCH_ERRORS, _HttpStatus, ValueError, AttributeError) as err:
             log.warning("endpoint %s: cannot list models: %s", e.id, err)
             return
         models: set[str] = set()
@@ -139,14 +177,14 @@ class Poller:
         source = e.metrics_source
         lv = (e.id, e.engine)
         started = self.clock()
+        url = metrics_url(e.url, source.port) + source.path
         try:
-            resp = await self.client.get(
-                metrics_url(e.url, source.port) + source.path, timeout=self.config.scrape.timeout_s
-            )
-            resp.raise_for_status()
+            status, body = await self.getter.get(url, self.config.scrape.timeout_s)
+            if not 200 <= status < 300:
+                raise _HttpStatus(f"HTTP {status} from {url}")
             now = self.clock()
-            snap = e.adapter.parse_metrics(source, resp.content, now, e.snapshot)
-        except (httpx.HTTPError, EngineError, ValueError) as err:
+            snap = e.adapter.parse_metrics(source, body, now, e.snapshot)
+        except (*_FETCH_ERRORS, _HttpStatus, EngineError, ValueError) as err:
             if not e.scrape_failing:
                 log.warning("endpoint %s: scrape failed: %s", e.id, err)
             e.scrape_failed()

@@ -320,7 +320,28 @@ class RawUpstream:
         for k, v in headers:
             head += [k, b": ", v, b"\r\n"]
         head += [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body]
-        payload = b"".join(head)
+        return await self._request(host, port, b"".join(head))
+
+    async def get(self, url: str, within_s: float) -> tuple[int, bytes]:
+        """``GET url`` (``http://host:port/path``): status and the whole body within
+        ``within_s`` seconds. For the poller's scrapes and probes: ~0.1 ms of CPU where
+        httpx spends ~1 ms (module docstring)."""
+        parts = urlsplit(url)
+        base = f"{parts.scheme}://{parts.netloc}"
+        host, port, netloc = self._key(base)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        payload = b"".join((b"GET ", path.encode(), b" HTTP/1.1\r\nhost: ", netloc, b"\r\n\r\n"))
+        try:
+            async with asyncio.timeout(within_s):
+                resp = await self._request(host, port, payload)
+                try:
+                    return resp.status, await resp.read()
+                finally:
+                    await resp.aclose()
+        except TimeoutError:
+            raise UpstreamTimeout(f"GET {url}: no complete answer in {within_s}s") from None
+
+    async def _request(self, host: str, port: int, payload: bytes) -> UpstreamResponse:
         idle = self._idle.get((host, port))
         while idle:
             conn = idle.pop()
