@@ -9,7 +9,7 @@ Prometheus listeners (``--prometheus-host``; sglang-router would otherwise bind
 fleetgate ablations are configuration variations of the same router
 (``scheduling.weights`` and ``scheduling.picker`` in ``fleetgate/router/config.py``):
 
-* ``fleetgate``              default weights (prefix 3, load 2, kv 1)
+* ``fleetgate``              default weights (prefix 3, load 2, kv 1, speed 1)
 * ``fleetgate-round-robin``  ``scheduling.picker: round-robin``: the router takes
   turns over the endpoints its filters keep (healthy, not ejected, serving the
   model), ignoring every score; the issue's "round robin" ablation
@@ -20,6 +20,11 @@ fleetgate ablations are configuration variations of the same router
 * ``fleetgate-affinity-only`` prefix affinity only (with its load bound)
 * ``fleetgate-no-preemption`` default weights, priority classes on, preemption
   off (``priority.preemption_enabled: false``); only differs on class workloads
+
+A contender's ``weights`` tuple (prefix, load, kv) turns exactly those scorers on:
+its config also sets ``speed: 0``, so the engine-speed scorer (urgent work to the
+fastest engines) is part of ``fleetgate`` (and ``fleetgate-no-preemption``, which
+must differ from it in preemption only), never of a single-scorer ablation.
 
 Peers (PyPI, flags from each CLI's ``--help``): ``vllm-router`` 0.1.17 with
 ``--policy cache_aware|power_of_two|round_robin`` and ``sglang-router`` 0.3.2
@@ -48,7 +53,7 @@ class Contender:
     policy: str | None = None
     """Peer ``--policy`` value."""
     weights: tuple[float, float, float] | None = None
-    """fleetgate (prefix, load, kv) weights; None = the router's defaults."""
+    """fleetgate (prefix, load, kv) weights, engine-speed off; None = the router's defaults."""
     description: str = ""
     preemption: bool = True
     """fleetgate: ``priority.preemption_enabled`` when the workload has classes."""
@@ -59,7 +64,11 @@ class Contender:
 CONTENDERS: dict[str, Contender] = {
     c.name: c
     for c in (
-        Contender("fleetgate", "fleetgate", description="default weights prefix 3, load 2, kv 1"),
+        Contender(
+            "fleetgate",
+            "fleetgate",
+            description="default weights prefix 3, load 2, kv 1, speed 1",
+        ),
         Contender(
             "fleetgate-round-robin",
             "fleetgate",
@@ -186,7 +195,7 @@ def fleetgate_config(
         config["priority"] = priority
     if contender.weights is not None:
         prefix, load, kv = contender.weights
-        config["scheduling"]["weights"] = {"prefix": prefix, "load": load, "kv": kv}
+        config["scheduling"]["weights"] = {"prefix": prefix, "load": load, "kv": kv, "speed": 0.0}
     if contender.picker is not None:
         config["scheduling"]["picker"] = contender.picker
     return config

@@ -12,7 +12,7 @@ Example::
         backends:
           - {engine: vllm, url: "http://10.0.0.5:8000"}
           - {engine: trtllm, url: "http://10.0.0.6:8000"}
-    scheduling: {weights: {prefix: 3, load: 2, kv: 1}, seed: 0}
+    scheduling: {weights: {prefix: 3, load: 2, kv: 1, speed: 1}, seed: 0}
     scrape: {interval_s: 0.2}
 """
 
@@ -79,6 +79,11 @@ class Weights(_Strict):
     prefix: float = Field(3.0, ge=0)
     load: float = Field(2.0, ge=0)
     kv: float = Field(1.0, ge=0)
+    speed: float = Field(1.0, ge=0)
+    """``engine-speed`` scorer: urgent requests (priority > 0) to the fastest engines,
+    batch (< 0) to the slower; neutral for priority 0 and homogeneous fleets
+    (``scheduling.plugins.EngineSpeedScorer``; the default is justified on
+    ``scheduling.pipeline.PipelineWeights``). 0 turns it off."""
 
 
 class Scheduling(_Strict):

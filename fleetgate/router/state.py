@@ -15,6 +15,13 @@ Ejection (passive outlier detection): ``eject_after`` consecutive failures
 ``base x 2^(ejections-1)`` seconds (capped). When the time is up the endpoint
 returns only after a successful ``/health`` probe; a success resets the
 failure streak.
+
+Decode speed: every successful scrape also updates ``Endpoint.speed``, a
+:class:`~fleetgate.router.scheduling.speed.DecodeSpeed` (an EWMA of seconds per
+output token from the deltas of the engine's decode-latency counters, with its
+own reset and minimum-observation rules); views carry it as
+``EndpointView.decode_s_per_token`` for the ``engine-speed`` scorer. A failed
+scrape leaves it alone.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from fleetgate.engines.base import EngineAdapter, LoadSnapshot, MetricsSource
 from fleetgate.router.scheduling.load import LoadParams, RouterCounts, estimate_load
 from fleetgate.router.scheduling.prefix import PrefixIndex
+from fleetgate.router.scheduling.speed import DecodeSpeed
 from fleetgate.router.scheduling.types import EndpointId, EndpointView
 
 
@@ -55,6 +63,8 @@ class Endpoint:
     scrape_failing: bool = False
     scrape_errors: int = 0
     counts: RouterCounts = dataclasses.field(default_factory=RouterCounts)
+    speed: DecodeSpeed = dataclasses.field(default_factory=DecodeSpeed)
+    """Decode seconds per output token, smoothed over scrapes (``scheduling.speed``)."""
 
     # ---------------------------------------------------------------- traffic
 
@@ -81,6 +91,7 @@ class Endpoint:
 
     def scraped(self, snapshot: LoadSnapshot) -> None:
         self.snapshot = snapshot
+        self.speed = self.speed.update(snapshot)
         self.scrape_failing = False
         self.counts = RouterCounts(in_flight=self.counts.in_flight)
 
@@ -171,6 +182,7 @@ class Fleet:
                     max_model_len=e.max_model_len,
                     prefix_match=self.index.match(e.id, chain) if chain else 0,
                     rendezvous_rank=rank.get(e.id, len(rank)),
+                    decode_s_per_token=e.speed.seconds_per_token,
                 )
             )
         return out

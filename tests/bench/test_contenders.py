@@ -62,6 +62,8 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     w = config.scheduling.weights
     expected = c.weights if c.weights is not None else (3.0, 2.0, 1.0)
     assert (w.prefix, w.load, w.kv) == expected
+    # Single-scorer ablations leave the engine-speed scorer off; default weights keep it.
+    assert w.speed == (0.0 if c.weights is not None else 1.0)
     assert config.scheduling.picker == (c.picker or "max-score")
     assert config.priority is None, "no classes unless the workload sends them"
     with_classes = parse_config(cmod.fleetgate_config(c, BACKENDS, 3, priority_classes=True))
@@ -135,3 +137,13 @@ def test_round_robin_ablation_is_the_real_picker_and_in_the_default_set() -> Non
     assert isinstance(picker, RoundRobinPicker)
     others = [c for c in cmod.CONTENDERS.values() if c.kind == "fleetgate" and c is not rr]
     assert all(c.picker is None for c in others)
+
+
+def test_only_default_weight_contenders_route_by_engine_speed() -> None:
+    with_speed = {
+        n
+        for n, c in cmod.CONTENDERS.items()
+        if c.kind == "fleetgate"
+        and parse_config(cmod.fleetgate_config(c, BACKENDS, seed=0)).scheduling.weights.speed > 0
+    }
+    assert with_speed == {"fleetgate", "fleetgate-round-robin", "fleetgate-no-preemption"}

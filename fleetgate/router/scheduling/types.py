@@ -61,6 +61,8 @@ class EndpointView:
     """Leading prompt chunks this endpoint is believed to hold (prefix index)."""
     rendezvous_rank: int = 0
     """Position of this endpoint in the rendezvous order of the prompt's first chunk."""
+    decode_s_per_token: float | None = None
+    """Smoothed decode speed learned from scrapes (``scheduling.speed``); None = unknown."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
