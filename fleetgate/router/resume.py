@@ -275,13 +275,17 @@ class PriorityPath:
                 try:
                     if ans.splicer is None:
                         return await self._relay_raw(ans, send, e, resp)
+                    splicer = ans.splicer
+                    itl = s.metrics.child(s.metrics.itl, job.model, e.engine, job.cls.name)
                     async for chunk in resp.chunks():
-                        out = ans.splicer.feed(chunk)
-                        job.generated = ans.splicer.tokens
-                        if ans.splicer.tokens > ans.tokens_at_park:
-                            self._first_token(ans)
+                        out = splicer.feed(chunk)
+                        job.generated = splicer.tokens
+                        if (
+                            ans.first_token_at is None or job.parked_at is not None
+                        ) and splicer.tokens > ans.tokens_at_park:
+                            self._first_token(ans)  # TTFT / resume latency: once per segment
                         if out and r.stream:
-                            await self._client(ans, send, out, e)
+                            await self._client(ans, send, out, e, itl)
                 except UpstreamError as err:
                     return self._failed(e, err.cause)
                 except _Preempted:
@@ -373,8 +377,11 @@ class PriorityPath:
 
     # -- client side -------------------------------------------------------------
 
-    async def _client(self, ans: _Answer, send: _Tracked, data: bytes, e: Endpoint) -> None:
-        """Write stream bytes; a preemption requested meanwhile takes effect after."""
+    async def _client(
+        self, ans: _Answer, send: _Tracked, data: bytes, e: Endpoint, itl: Any
+    ) -> None:
+        """Write stream bytes; a preemption requested meanwhile takes effect after.
+        ``itl`` is the segment's inter-token-latency histogram child."""
         job, s = ans.job, self.s
         job.sending = True
         try:
@@ -384,10 +391,7 @@ class PriorityPath:
             await send({"type": "http.response.body", "body": data, "more_body": True})
             now = s.clock()
             if ans.last_send:
-                cls = job.cls.name
-                s.metrics.child(s.metrics.itl, job.model, e.engine, cls).observe(
-                    now - ans.last_send
-                )
+                itl.observe(now - ans.last_send)
             ans.last_send = now
         finally:
             job.sending = False
