@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgate.bench import contenders as cmod
-from fleetgate.bench import peers, report, runner, scenarios
+from fleetgate.bench import infperf_run, peers, report, runner, scenarios
 from fleetgate.bench.summary import RunRecord, RunSummary, aggregate, summarise_run
 from fleetgate.cli import CliError
 
@@ -72,6 +72,9 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="run the emulator and fleetgate router from this package copy (PYTHONPATH), "
         "e.g. a git archive of the commit under test",
+    )
+    infperf_run.build_parser(
+        sub.add_parser("infperf", help="cross-check our loadgen's figures with inference-perf")
     )
 
 
@@ -249,6 +252,8 @@ def command_line(args: argparse.Namespace, settings: Settings) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "infperf":
+        return infperf_run.run(args)
     settings = resolve(args)
     if args.source is not None and not (args.source / "fleetgate" / "__init__.py").exists():
         raise CliError(f"--source {args.source}: no fleetgate package there")
