@@ -57,6 +57,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetgate.bench import scenarios
+from fleetgate.bench.stats import percentile
 from fleetgate.bench.summary import RunRecord, summarise_run
 from fleetgate.sim.core import tokenizer as simtok
 
@@ -357,12 +358,12 @@ def loadgen_figures(record: RunRecord, objective: Callable[[str], float]) -> Fig
         else 0.0
     )
     tokens = sum(r.output_tokens for r in done)
-    itls = sorted(g for r in done for g in r.itl)
-    tpots = sorted(
+    itls = [g for r in done for g in r.itl]
+    tpots = [
         ((r.e2e or 0.0) - (r.ttft or 0.0)) / (r.output_tokens - 1)
         for r in done
         if r.ttft is not None and r.output_tokens > 1
-    )
+    ]
     return Figures(
         tool="fleetgate loadgen",
         contender=record.contender,
@@ -371,8 +372,8 @@ def loadgen_figures(record: RunRecord, objective: Callable[[str], float]) -> Fig
         ttft_p50=s.ttft_p50,
         ttft_p90=s.ttft_p90,
         ttft_p99=s.ttft_p99,
-        itl_p50=itls[len(itls) // 2] if itls else None,
-        tpot_p50=tpots[len(tpots) // 2] if tpots else None,
+        itl_p50=percentile(itls, 50),
+        tpot_p50=percentile(tpots, 50),
         output_tokens_per_s=tokens / span if span > 0 else None,
         prompt_tokens_mean=None,
         hit_rate=s.hit_rate,
