@@ -484,7 +484,11 @@ class PriorityRuntime:
         allowed = set(available)
         views = [v for v in self.s.fleet.views(job.chain, job.order, now) if v.id in allowed]
         try:
-            decision = self.s.pipeline.schedule(job.view, views, self.s.rng)
+            # the class level is the request's urgency for the scorers (engine speed)
+            view = job.view
+            if view.priority != job.cls.level:
+                view = dataclasses.replace(view, priority=job.cls.level)
+            decision = self.s.pipeline.schedule(view, views, self.s.rng)
         except NoEndpointError:
             return available[0]
         self.s.metrics.child(

@@ -98,7 +98,9 @@ def build_router(
     fleet = build_fleet(config)
     sched = config.scheduling
     pipeline = default_pipeline(
-        PipelineWeights(sched.weights.prefix, sched.weights.load, sched.weights.kv),
+        PipelineWeights(
+            sched.weights.prefix, sched.weights.load, sched.weights.kv, sched.weights.speed
+        ),
         load_bound=sched.load_bound,
         slack_requests=sched.slack_requests,
         queue_work=sched.queue_work,

@@ -393,3 +393,18 @@ def test_config_speed_weight_default_and_validation() -> None:
 def test_config_and_pipeline_defaults_agree() -> None:
     w = parse_config({}).scheduling.weights
     assert PipelineWeights() == PipelineWeights(w.prefix, w.load, w.kv, w.speed)
+
+
+def test_config_weights_reach_the_routers_pipeline() -> None:
+    """Every ``scheduling.weights`` field, speed included, is the weight the router uses."""
+    from fleetgate.router.app import build_router
+    from fleetgate.router.config import parse_config
+
+    raw = {
+        "test_mode": True,
+        "pools": [{"name": "p", "backends": [{"engine": "vllm", "url": "http://127.0.0.1:1"}]}],
+        "scheduling": {"weights": {"prefix": 0.5, "load": 0.25, "kv": 0.125, "speed": 0.0}},
+    }
+    app = build_router(parse_config(raw), start_background=False)
+    got = {w.scorer.name: w.weight for w in app.state.router.pipeline.scorers}
+    assert got == {"prefix-affinity": 0.5, "load": 0.25, "kv-headroom": 0.125, "engine-speed": 0.0}

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 from routerkit import router_config, serve
 
 from fleetgate.router.app import build_router
@@ -28,14 +29,15 @@ SLOW_FIXED_S = 0.010  # vLLM step overhead 10 ms against the "test" profile's 1 
 
 
 @contextlib.asynccontextmanager
-async def mixed_rig() -> AsyncIterator[tuple[str, Any, dict[str, str]]]:
+async def mixed_rig(classes: bool = False) -> AsyncIterator[tuple[str, Any, dict[str, str]]]:
     specs = [
         EngineSpec(kind="vllm", overrides={"fixed_s": SLOW_FIXED_S, "queue_policy": "priority"}),
         EngineSpec(kind="trtllm", overrides={"queue_policy": "priority"}),
     ]
     async with run_fleet(specs, "127.0.0.1", 0, model=MODEL) as fleet:
         backends = [(e.kind, e.url) for e in fleet.engines]
-        app = build_router(router_config(backends))
+        sections: dict[str, Any] = {"priority": {}} if classes else {}
+        app = build_router(router_config(backends, **sections))
         async with serve(app) as url:
             engines = {e.id: e.engine for e in app.state.router.fleet}
             yield url, app, engines
@@ -64,8 +66,11 @@ async def until_speeds_known(app: Any, c: httpx.AsyncClient, url: str) -> dict[s
     raise AssertionError(f"speeds never learned: {known}")
 
 
-async def test_router_learns_speeds_and_routes_urgent_to_fast_batch_to_slow() -> None:
-    async with mixed_rig() as (url, app, engines), httpx.AsyncClient(timeout=30) as c:
+@pytest.mark.parametrize("classes", [False, True], ids=["levels", "classes"])
+async def test_router_learns_speeds_and_routes_urgent_to_fast_batch_to_slow(classes: bool) -> None:
+    """Integer levels, or priority classes (critical level 8, batch level -5)."""
+    header = {5: "critical", -5: "batch"} if classes else {5: "5", -5: "-5"}
+    async with mixed_rig(classes) as (url, app, engines), httpx.AsyncClient(timeout=30) as c:
         speeds = await until_speeds_known(app, c, url)
         # Well outside the scorer's 15% dead band. Batching and wall-clock noise narrow
         # the modelled 10x step-overhead gap: three runs measured 4.6x-5.4x.
@@ -78,7 +83,7 @@ async def test_router_learns_speeds_and_routes_urgent_to_fast_batch_to_slow() ->
             resp = await c.post(
                 url + "/v1/completions",
                 json={"model": MODEL, "prompt": f"x{i}", "max_tokens": 2},
-                headers={"x-fleetgate-priority": str(level)},
+                headers={"x-fleetgate-priority": header[level]},
             )
             assert resp.status_code == 200, resp.text
             await asyncio.sleep(0.15)  # let the engine's finish show in the next scrape
