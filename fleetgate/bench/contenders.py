@@ -20,6 +20,8 @@ fleetgate ablations are configuration variations of the same router
 * ``fleetgate-affinity-only`` prefix affinity only (with its load bound)
 * ``fleetgate-no-preemption`` default weights, priority classes on, preemption
   off (``priority.preemption_enabled: false``); only differs on class workloads
+* ``fleetgate-no-speed``     default weights with the engine-speed scorer off; only
+  differs on class workloads over engines of different speeds (mixed-engine)
 
 A contender's ``weights`` tuple (prefix, load, kv) turns exactly those scorers on:
 its config also sets ``speed: 0``, so the engine-speed scorer (urgent work to the
@@ -101,6 +103,12 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             preemption=False,
             description="default weights, priority classes on, preemption off",
+        ),
+        Contender(
+            "fleetgate-no-speed",
+            "fleetgate",
+            weights=(3.0, 2.0, 1.0),
+            description="default weights with the engine-speed scorer off",
         ),
         Contender("vllm-router-cache_aware", "vllm-router", policy="cache_aware"),
         Contender("vllm-router-power_of_two", "vllm-router", policy="power_of_two"),
