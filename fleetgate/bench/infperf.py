@@ -17,11 +17,11 @@ What inference-perf 0.7.0 is told (its config schema, read from its source:
   shared-prefix length and a uniform question length, calibrated (below) so
   that the EMULATOR counts about as many prompt tokens as for our workload;
   ``output_len`` = our ``max_tokens`` (``ignore_eos`` is on in both).
-* ``load: {type: poisson, stages: [{rate, duration}]}``: our arrival rate and
-  arrival window, in wall seconds (the emulator runs ``time_scale`` wall s per
-  modelled s). It stops by itself; ``request_timeout`` and
-  ``stage_teardown_grace_seconds`` bound the tail like our loadgen's deadline,
-  and the process is killed (process group) if it overruns.
+* ``load: {type: poisson, stages: [{rate, duration}]}``: as many requests as
+  our seeded schedule has, over our arrival window, in wall seconds (the
+  emulator runs ``time_scale`` wall s per modelled s). It stops by itself;
+  ``request_timeout`` and ``stage_teardown_grace_seconds`` bound the tail like
+  our loadgen's deadline, and the process group is killed if it overruns.
 * ``server: {type: vllm, base_url: http://127.0.0.1:PORT, model_name}`` (the
   name given, so it does not ask ``/v1/models``); no ``metrics`` section (no
   Prometheus queries), storage only ``local_storage`` (no GCS/S3).
@@ -128,6 +128,8 @@ class Plan:
     """Requests per wall second."""
     duration_s: int
     """Wall seconds of arrivals."""
+    requests: int
+    """As many as our seeded schedule has."""
     groups: int
     prompts_per_group: int
     prefix_tokens: int
@@ -149,8 +151,9 @@ def plan_for(scenario: scenarios.Scenario) -> Plan:
     """The inference-perf equivalent of a ``shared-prefix`` scenario.
 
     Groups = the documents the scenario's sessions use; prefix length = their
-    mean emulator token count; questions = the min..max of ours; arrivals = our
-    Poisson rate over our window, both in wall seconds.
+    mean emulator token count; questions = the min..max of ours; arrivals = as
+    many requests as our seeded schedule has, over our window (wall seconds), at
+    Poisson-like times drawn by inference-perf (its timer is not seeded).
     """
     if scenario.load.generator != "shared-prefix":
         raise ValueError(
@@ -170,16 +173,17 @@ def plan_for(scenario: scenarios.Scenario) -> Plan:
         questions.append(len(simtok.encode(question)))
     p = scenario.params()
     groups = max(4, int(p.rate * p.duration_s / 4))  # workloads.shared_prefix
-    wall_s = scenario.duration_s * scenario.time_scale
-    rate = scenario.rate / scenario.time_scale
-    expected = rate * wall_s
-    # Poisson counts exceed the mean; a prompt inference-perf runs out of is reused
-    per_group = max(1, math.ceil((expected + 3 * math.sqrt(expected) + 1) / groups))
+    duration = max(1, round(scenario.duration_s * scenario.time_scale))
+    n = len(sessions)
     return Plan(
-        rate=round(rate, 6),
-        duration_s=max(1, round(wall_s)),
+        # inference-perf sends exactly int(rate x duration) requests (its
+        # loadgen/load_generator.py): the count of OUR seeded schedule
+        rate=(n + 0.5) / duration,
+        duration_s=duration,
+        requests=n,
         groups=groups,
-        prompts_per_group=per_group,
+        # each prompt is used once; its groups are shuffled like our random doc pick
+        prompts_per_group=max(1, math.ceil(n / groups)),
         prefix_tokens=round(sum(docs.values()) / len(docs)),
         question_min=min(questions),
         question_max=max(questions),

@@ -31,14 +31,17 @@ def _scenario(**kw: Any) -> scenarios.Scenario:
 def test_plan_matches_the_scenario_in_wall_time_and_emulator_tokens() -> None:
     sc = _scenario()
     plan = infperf.plan_for(sc)
-    # 8 sessions / modelled s / engine x 4 engines, 8 wall s per modelled s
-    assert plan.rate == pytest.approx(4.0)
+    sessions = sc.sessions()
     assert plan.duration_s == 30
+    # inference-perf sends int(rate x duration) requests: exactly our count
+    assert plan.requests == len(sessions)
+    assert int(plan.rate * plan.duration_s) == len(sessions)
+    # 8 sessions / modelled s / engine x 4 engines = 4 per wall s at 8 wall s per modelled s
+    assert abs(plan.rate - 4.0) < 4 * 4.0 / math.sqrt(4.0 * 30)
     p = sc.params()
     assert plan.groups == max(4, int(p.rate * p.duration_s / 4))
-    # enough prompts that a Poisson count 3 sigma above the mean needs no reuse
-    assert plan.groups * plan.prompts_per_group >= 4.0 * 30 + 3 * math.sqrt(120)
-    sessions = sc.sessions()
+    # every request gets its own prompt (no reuse of a whole prompt)
+    assert plan.groups * plan.prompts_per_group >= len(sessions)
     doc0 = sessions[0].turns[0].content.split("\n\nQuestion: ")[0]
     assert abs(plan.prefix_tokens - len(simtok.encode(doc0))) < 0.1 * plan.prefix_tokens
     assert plan.prefix_tokens > 2500  # 3000 words of the workload's word list
@@ -53,7 +56,7 @@ def test_plan_follows_seed_and_load() -> None:
     half = scenarios.make(
         "shared-prefix", engines=4, duration_s=30, time_scale=8, seed=1, load_factor=0.5
     )
-    assert infperf.plan_for(half).rate == pytest.approx(a.rate / 2)
+    assert infperf.plan_for(half).rate < 0.7 * a.rate
 
 
 def test_plan_refuses_other_workloads() -> None:
