@@ -200,17 +200,24 @@ async def priority_mapping(
     return None
 
 
-_COUNTER = re.compile(r"^(fleetgate_(?:preemptions|resumes)_total)(?:\{[^}]*\})?\s+(\S+)$", re.M)
+_COUNTER = re.compile(
+    r"^(fleetgate_(?:preemptions|resumes|resume_refed_tokens)_total)(?:\{[^}]*\})?\s+(\S+)$",
+    re.M,
+)
 
 
 async def router_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """Sums of fleetgate_preemptions_total / fleetgate_resumes_total, if exposed."""
+    """Sums of fleetgate_preemptions / _resumes / _resume_refed_tokens, if exposed.
+
+    ``resume_refed_tokens`` is the wasted work of preemption: generated tokens sent
+    back to an engine as prompt by continuations (recomputed unless still cached).
+    """
     try:
         resp = await client.get(url + "/metrics")
     except httpx.HTTPError:
         return {}
     out: dict[str, float] = {}
-    for key in ("preemptions", "resumes"):
+    for key in ("preemptions", "resumes", "resume_refed_tokens"):
         # a labelled counter shows no sample before its first increment
         if f"# TYPE fleetgate_{key}_total counter" in resp.text or (
             f"# TYPE fleetgate_{key} counter" in resp.text
@@ -308,7 +315,7 @@ async def _drive(
         if classes:
             extra["priority_header"] = "class names" if mapping is None else "integer levels"
             counters = await router_counters(client, url)
-            for key in ("preemptions", "resumes"):
+            for key in ("preemptions", "resumes", "resume_refed_tokens"):
                 if key in counters:
                     extra[key] = counters[key] - counters_before.get(key, 0.0)
             extra.update(await twin_mismatches(url, scenario, results, wall + 60.0, mapping))
