@@ -28,9 +28,11 @@ import asyncio
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -220,15 +222,20 @@ def run_infperf(
     tokenizer_path: Path,
     ratio: float,
     peers_root: Path | None,
+    source: Path | None = None,
 ) -> Figures:
-    """inference-perf against ``contender`` on a fresh fleet of ``scenario``."""
+    """inference-perf against ``contender`` on a fresh fleet of ``scenario``;
+    ``source`` as in :func:`fleetgate.bench.runner.run_one`."""
+    env = {"PYTHONPATH": str(source)} if source is not None else None
     plan = plan_for(scenario)
     fleet: runner.Fleet | None = None
     router: procs.Proc | None = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        fleet = runner.start_fleet(scenario, run_dir)
-        router, url = runner.start_contender(contender, fleet, run_dir, scenario, peers_root)
+        fleet = runner.start_fleet(scenario, run_dir, env=env)
+        router, url = runner.start_contender(
+            contender, fleet, run_dir, scenario, peers_root, env=env
+        )
         engines = fleet.engines
         before = asyncio.run(_scrape(engines))
         cpu0 = router.cpu()
@@ -262,10 +269,14 @@ async def _scrape(engines: list[tuple[str, str]]) -> list[Any]:
 
 
 def run_loadgen(
-    scenario: scenarios.Scenario, contender: cmod.Contender, run_dir: Path, peers_root: Path | None
+    scenario: scenarios.Scenario,
+    contender: cmod.Contender,
+    run_dir: Path,
+    peers_root: Path | None,
+    source: Path | None = None,
 ) -> Figures:
     """Our loadgen, exactly as ``fleetgate bench run`` runs it (``runner.run_one``)."""
-    rec = runner.run_one(scenario, contender, 0, run_dir, peers_root=peers_root)
+    rec = runner.run_one(scenario, contender, 0, run_dir, peers_root=peers_root, source=source)
     figs = loadgen_figures(rec, scenario.objective)
     ok = sum(1 for r in rec.results if r.ok)
     return dataclasses.replace(figs, prompt_tokens_mean=mean_prompt_tokens(rec.engines, ok))
@@ -285,6 +296,12 @@ def build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="local HF tokenizer dir")
     p.add_argument("--python312", default=None, help="interpreter for the inference-perf venv")
     p.add_argument("--peers-dir", type=Path, default=None, help="peer venvs root")
+    p.add_argument(
+        "--source",
+        type=Path,
+        default=None,
+        help="run the emulator and fleetgate router from this package copy (as bench run)",
+    )
     p.add_argument("--keep", type=Path, default=None, help="keep configs, logs, reports here")
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
 
@@ -312,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
         plan_for(sc)
     except ValueError as e:
         raise CliError(str(e)) from None
+    if args.source is not None and not (args.source / "fleetgate" / "__init__.py").exists():
+        raise CliError(f"--source {args.source}: no fleetgate package there")
     peers_root = args.peers_dir or default_root()
     print(f"bench: preparing {NAME} {VERSION} ...", file=sys.stderr, flush=True)
     try:
@@ -319,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     except PeerUnavailable as e:
         raise CliError(f"{NAME} unavailable: {e}") from None
     unavailable = prepare_peers(chosen, peers_root)
-    work = args.keep or Path(f"/tmp/fleetgate-infperf-{os.getpid()}")
+    work = args.keep or Path(tempfile.mkdtemp(prefix="fleetgate-infperf-"))
     try:
         tok = prepare_tokenizer(args.tokenizer, work / "tokenizer")
         ratio = calibrate_ratio(venv, tok)
@@ -335,11 +354,13 @@ def run(args: argparse.Namespace) -> int:
                 continue
             if not args.no_loadgen:
                 t0 = time.monotonic()
-                rows.append(run_loadgen(sc, c, work / f"{c.name}-loadgen", peers_root))
+                rows.append(run_loadgen(sc, c, work / f"{c.name}-loadgen", peers_root, args.source))
                 _progress(rows[-1], t0)
             t0 = time.monotonic()
             rows.append(
-                run_infperf(sc, c, work / f"{c.name}-infperf", venv, tok, ratio, peers_root)
+                run_infperf(
+                    sc, c, work / f"{c.name}-infperf", venv, tok, ratio, peers_root, args.source
+                )
             )
             _progress(rows[-1], t0)
     finally:
@@ -351,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {
+            "command": "fleetgate " + shlex.join(sys.argv[1:]),
             "scenario": {
                 "workload": sc.name,
                 "engines": sc.engines,

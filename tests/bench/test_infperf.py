@@ -7,6 +7,7 @@ config against inference-perf's own schema runs in its venv when installed
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
@@ -16,9 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
+from fleetgate.bench import cli as bench_cli
 from fleetgate.bench import infperf, infperf_run, scenarios
 from fleetgate.bench.stats import RequestResult
 from fleetgate.bench.summary import EngineWindow, RunRecord
+from fleetgate.cli import CliError
 from fleetgate.sim.core import tokenizer as simtok
 
 
@@ -293,6 +296,23 @@ def test_table_rows_have_the_header_width() -> None:
     widths = {line.count("|") for line in lines}
     assert len(widths) == 1, lines
     assert "0.212" in lines[2] and "pip said no" in lines[3]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["infperf", "chat-multiturn"], "only the shared-prefix"),
+        (["infperf", "--contenders", "nope"], "unknown contender"),
+        (["infperf", "--duration", "0"], "--duration"),
+        (["infperf", "--source", "/nonexistent"], "no fleetgate package"),
+    ],
+)
+def test_cli_refuses_bad_input_before_installing_anything(argv: list[str], message: str) -> None:
+    parser = argparse.ArgumentParser()
+    bench_cli.build_parser(parser)
+    args = parser.parse_args(argv)
+    with pytest.raises(CliError, match=message):
+        bench_cli.run(args)
 
 
 @pytest.mark.slow
