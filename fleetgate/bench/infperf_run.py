@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,16 +188,34 @@ def find_summary(report_dir: Path) -> Path:
     return hits[0]
 
 
+def start_offline(argv: Sequence[str], log: Path) -> procs.Proc:
+    """Like :func:`fleetgate.bench.procs.start` (own session, log file, cwd = the
+    log's directory) but with exactly :func:`offline_env`: procs.start would add
+    the parent's environment back (OTLP endpoints, tokens, PYTHONPATH)."""
+    with log.open("wb") as out:
+        try:
+            popen = subprocess.Popen(
+                list(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=offline_env(os.environ),
+                cwd=log.parent,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise procs.ProcessError(f"{NAME}: cannot start {argv[0]}: {e.strerror or e}") from None
+    return procs.Proc(NAME, popen, log)
+
+
 def run_tool(venv: Path, config: dict[str, Any], run_dir: Path, deadline_s: float) -> Path:
     """Run inference-perf once; the summary file's path. Killed (process group) at the deadline."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "inference-perf.yaml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    proc = procs.start(
-        NAME,
+    proc = start_offline(
         [str(venv / "bin" / NAME), "-c", str(cfg_path), "--log-level", "INFO"],
         run_dir / "inference-perf.log",
-        offline_env(os.environ),
     )
     try:
         proc.popen.wait(deadline_s)

@@ -337,3 +337,21 @@ def test_config_validates_against_inference_perf_schema(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     plan = infperf.plan_for(_scenario())
     assert done.stdout.split() == [str(plan.groups), str(plan.rate), "http://127.0.0.1:18080"]
+
+
+def test_tool_process_gets_only_the_offline_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    proc = infperf_run.start_offline(["env"], tmp_path / "env.log")
+    try:
+        assert proc.popen.wait(30) == 0
+    finally:
+        proc.stop()
+    lines = set((tmp_path / "env.log").read_text().splitlines())
+    assert "HF_HUB_OFFLINE=1" in lines and "TRANSFORMERS_OFFLINE=1" in lines
+    assert not any(
+        line.startswith(("OTEL_EXPORTER", "HTTPS_PROXY=", "PYTHONPATH=")) for line in lines
+    )
