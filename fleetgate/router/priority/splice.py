@@ -60,6 +60,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from json.encoder import encode_basestring
 from typing import Any
 
 from fleetgate.router.priority.continuation import Delivered, Kind, Mode
@@ -98,6 +99,16 @@ _COMPLETIONS_SHAPES = (
 def encode_json(obj: Any) -> str:
     """vLLM's compact JSON rendering."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _encode_scalar(value: Any) -> str:
+    """:func:`encode_json` of one value; strings and ints without ``json.dumps``'s set-up
+    (the identity prefix is built once per answer, also for one-token answers)."""
+    if type(value) is str:
+        return encode_basestring(value)
+    if type(value) is int:
+        return str(value)
+    return encode_json(value)
 
 
 def sse(obj: Any) -> bytes:
@@ -338,7 +349,7 @@ class StreamSplicer:
             self.created = obj.get("created")
             self.model = obj.get("model")
             ident, kind, created, model = map(
-                encode_json, (self.id, obj.get("object"), self.created, self.model)
+                _encode_scalar, (self.id, obj.get("object"), self.created, self.model)
             )
             head = f'data: {{"id":{ident},"object":{kind},"created":{created},"model":{model},'
             head += '"choices":['

@@ -300,3 +300,31 @@ def test_continuation_with_the_original_id_still_repairs_the_seam() -> None:
         json.loads(c[6:])["choices"][0]["text"] for c in up[4:] if c != DONE
     )
     assert b"The prefix cache is warm." not in out
+
+
+@pytest.mark.parametrize(
+    "ident",
+    [
+        {"id": 'cmpl-"quoted"\\é\u2028', "created": 1795975001, "model": "m/é"},
+        {"id": "cmpl-1", "created": 1795975001.5, "model": None},
+        {"id": "cmpl-2", "created": True, "model": "m"},
+    ],
+)
+def test_unusual_identities_same_bytes(
+    ident: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The identity prefix renders exactly as ``encode_json`` would (escapes, floats,
+    null, booleans), so the fast path still takes the plain events and changes nothing."""
+    chunks = [
+        c.replace(b'"id":"chatcmpl-8c344cdbd2924c4a"', b'"id":' + encode_json(ident["id"]).encode())
+        .replace(b'"created":1795975001', b'"created":' + encode_json(ident["created"]).encode())
+        .replace(b'"model":"m"', b'"model":' + encode_json(ident["model"]).encode())
+        for c in _vllm_chat(["a", "b", "c", "d"], [[1], [2], [3], [4]])
+    ]
+    fast, slow = _pair("chat", True, False)
+    counting = _CountingLoads()
+    monkeypatch.setattr(splice.json, "loads", counting)
+    _feed_both(fast, slow, chunks)
+    assert fast.finish() == slow.finish()
+    # slow: 6 events; fast: role, finish, usage -> 3 plain events skipped json.loads
+    assert counting.calls == 6 + 3
