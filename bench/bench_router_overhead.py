@@ -13,10 +13,18 @@ Targets (all bound to 127.0.0.1, all proxying the same engine):
 Figures per target: p50/p99 latency of 1-token non-streaming completions at
 concurrency 1 and the latency ADDED over direct; requests/s at ``--concurrency``
 keep-alive connections for ``--duration-s`` (bounded by a request cap); TTFT
-p50/p99 of 16-token streams and the TTFT added over direct. Then the ratios the
+p50/p99 of 16-token streams and the TTFT added over direct; the target
+process's CPU (utime + stime from /proc, 10 ms ticks) per 1-token request and
+per 16-token stream during those sequential phases: everything the process did
+meanwhile, its background scrapes and probes included (for direct: the
+engine's own CPU). Then the ratios the
 issue asks for: fleetgate added p50 / vllm-router added p50 (target <= 1.5) and
 fleetgate req/s / vllm-router req/s (target >= 0.6). ``--profile`` reruns the
 fleetgate throughput phase under cProfile and prints where its time goes.
+
+Before/after a change: ``PYTHONPATH=/tmp/old`` (a ``git archive`` of the older
+commit's ``fleetgate/``) runs the engine and fleetgate from that copy; run the
+two back to back, alternating, since figures drift by tens of percent.
 
 The client is a minimal raw-asyncio HTTP/1.1 keep-alive client (no httpx), so
 that client overhead stays well below the routers'. Everything shares 2 cores:
@@ -262,6 +270,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process, seconds (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def main_async(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="fg-bench-router-"))
     engine_port = free_port()
@@ -290,18 +305,23 @@ async def main_async(args: argparse.Namespace) -> int:
         lat: dict[str, list[float]] = {names[id(p)]: [] for p in usable}
         ttft: dict[str, list[float]] = {names[id(p)]: [] for p in usable}
         rps: dict[str, list[float]] = {names[id(p)]: [] for p in usable}
+        cpu: dict[str, list[float]] = {names[id(p)]: [0.0, 0.0] for p in usable}
         for p in usable:  # warm-up: connections, caches, JITs
             await latency(p.port, 50, ONE_TOKEN, False)
         for rnd in range(args.rounds):
             order = usable if rnd % 2 == 0 else list(reversed(usable))
             for p in order:
                 name = names[id(p)]
+                c0 = cpu_s(p.proc.pid)
                 lat[name] += await latency(p.port, args.requests, ONE_TOKEN, False)
+                c1 = cpu_s(p.proc.pid)
                 ttft[name] += await latency(p.port, args.stream_requests, STREAM_16, True)
+                cpu[name][0] += c1 - c0
+                cpu[name][1] += cpu_s(p.proc.pid) - c1
                 rps[name].append(
                     await throughput(p.port, args.concurrency, args.duration_s, args.cap)
                 )
-        report(lat, ttft, rps, args)
+        report(lat, ttft, rps, args, cpu)
         if args.profile:
             await profile_fleetgate(tmp, engine, args)
     finally:
@@ -320,6 +340,7 @@ def report(
     ttft: dict[str, list[float]],
     rps: dict[str, list[float]],
     args: argparse.Namespace,
+    cpu: dict[str, list[float]],
 ) -> None:
     base_p50, base_p99 = pct(lat["direct"], 0.5), pct(lat["direct"], 0.99)
     base_ttft = pct(ttft["direct"], 0.5)
@@ -329,17 +350,19 @@ def report(
         f"16-token streams: {len(ttft['direct'])} per target"
     )
     print(f"{'target':<14} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
-          f"{'req/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'+TTFT ms':>9}")  # fmt: skip
+          f"{'req/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'+TTFT ms':>9} "
+          f"{'CPU/req ms':>10} {'CPU/stream ms':>13}")  # fmt: skip
     rows = {}
     for name in lat:
         p50, p99 = pct(lat[name], 0.5), pct(lat[name], 0.99)
         t50, t99 = pct(ttft[name], 0.5), pct(ttft[name], 0.99)
         r = statistics.median(rps[name])
         rows[name] = (p50 - base_p50, r)
+        cpu_req, cpu_stream = cpu[name][0] / len(lat[name]), cpu[name][1] / len(ttft[name])
         print(
             f"{name:<14} {p50 * 1e3:8.3f} {p99 * 1e3:8.3f} {(p50 - base_p50) * 1e3:8.3f} "
             f"{(p99 - base_p99) * 1e3:8.3f} {r:8.0f} {t50 * 1e3:9.3f} {t99 * 1e3:9.3f} "
-            f"{(t50 - base_ttft) * 1e3:9.3f}"
+            f"{(t50 - base_ttft) * 1e3:9.3f} {cpu_req * 1e3:10.3f} {cpu_stream * 1e3:13.3f}"
         )
     if "fleetgate" in rows and "vllm-router" in rows:
         fg_add, fg_rps = rows["fleetgate"]
