@@ -116,6 +116,8 @@ class _Conn(asyncio.Protocol):
         self.error: UpstreamError | None = None
         self.paused = False
         self.keep_alive = False
+        self.eof_ends_body = False
+        """GET only: a body without Content-Length or chunked framing ends at EOF."""
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -136,6 +138,13 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self.complete and self.status and self.eof_ends_body and exc is None:
+            # a close-delimited body (HTTP/1.0 style) is complete at EOF
+            names = {k.lower() for k, _ in self.headers}
+            if not names & {b"content-length", b"transfer-encoding"}:
+                self.complete = True
+                self._wake()
+                return
         if not self.complete:
             err: UpstreamError = (
                 UpstreamBroken("upstream closed the connection mid-response")
@@ -333,7 +342,7 @@ class RawUpstream:
         payload = b"".join((b"GET ", path.encode(), b" HTTP/1.1\r\nhost: ", netloc, b"\r\n\r\n"))
         try:
             async with asyncio.timeout(within_s):
-                resp = await self._request(host, port, payload)
+                resp = await self._request(host, port, payload, eof_ends_body=True)
                 try:
                     return resp.status, await resp.read()
                 finally:
@@ -341,21 +350,26 @@ class RawUpstream:
         except TimeoutError:
             raise UpstreamTimeout(f"GET {url}: no complete answer in {within_s}s") from None
 
-    async def _request(self, host: str, port: int, payload: bytes) -> UpstreamResponse:
+    async def _request(
+        self, host: str, port: int, payload: bytes, *, eof_ends_body: bool = False
+    ) -> UpstreamResponse:
         idle = self._idle.get((host, port))
         while idle:
             conn = idle.pop()
             if conn.closed or conn.transport is None or conn.transport.is_closing():
                 continue
             try:
-                return await self._exchange(conn, payload)
+                return await self._exchange(conn, payload, eof_ends_body)
             except UpstreamConnectError:
                 continue  # a stale keep-alive connection: nothing was answered, try afresh
         conn = await self._connect(host, port)
-        return await self._exchange(conn, payload)
+        return await self._exchange(conn, payload, eof_ends_body)
 
-    async def _exchange(self, conn: _Conn, payload: bytes) -> UpstreamResponse:
+    async def _exchange(
+        self, conn: _Conn, payload: bytes, eof_ends_body: bool = False
+    ) -> UpstreamResponse:
         conn._reset()
+        conn.eof_ends_body = eof_ends_body
         conn.parser = httptools.HttpResponseParser(conn)
         head = conn.head = asyncio.get_running_loop().create_future()
         assert conn.transport is not None

@@ -25,7 +25,7 @@ from fleetgate.router.client import make_client
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.poller import Getter, Poller
 from fleetgate.router.state import Fleet
-from fleetgate.router.upstream import RawUpstream, UpstreamTimeout
+from fleetgate.router.upstream import RawUpstream, UpstreamBroken, UpstreamTimeout
 from fleetgate.sim import EngineSpec, run_fleet
 
 MODEL = "m"
@@ -170,3 +170,38 @@ async def test_raw_get_is_bounded_by_its_deadline() -> None:
         server.close()
         await server.wait_closed()
     assert 0.3 <= elapsed < 0.9
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        # HTTP/1.0 style: no Content-Length, the body ends when the server closes
+        (b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nvllm:num_requests_running 1\n", True),
+        # chunked framing cut before its last chunk: a broken body, not a short one
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n", False),
+        # Content-Length promised more than came
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort", False),
+    ],
+)
+async def test_raw_get_body_ends_as_http_says(answer: bytes, expected: bool) -> None:
+    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(once, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
+    raw = _raw()
+    try:
+        if expected:
+            status, body = await raw.get(url, 2.0)
+            assert status == 200 and body == answer.split(b"\r\n\r\n", 1)[1]
+            assert raw.idle_connections() == 0  # closed, never reused
+        else:
+            with pytest.raises(UpstreamBroken):
+                await raw.get(url, 2.0)
+    finally:
+        await raw.aclose()
+        server.close()
+        await server.wait_closed()
