@@ -153,6 +153,13 @@ def summary_lines(label: str, record: RunRecord, s: RunSummary, objective: float
         lines.append(
             f"answers equal to an unloaded replay: "
             f"{s.extra['twin_compared'] - s.extra['mismatches']} of {s.extra['twin_compared']}"
+            + (
+                f" (of them preempted and resumed: "
+                f"{s.extra['resumed_compared'] - s.extra['resumed_mismatches']} of "
+                f"{s.extra['resumed_compared']} equal)"
+                if "resumed_compared" in s.extra
+                else ""
+            )
         )
     return lines
 

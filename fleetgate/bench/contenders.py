@@ -248,6 +248,10 @@ def command(
             str(port),
             "--config",
             str(config_path),
+            # INFO logs each preemption with the client's x-request-id: the harness
+            # replays exactly the preempted requests to check their resumed output
+            "--log-level",
+            "info",
         ]
     if peers_root is None:
         raise ValueError(f"{contender.kind} needs the peers directory")

@@ -41,6 +41,11 @@ def require_loopback(url: str) -> None:
     raise ValueError(f"load generator only targets loopback addresses, not {url!r}")
 
 
+def request_id(session_id: str, turn: int) -> str:
+    """The ``x-request-id`` of one turn of one session."""
+    return f"{session_id}/{turn}"
+
+
 async def _one_turn(
     client: httpx.AsyncClient,
     url: str,
@@ -62,7 +67,12 @@ async def _one_turn(
         "temperature": 0,
         "ignore_eos": session.ignore_eos,
     }
-    headers = {"x-fleetgate-session": session.session_id}
+    # the router uses x-request-id as its request id (logs), so a preempted request
+    # can be traced back to its session and turn (runner.twin_mismatches)
+    headers = {
+        "x-fleetgate-session": session.session_id,
+        "x-request-id": request_id(session.session_id, turn_index),
+    }
     if session.priority_class:
         value = (
             session.priority_class

@@ -229,22 +229,42 @@ async def router_counters(client: httpx.AsyncClient, url: str) -> dict[str, floa
     return out
 
 
+_PREEMPT_LOG = re.compile(r"\bpreempt (\S+) for \S+:")
+
+
+def preempted_ids(router_log: str) -> set[str]:
+    """Request ids the fleetgate router logged as preempted (``admission.py``, INFO)."""
+    return set(_PREEMPT_LOG.findall(router_log))
+
+
 async def twin_mismatches(
     url: str,
     scenario: Scenario,
     results: list[RequestResult],
     timeout_s: float,
     priority_header: Callable[[str], str | None] | None,
+    preempted: set[str] | None = None,
 ) -> dict[str, Any]:
-    """Replay up to TWIN_SAMPLE completed single-turn requests unloaded; compare texts."""
+    """Replay completed single-turn requests unloaded and compare their texts.
+
+    Every request in ``preempted`` (ids as :func:`loadgen.request_id` makes them)
+    that completed is replayed, then up to :data:`TWIN_SAMPLE` others (batch first),
+    so ``resumed_mismatches`` covers every resumed answer the run produced.
+    """
     by_id = {s.session_id: s for s in scenario.sessions()}
     done = [
         r
         for r in results
         if r.ok and r.text is not None and r.turn == 0 and len(by_id[r.session_id].turns) == 1
     ]
-    done.sort(key=lambda r: (r.priority_class != "batch", r.sent_at))
-    sample = done[:TWIN_SAMPLE]
+    resumed = preempted or set()
+
+    def was_preempted(r: RequestResult) -> bool:
+        return loadgen.request_id(r.session_id, r.turn) in resumed
+
+    done.sort(key=lambda r: (not was_preempted(r), r.priority_class != "batch", r.sent_at))
+    n_resumed = sum(1 for r in done if was_preempted(r))
+    sample = done[: n_resumed + TWIN_SAMPLE]
     sessions = [dataclasses.replace(by_id[r.session_id], start_s=0.0) for r in sample]
     twins = await loadgen.run_sessions(
         url,
@@ -257,10 +277,17 @@ async def twin_mismatches(
     )
     twin_text = {r.session_id: r.text for r in twins if r.ok}
     compared = [r for r in sample if r.session_id in twin_text]
-    return {
+    out: dict[str, Any] = {
         "twin_compared": len(compared),
         "mismatches": sum(1 for r in compared if r.text != twin_text[r.session_id]),
     }
+    if preempted is not None:
+        comp_resumed = [r for r in compared if was_preempted(r)]
+        out["resumed_compared"] = len(comp_resumed)
+        out["resumed_mismatches"] = sum(
+            1 for r in comp_resumed if r.text != twin_text[r.session_id]
+        )
+    return out
 
 
 def _to_model_time(results: list[RequestResult], scale: float) -> None:
@@ -318,7 +345,12 @@ async def _drive(
             for key in ("preemptions", "resumes", "resume_refed_tokens"):
                 if key in counters:
                     extra[key] = counters[key] - counters_before.get(key, 0.0)
-            extra.update(await twin_mismatches(url, scenario, results, wall + 60.0, mapping))
+            preempted = None
+            if contender.kind == "fleetgate":
+                preempted = preempted_ids(router.log.read_text(errors="replace"))
+            extra.update(
+                await twin_mismatches(url, scenario, results, wall + 60.0, mapping, preempted)
+            )
     kinds: dict[str, int] = {}
     for r in results:
         if r.error is not None or r.status != 200:

@@ -35,3 +35,59 @@ async def test_declared_counter_without_samples_is_zero_and_absent_one_is_missin
     text = "# TYPE fleetgate_preemptions_total counter\n"
     assert await _counters(text) == {"preemptions": 0.0}
     assert await _counters("# a peer router's metrics\nsome_other_total 5\n") == {}
+
+
+def test_preempted_ids_come_from_the_routers_preemption_log_lines() -> None:
+    from fleetgate.bench.runner import preempted_ids
+
+    log = (
+        "2026-11-29 18:00:01,2 INFO fleetgate.router.priority: preempt batch-3/0 for crit-1/0: "
+        "waited 1.000s >= 1.000s; preempt batch-3/0 (batch, frees 400 KV tokens)\n"
+        "2026-11-29 18:00:01,3 INFO fleetgate.router.proxy: /v1/chat/completions model=m "
+        "status=200 endpoint=vllm-0 dur_ms=3.1\n"
+        "2026-11-29 18:00:02,0 INFO fleetgate.router.priority: preempt batch-9/0 for crit-2/0: x\n"
+    )
+    assert preempted_ids(log) == {"batch-3/0", "batch-9/0"}
+    assert preempted_ids("") == set()
+
+
+def test_fleetgate_contender_logs_at_info_so_preemptions_are_traceable() -> None:
+    from pathlib import Path
+
+    from fleetgate.bench import contenders as cmod
+
+    argv = cmod.command(
+        cmod.CONTENDERS["fleetgate"],
+        port=1,
+        metrics_port=2,
+        backends=[("vllm", "http://127.0.0.1:3")],
+        config_path=Path("/tmp/x.yaml"),
+    )
+    assert argv[argv.index("--log-level") + 1] == "info"
+
+
+async def test_twin_replay_covers_every_preempted_request_and_counts_its_mismatch() -> None:
+    """Twins replayed straight against an emulated engine (deterministic text)."""
+    from fleetgate.bench import loadgen, scenarios
+    from fleetgate.bench.runner import TWIN_SAMPLE, twin_mismatches
+    from fleetgate.sim import EngineSpec, run_fleet
+
+    sc = scenarios.make("priority-storm", engines=1, duration_s=3.0, time_scale=1.0, seed=4)
+    sessions = [s for s in sc.sessions() if len(s.turns) == 1]
+    assert len(sessions) > TWIN_SAMPLE + 3
+    async with run_fleet([EngineSpec(kind="vllm")], model=scenarios.MODEL) as fleet:
+        url = fleet.engines[0].url
+        # what an unloaded engine answers: the "run" whose outputs are checked
+        first = await loadgen.run_sessions(
+            url, scenarios.MODEL, [s for s in sessions], deadline_s=120, keep_text=True
+        )
+        assert all(r.ok for r in first), [r.error for r in first if not r.ok][:3]
+        # three late sessions were "preempted"; one of them came back with other text
+        late = sorted(first, key=lambda r: r.sent_at)[-3:]
+        late[0].text = (late[0].text or "") + " tampered"
+        preempted = {loadgen.request_id(r.session_id, 0) for r in late}
+        got = await twin_mismatches(url, sc, first, 120.0, None, preempted)
+    assert got["resumed_compared"] == 3
+    assert got["resumed_mismatches"] == 1
+    assert got["mismatches"] == 1
+    assert got["twin_compared"] == 3 + TWIN_SAMPLE
