@@ -32,18 +32,20 @@ Network rule: the config names only the router's loopback URL (checked), and
 the process runs with ``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``,
 ``HF_DATASETS_OFFLINE=1``, Hub telemetry off, OpenTelemetry tracing off (its
 default, set explicitly) and no proxy variables. The tokenizer is a local copy
-of ``~/.cache/fleetgate/models/tiny-llama`` (see :func:`prepare_tokenizer`).
+of ``~/.cache/fleetgate/models/tiny-llama``
+(:func:`fleetgate.bench.infperf_run.prepare_tokenizer`).
 
 Token counts differ between the two tools: inference-perf builds prompts from
 random ids of the tiny-llama tokenizer (a 2048-entry vocabulary, so the text
 is mostly digits and byte pieces) and counts with it; the emulator counts with
 its own tokenizer (``fleetgate/sim/core/tokenizer.py``: a digit costs one
-token). :func:`calibrate_ratio` measures emulator tokens per tiny-llama token on
-text made by inference-perf's own generator, and lengths are divided by it.
-The prompt tokens the emulator reported (``usage.prompt_tokens``) are printed
-so the match can be checked; inference-perf's ITL re-tokenizes each streamed
-chunk with tiny-llama (several tokens per chunk share one timestamp, giving
-zero gaps), so its TPOT, not its ITL, is the figure to compare with our ITL.
+token). :func:`fleetgate.bench.infperf_run.calibrate_ratio` measures emulator
+tokens per tiny-llama token on text made by inference-perf's own generator, and
+lengths are divided by it. The prompt tokens per request that the engines'
+/metrics counted are printed for both tools so the match can be checked.
+inference-perf's ITL re-tokenizes each streamed chunk with tiny-llama (several
+tokens per chunk share one timestamp, giving zero gaps), so its TPOT, not its
+ITL, is the figure to compare with our ITL.
 """
 
 from __future__ import annotations
