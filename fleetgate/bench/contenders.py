@@ -61,6 +61,9 @@ class Contender:
     """fleetgate: ``priority.preemption_enabled`` when the workload has classes."""
     picker: Literal["max-score", "round-robin"] | None = None
     """fleetgate ``scheduling.picker``; None = the router's default (max-score)."""
+    admission: bool = False
+    """fleetgate: the ``priority:`` section (admission queue) even when the workload
+    sends no classes (every request is ``standard``), as the Helm chart deploys it."""
 
 
 CONTENDERS: dict[str, Contender] = {
@@ -103,6 +106,12 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             preemption=False,
             description="default weights, priority classes on, preemption off",
+        ),
+        Contender(
+            "fleetgate-admission",
+            "fleetgate",
+            admission=True,
+            description="default weights with the admission queue on for every workload",
         ),
         Contender(
             "fleetgate-no-speed",
@@ -196,7 +205,7 @@ def fleetgate_config(
         "pools": [{"name": "default", "backends": pool_backends}],
         "scheduling": {"seed": seed},
     }
-    if priority_classes:
+    if priority_classes or contender.admission:
         priority: dict[str, Any] = {} if contender.preemption else {"preemption_enabled": False}
         if time_scale != 1.0:
             priority["classes"] = [_scaled_class(c, time_scale) for c in DEFAULT_CLASSES]

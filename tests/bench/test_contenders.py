@@ -65,7 +65,10 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     # Single-scorer ablations leave the engine-speed scorer off; default weights keep it.
     assert w.speed == (0.0 if c.weights is not None else 1.0)
     assert config.scheduling.picker == (c.picker or "max-score")
-    assert config.priority is None, "no classes unless the workload sends them"
+    if c.admission:
+        assert config.priority == {}, "the admission queue on for every workload"
+    else:
+        assert config.priority is None, "no classes unless the workload sends them"
     with_classes = parse_config(cmod.fleetgate_config(c, BACKENDS, 3, priority_classes=True))
     assert with_classes.priority == ({} if c.preemption else {"preemption_enabled": False})
 
@@ -146,4 +149,9 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         if c.kind == "fleetgate"
         and parse_config(cmod.fleetgate_config(c, BACKENDS, seed=0)).scheduling.weights.speed > 0
     }
-    assert with_speed == {"fleetgate", "fleetgate-round-robin", "fleetgate-no-preemption"}
+    assert with_speed == {
+        "fleetgate",
+        "fleetgate-round-robin",
+        "fleetgate-no-preemption",
+        "fleetgate-admission",
+    }
