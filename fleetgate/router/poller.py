@@ -12,12 +12,16 @@ in metrics and logged at most once per state change, never swallowed
 silently and never fatal to the loop.
 
 Cost: every GET goes through a :class:`Getter`. By default that is the shared
-httpx client (tests replace its transport); ``getter=`` takes the request
-path's :class:`~fleetgate.router.upstream.RawUpstream`, whose keep-alive GET
-costs ~0.15 ms of CPU per ``/metrics`` scrape and ~0.05 ms per ``/health``
-probe where httpx costs ~1.1 ms and ~0.7 ms (measured against the emulator's
-44 kB vLLM exposition). At the default 0.2 s scrape interval that is the
-router's idle CPU: ~24 ms per second for 4 engines over httpx, ~3 ms raw.
+httpx client (tests replace its transport). ``raw_gets=True`` gives the poller
+its own :class:`~fleetgate.router.upstream.RawUpstream` (keep-alive pools of
+its own, at most 2 idle connections per engine: one scrape loop, one health
+loop; the request path's pools are not shared, so its connection reuse is
+unchanged), closed by :meth:`Poller.stop`. Its GET costs ~0.15 ms of CPU per
+``/metrics`` scrape and ~0.05 ms per ``/health`` probe where httpx costs
+~1.1 ms and ~0.7 ms (measured against the emulator's 44 kB vLLM exposition).
+At the default 0.2 s scrape interval that is most of the router's idle CPU:
+~24 ms per second for 4 engines over httpx, ~3 ms raw. ``getter=`` takes any
+other :class:`Getter` (owned by the caller).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from fleetgate.engines.base import EngineError
 from fleetgate.router.config import RouterConfig
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.state import Endpoint, Fleet
-from fleetgate.router.upstream import UpstreamError
+from fleetgate.router.upstream import RawUpstream, UpstreamError
 
 log = logging.getLogger("fleetgate.router.poller")
 
@@ -85,9 +89,20 @@ class Poller:
         clock: Callable[[], float],
         *,
         getter: Getter | None = None,
+        raw_gets: bool = False,
     ) -> None:
         self.fleet = fleet
         self.client = client
+        self._owned: RawUpstream | None = None
+        if getter is None and raw_gets:
+            wait = max(config.scrape.timeout_s, config.health.timeout_s)
+            getter = self._owned = RawUpstream(
+                test_mode=config.effective_test_mode,
+                connect_timeout=config.timeouts.connect_s,
+                first_byte_timeout=wait,
+                idle_timeout=wait,
+                max_idle=2,
+            )
         self.getter: Getter = getter if getter is not None else HttpxGetter(client)
         self.config = config
         self.metrics = metrics
@@ -114,6 +129,8 @@ class Poller:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
+        if self._owned is not None:
+            await self._owned.aclose()
 
     async def refresh(self, e: Endpoint) -> None:
         await self.probe(e)

@@ -205,3 +205,29 @@ async def test_raw_get_body_ends_as_http_says(answer: bytes, expected: bool) -> 
         await raw.aclose()
         server.close()
         await server.wait_closed()
+
+
+async def test_raw_gets_poller_owns_and_closes_its_connections() -> None:
+    """``raw_gets=True``: the poller's own RawUpstream (not the request path's pools),
+    at most 2 kept-alive connections per engine while its loops run, none after stop()."""
+    specs = [EngineSpec(kind="vllm"), EngineSpec(kind="vllm")]
+    async with run_fleet(specs, "127.0.0.1", 0, model=MODEL, time_scale=0) as sim:
+        config = router_config([(e.kind, e.url) for e in sim.engines])
+        fleet = build_fleet(config)
+        metrics = RouterMetrics()
+        client = make_client(test_mode=True, max_connections=4, connect_timeout=1, read_timeout=1)
+        poller = Poller(fleet, client, config, metrics, time.monotonic, raw_gets=True)
+        assert isinstance(poller.getter, RawUpstream)
+        try:
+            await poller.start()
+            scraped_at = {e.id: e.snapshot.scraped_at for e in fleet if e.snapshot is not None}
+            assert len(scraped_at) == 2
+            await asyncio.sleep(0.3)  # scrape loops (0.05 s) and health loops (0.1 s) run
+            for e in fleet:
+                assert e.healthy and e.models == frozenset({MODEL})
+                assert e.snapshot is not None and e.snapshot.scraped_at > scraped_at[e.id]
+            assert 1 <= poller.getter.idle_connections() <= 4
+        finally:
+            await poller.stop()
+            await client.aclose()
+        assert poller.getter.idle_connections() == 0
