@@ -143,7 +143,7 @@ def build_router(
         clock=clock,
         rng=rng or random.Random(sched.seed),
     )
-    poller = Poller(fleet, client, config, metrics, clock)
+    poller = Poller(fleet, client, config, metrics, clock, raw_gets=transport is None)
     settings = parse_priority(config.priority)
     runtime: PriorityRuntime | None = None
     if settings is not None:

@@ -231,3 +231,24 @@ async def test_raw_gets_poller_owns_and_closes_its_connections() -> None:
             await poller.stop()
             await client.aclose()
         assert poller.getter.idle_connections() == 0
+
+
+def test_the_router_app_scrapes_with_raw_gets_unless_a_transport_is_injected() -> None:
+    """Production scrapes and probes take the cheap raw client; tests that mock httpx keep it."""
+    from fleetgate.router.app import build_router
+    from fleetgate.router.config import parse_config
+    from fleetgate.router.poller import HttpxGetter
+    from fleetgate.router.upstream import RawUpstream
+
+    raw = {
+        "test_mode": True,
+        "pools": [{"name": "p", "backends": [{"engine": "vllm", "url": "http://127.0.0.1:1"}]}],
+    }
+    app = build_router(parse_config(raw), start_background=False)
+    assert isinstance(app.state.poller.getter, RawUpstream)
+    mocked = build_router(
+        parse_config(raw),
+        transport=httpx.MockTransport(lambda r: httpx.Response(200)),
+        start_background=False,
+    )
+    assert isinstance(mocked.state.poller.getter, HttpxGetter)
