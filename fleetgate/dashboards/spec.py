@@ -177,6 +177,11 @@ ROUTING = DashboardSpec(
             (Query("fleetgate_endpoint_requests", "{{engine}} {{endpoint}}"),),
         ),
         PanelSpec(
+            "Decode seconds per token per endpoint (learned; engine-speed scorer)",
+            "s",
+            (Query("fleetgate_endpoint_decode_seconds_per_token", "{{engine}} {{endpoint}}"),),
+        ),
+        PanelSpec(
             "Scrape age per endpoint",
             "s",
             (Query("clamp_max(fleetgate_scrape_age_seconds, 3600)", "{{endpoint}}"),),

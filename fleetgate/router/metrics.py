@@ -223,9 +223,17 @@ class _FleetCollector(Collector):
             "Chain hashes the router's prefix index holds for the endpoint.",
             labels=ep,
         )
+        speed = GaugeMetricFamily(
+            "fleetgate_endpoint_decode_seconds_per_token",
+            "Decode seconds per output token the router learned from the engine's own "
+            "latency counters (the engine-speed scorer's input); absent while unknown.",
+            labels=ep,
+        )
         for e in self.fleet:
             lv = [e.id, e.engine]
             healthy.add_metric(lv, 1.0 if e.healthy else 0.0)
+            if e.speed.seconds_per_token is not None:
+                speed.add_metric(lv, e.speed.seconds_per_token)
             ejected.add_metric(lv, 1.0 if e.is_ejected(now) else 0.0)
             s = e.snapshot
             age.add_metric(lv, math.inf if s is None else max(0.0, now - s.scraped_at))
@@ -240,4 +248,4 @@ class _FleetCollector(Collector):
                 hits.add_metric(lv, s.prefix_hit_tokens)
             if s.prefix_query_tokens is not None:
                 queries.add_metric(lv, s.prefix_query_tokens)
-        yield from (healthy, ejected, age, kv, queued, hits, queries, index)
+        yield from (healthy, ejected, age, kv, queued, hits, queries, index, speed)

@@ -92,3 +92,10 @@ async def test_router_learns_speeds_and_routes_urgent_to_fast_batch_to_slow(clas
         assert served[-5] == ["vllm"] * 3, served
         text = (await c.get(url + "/metrics")).text
         assert 'decided_by="scorer:engine-speed"' in text
+        exported = {
+            line.split('engine="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("fleetgate_endpoint_decode_seconds_per_token{")
+        }
+        assert set(exported) == {"vllm", "trtllm"}, exported
+        assert exported["vllm"] > exported["trtllm"] > 0, exported
