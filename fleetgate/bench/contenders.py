@@ -20,6 +20,10 @@ fleetgate ablations are configuration variations of the same router
 * ``fleetgate-affinity-only`` prefix affinity only (with its load bound)
 * ``fleetgate-no-preemption`` default weights, priority classes on, preemption
   off (``priority.preemption_enabled: false``); only differs on class workloads
+* ``fleetgate-cold2``        ``scheduling.cold_choices: 2``: a prefix no engine holds
+  goes to the less loaded of its two rendezvous candidates (power of two choices)
+* ``fleetgate-admission``    the admission queue (``priority: {}``) on for every
+  workload, as the Helm chart deploys the router
 * ``fleetgate-no-speed``     default weights with the engine-speed scorer off; only
   differs on class workloads over engines of different speeds (mixed-engine)
 
@@ -61,6 +65,8 @@ class Contender:
     """fleetgate: ``priority.preemption_enabled`` when the workload has classes."""
     picker: Literal["max-score", "round-robin"] | None = None
     """fleetgate ``scheduling.picker``; None = the router's default (max-score)."""
+    cold_choices: int | None = None
+    """fleetgate ``scheduling.cold_choices``; None = the router's default (1)."""
     admission: bool = False
     """fleetgate: the ``priority:`` section (admission queue) even when the workload
     sends no classes (every request is ``standard``), as the Helm chart deploys it."""
@@ -106,6 +112,12 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             preemption=False,
             description="default weights, priority classes on, preemption off",
+        ),
+        Contender(
+            "fleetgate-cold2",
+            "fleetgate",
+            cold_choices=2,
+            description="default weights, a cold prefix to the less loaded of 2 rendezvous picks",
         ),
         Contender(
             "fleetgate-admission",
@@ -213,6 +225,8 @@ def fleetgate_config(
     if contender.weights is not None:
         prefix, load, kv = contender.weights
         config["scheduling"]["weights"] = {"prefix": prefix, "load": load, "kv": kv, "speed": 0.0}
+    if contender.cold_choices is not None:
+        config["scheduling"]["cold_choices"] = contender.cold_choices
     if contender.picker is not None:
         config["scheduling"]["picker"] = contender.picker
     return config

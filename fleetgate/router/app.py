@@ -105,6 +105,7 @@ def build_router(
         slack_requests=sched.slack_requests,
         queue_work=sched.queue_work,
         picker=sched.picker,
+        cold_choices=sched.cold_choices,
     )
     n = max(1, len(fleet.endpoints))
     client = make_client(

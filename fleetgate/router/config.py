@@ -101,6 +101,11 @@ class Scheduling(_Strict):
     """Used to estimate prompt tokens without a tokenizer."""
     index_capacity: int = Field(65536, ge=1)
     """Chain hashes remembered per endpoint (LRU)."""
+    cold_choices: int = Field(1, ge=1)
+    """Rendezvous candidates for a prefix no endpoint holds; the less loaded one wins
+    (power of d choices). 1 (default) = plain rendezvous, so router replicas that share
+    no state put a new prefix on the same engine; with a single replica 2 spreads cold
+    prefills better."""
     load_bound: float = Field(0.25, ge=0)
     """Spill when an affinity target's work exceeds ``(1 + load_bound) x`` the pool mean."""
     slack_requests: float = Field(2.0, ge=0)

@@ -65,6 +65,7 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     # Single-scorer ablations leave the engine-speed scorer off; default weights keep it.
     assert w.speed == (0.0 if c.weights is not None else 1.0)
     assert config.scheduling.picker == (c.picker or "max-score")
+    assert config.scheduling.cold_choices == (c.cold_choices or 1)
     if c.admission:
         assert config.priority == {}, "the admission queue on for every workload"
     else:
@@ -154,4 +155,5 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         "fleetgate-round-robin",
         "fleetgate-no-preemption",
         "fleetgate-admission",
+        "fleetgate-cold2",
     }

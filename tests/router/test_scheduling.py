@@ -316,8 +316,34 @@ def test_affinity_hit_beats_mild_load_difference() -> None:
 
 def test_cold_prefix_goes_to_rendezvous_target() -> None:
     eps = [view("a", rank=1), view("b", rank=0), view("c", rank=2)]
+    for seed in range(20):  # level loads: rendezvous order decides, never the dice
+        d = default_pipeline().schedule(req(), eps, random.Random(seed))
+        assert d.pick == EndpointId("b") and d.reason == "cold"
+
+
+def test_cold_prefix_takes_the_less_loaded_of_two_rendezvous_candidates() -> None:
+    # b is the rendezvous target but busier than a, the second candidate; c (third) is idle
+    eps = [view("a", rank=1, work=0.1), view("b", rank=0, work=0.3), view("c", rank=2)]
+    d = default_pipeline(cold_choices=2).schedule(req(), eps, random.Random(0))
+    assert d.pick == EndpointId("a") and d.reason == "cold"
+    assert d.decided_by == "scorer:load"
+    # d = 1 (the default) is plain rendezvous: b, though busier (within the load bound)
     d = default_pipeline().schedule(req(), eps, random.Random(0))
     assert d.pick == EndpointId("b") and d.reason == "cold"
+    # d = 3 lets the idle third candidate win
+    d = default_pipeline(cold_choices=3).schedule(req(), eps, random.Random(0))
+    assert d.pick == EndpointId("c") and d.reason == "cold"
+
+
+def test_cold_prefix_one_request_of_load_difference_overrides_rendezvous_order() -> None:
+    cap = 64  # one request on a 64-sequence engine (the default capacity)
+    eps = [view("first", rank=0, work=1 / cap), view("second", rank=1, work=0.0)]
+    d = default_pipeline(cold_choices=2).schedule(req(), eps, random.Random(0))
+    assert d.pick == EndpointId("second")
+    for seed in range(10):  # level loads with d = 2: still the rendezvous target
+        eps = [view("first", rank=0), view("second", rank=1)]
+        d = default_pipeline(cold_choices=2).schedule(req(), eps, random.Random(seed))
+        assert d.pick == EndpointId("first")
 
 
 def test_hot_prefix_spills_to_next_best() -> None:

@@ -17,10 +17,11 @@ one plugin that may hold state (the round-robin cursor); it is built per
 router app by :func:`default_pipeline`, so two apps never share a cursor.
 
 Reasons: ``affinity-hit`` (the pick holds the longest believed prefix),
-``cold`` (no endpoint holds any of it; the pick is the rendezvous target),
-``spill`` (the affinity or rendezvous target was passed over, normally for the
-load bound), ``fallback`` (the prompt is shorter than one chunk: load alone
-decided), ``single`` (one candidate).
+``cold`` (no endpoint holds any of it; the pick is one of the first
+``cold_choices`` rendezvous candidates), ``spill`` (the affinity target or
+every rendezvous candidate was passed over, normally for the load bound),
+``fallback`` (the prompt is shorter than one chunk: load alone decided),
+``single`` (one candidate).
 """
 
 from __future__ import annotations
@@ -117,12 +118,18 @@ class Pipeline:
         pick = by_id[winner.id]
         return Decision(
             ranking=tuple(s.id for s in ordered),
-            reason=_reason(request, pick, candidates),
+            reason=_reason(request, pick, candidates, self._cold_choices()),
             decided_by=decided_by,
             scored=tuple(ordered),
             filtered_out=tuple(removed),
             predicted_cached_chunks=pick.prefix_match,
         )
+
+    def _cold_choices(self) -> int:
+        for ws in self.scorers:
+            if isinstance(ws.scorer, PrefixAffinityScorer):
+                return ws.scorer.cold_choices
+        return 1
 
     def _lead(self, winner: ScoredEndpoint, runner_up: ScoredEndpoint) -> str:
         best_name, best_lead = "none", float("-inf")
@@ -142,7 +149,10 @@ def _clamp(value: float) -> float:
 
 
 def _reason(
-    request: RequestView, pick: EndpointView, candidates: Sequence[EndpointView]
+    request: RequestView,
+    pick: EndpointView,
+    candidates: Sequence[EndpointView],
+    cold_choices: int = 1,
 ) -> DecisionReason:
     if len(candidates) == 1:
         return "single"
@@ -151,8 +161,8 @@ def _reason(
     best = max(e.prefix_match for e in candidates)
     if best > 0:
         return "affinity-hit" if pick.prefix_match == best else "spill"
-    first = min(candidates, key=lambda e: e.rendezvous_rank)
-    return "cold" if pick.id == first.id else "spill"
+    first = sorted(candidates, key=lambda e: e.rendezvous_rank)[: max(1, cold_choices)]
+    return "cold" if any(pick.id == e.id for e in first) else "spill"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -180,6 +190,7 @@ def default_pipeline(
     queue_work: float = 1.0,
     context_margin: float = 0.5,
     picker: PickerName = "max-score",
+    cold_choices: int = 1,
 ) -> Pipeline:
     """The registered in-tree plugins, in order (one place to read them all).
 
@@ -195,7 +206,8 @@ def default_pipeline(
         ),
         scorers=(
             WeightedScorer(
-                PrefixAffinityScorer(load_bound, slack_requests, queue_work), weights.prefix
+                PrefixAffinityScorer(load_bound, slack_requests, queue_work, cold_choices),
+                weights.prefix,
             ),
             WeightedScorer(LoadScorer(), weights.load),
             WeightedScorer(KvHeadroomScorer(), weights.kv),

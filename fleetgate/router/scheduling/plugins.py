@@ -194,8 +194,13 @@ class PrefixAffinityScorer:
     """Longest believed prefix match scores high; a new prefix goes by rendezvous.
 
     * Some endpoint holds part of the prompt: score = matched / total chunks.
-    * None does: the first endpoint in rendezvous order (of the prompt's first
-      chunk) scores 1, so every router replica picks the same engine.
+    * None does (a cold prefix): the first ``cold_choices`` endpoints in
+      rendezvous order (of the prompt's first chunk) score 1, 0.99, ... and the
+      load and KV scorers choose between them: the power of d choices. With
+      d = 1 (default) this is plain rendezvous and router replicas that share
+      no state agree on the engine; d = 2 spreads cold prefills, the long ones,
+      over the less loaded of two engines instead of wherever the hash lands,
+      at the price of replicas sometimes disagreeing (a second copy).
     * Either way an endpoint over the load bound (or with a full batch while
       another engine has a free slot) scores 0: the request spills
       to the next best, which then holds the prefix too (the router records
@@ -208,6 +213,8 @@ class PrefixAffinityScorer:
     queue_work: float = 1.0
     """Affinity never sends a request to queue (work >= this) while another engine
     is below it: waiting behind a full batch costs more than a cache miss."""
+    cold_choices: int = 1
+    """Rendezvous candidates a cold prefix may go to (the load scorers pick among them)."""
     name: str = "prefix-affinity"
 
     def score(
@@ -229,10 +236,15 @@ class PrefixAffinityScorer:
                 for e in endpoints
             }
         scores = {e.id: 0.0 for e in endpoints}
+        chosen = 0
         for e in sorted(endpoints, key=lambda v: v.rendezvous_rank):
-            if ok[e.id]:
-                scores[e.id] = 1.0
+            if chosen >= self.cold_choices:
                 break
+            if ok[e.id]:
+                # 1, 0.99, ...: rendezvous order breaks ties (replicas agree when
+                # loads are level); about one request of load difference overrides it
+                scores[e.id] = 1.0 - 0.01 * chosen
+                chosen += 1
         return scores
 
 
