@@ -22,6 +22,8 @@ fleetgate ablations are configuration variations of the same router
   off (``priority.preemption_enabled: false``); only differs on class workloads
 * ``fleetgate-cold2``        ``scheduling.cold_choices: 2``: a prefix no engine holds
   goes to the less loaded of its two rendezvous candidates (power of two choices)
+* ``fleetgate-lb1``          ``scheduling.load_bound: 1.0``: prefix affinity spills
+  only above twice the pool's mean load (default 1.25x)
 * ``fleetgate-admission``    the admission queue (``priority: {}``) on for every
   workload, as the Helm chart deploys the router
 * ``fleetgate-no-speed``     default weights with the engine-speed scorer off; only
@@ -67,6 +69,8 @@ class Contender:
     """fleetgate ``scheduling.picker``; None = the router's default (max-score)."""
     cold_choices: int | None = None
     """fleetgate ``scheduling.cold_choices``; None = the router's default (1)."""
+    load_bound: float | None = None
+    """fleetgate ``scheduling.load_bound``; None = the router's default (0.25)."""
     admission: bool = False
     """fleetgate: the ``priority:`` section (admission queue) even when the workload
     sends no classes (every request is ``standard``), as the Helm chart deploys it."""
@@ -118,6 +122,12 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             cold_choices=2,
             description="default weights, a cold prefix to the less loaded of 2 rendezvous picks",
+        ),
+        Contender(
+            "fleetgate-lb1",
+            "fleetgate",
+            load_bound=1.0,
+            description="default weights, affinity spills only above 2x the mean load",
         ),
         Contender(
             "fleetgate-admission",
@@ -225,6 +235,8 @@ def fleetgate_config(
     if contender.weights is not None:
         prefix, load, kv = contender.weights
         config["scheduling"]["weights"] = {"prefix": prefix, "load": load, "kv": kv, "speed": 0.0}
+    if contender.load_bound is not None:
+        config["scheduling"]["load_bound"] = contender.load_bound
     if contender.cold_choices is not None:
         config["scheduling"]["cold_choices"] = contender.cold_choices
     if contender.picker is not None:

@@ -66,6 +66,7 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     assert w.speed == (0.0 if c.weights is not None else 1.0)
     assert config.scheduling.picker == (c.picker or "max-score")
     assert config.scheduling.cold_choices == (c.cold_choices or 1)
+    assert config.scheduling.load_bound == (0.25 if c.load_bound is None else c.load_bound)
     if c.admission:
         assert config.priority == {}, "the admission queue on for every workload"
     else:
@@ -156,4 +157,5 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         "fleetgate-no-preemption",
         "fleetgate-admission",
         "fleetgate-cold2",
+        "fleetgate-lb1",
     }
