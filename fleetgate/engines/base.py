@@ -176,6 +176,10 @@ class EngineAdapter(Protocol):
     returns_token_ids: bool
     """True when the engine returns generated token ids on request
     (vLLM's ``return_token_ids``), so a resume can continue from exact ids."""
+    continues_final_message: bool
+    """True when a chat request can end with a partial assistant message that the
+    engine continues instead of answering (vLLM ``continue_final_message: true`` with
+    ``add_generation_prompt: false``): the router's text-only chat resume needs it."""
 
     def parse_metrics(
         self, source: MetricsSource, body: bytes, now: float, previous: LoadSnapshot | None

@@ -493,6 +493,11 @@ class TrtllmAdapter:
     #: trtllm-serve documents no field that returns generated token ids
     #: (engines.md section 4), so resumes continue from text.
     returns_token_ids = False
+    #: engines.md documents no way to make trtllm-serve continue a partial assistant
+    #: message (vLLM's ``continue_final_message``): it would answer it as a new turn,
+    #: so a chat that must resume from text goes to an engine that can (see
+    #: ``fleetgate.router.admission``).
+    continues_final_message = False
 
     def parse_metrics(
         self, source: MetricsSource, body: bytes, now: float, previous: LoadSnapshot | None

@@ -214,6 +214,9 @@ class VllmAdapter:
     #: ``return_token_ids: true`` fills choice ``token_ids`` (fixtures
     #: completions_return_token_ids.json, completions_stream_return_token_ids.json).
     returns_token_ids = True
+    #: ``continue_final_message`` + ``add_generation_prompt: false`` on chat requests
+    #: (vLLM's chat-completion extra parameters).
+    continues_final_message = True
 
     # ---------------------------------------------------------------- metrics
     def parse_metrics(

@@ -213,6 +213,10 @@ class Job:
     queued: bool = False
     dispatched_once: bool = False
     failed: set[str] = dataclasses.field(default_factory=set)
+    chat: bool = False
+    needs_final_message: bool = False
+    """Parked chat answer without token ids: resume it where the engine continues a
+    partial assistant message (``EngineAdapter.continues_final_message``)."""
 
 
 class PriorityRuntime:
@@ -435,6 +439,11 @@ class PriorityRuntime:
         if job.failed:
             kept = [e for e in out if e.id not in job.failed]
             out = kept or out
+        if job.needs_final_message and job.parked_at is not None:
+            # elsewhere the partial assistant message would be answered as a new turn;
+            # with no such engine in the pool, resume anyway (documented risk)
+            able = [e for e in out if e.adapter.continues_final_message]
+            out = able or out
         return out
 
     def views(self, job: Job, now: float) -> list[EndpointView]:
@@ -507,6 +516,9 @@ class PriorityRuntime:
         return e
 
     def _victims(self) -> list[VictimView]:
+        # A chat answer streaming from an engine that returns no token ids could only
+        # resume from text (``chat-assistant-prefix``), whose seam is not exact: it is
+        # never chosen as a victim (an engine failure still resumes it that way).
         return [
             VictimView(
                 request_id=j.request_id,
@@ -517,7 +529,10 @@ class PriorityRuntime:
                 generated_tokens=j.generated,
                 preemptions=j.preemptions,
                 started_at=j.started_at,
-                resumable=j.resumable and not j.preempt_pending and j.holding is not None,
+                resumable=j.resumable
+                and not j.preempt_pending
+                and j.holding is not None
+                and (not j.chat or j.holding.adapter.returns_token_ids),
             )
             for j in self.running.values()
         ]

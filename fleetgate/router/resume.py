@@ -135,6 +135,7 @@ class PriorityPath:
             order=order,
             kv_tokens=r.kv_tokens,
             resumable=resumable,
+            chat=kind == "chat",
         )
         splicer = None
         if resumable:
@@ -241,6 +242,7 @@ class PriorityPath:
                 return
             ans.tokens_at_park = ans.splicer.tokens if ans.splicer else 0
             s.metrics.child(rt.metrics.refed, job.model, job.cls.name).inc(ans.tokens_at_park)
+            job.needs_final_message = _needs_final_message(ans)
             rt.park(job, cause)
 
     async def _segment(self, ans: _Answer, send: _Tracked, e: Endpoint) -> str:
@@ -467,3 +469,17 @@ async def _wait_disconnect(receive: Receive) -> None:
         msg = await receive()
         if msg["type"] == "http.disconnect":
             return
+
+
+def _needs_final_message(ans: _Answer) -> bool:
+    """A chat answer that can only resume from text (no token ids to continue from).
+
+    Its continuation is ``chat-assistant-prefix``, which only an engine that
+    continues a partial assistant message resumes exactly
+    (``EngineAdapter.continues_final_message``).
+    """
+    sp = ans.splicer
+    if ans.kind != "chat" or sp is None or sp.tokens == 0:
+        return False
+    d = sp.delivered()
+    return d.token_ids is None or d.prompt_token_ids is None

@@ -92,6 +92,7 @@ class ToyAdapter:
     metrics_sources = (MetricsSource("load", "/load", "json"),)
     accepts_token_ids_prompt = False
     returns_token_ids = False
+    continues_final_message = False
 
     def parse_metrics(self, source, body, now, previous):
         return LoadSnapshot(scraped_at=now, running=int(body), source=source.name)

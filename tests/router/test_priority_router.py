@@ -545,3 +545,57 @@ def test_saturation_counts_a_victims_freed_kv_before_the_next_scrape() -> None:
                            block_size=16, blocks_total=100, blocks_free=50))  # fmt: skip
     (view,) = rt.views(newcomer, now)
     assert view.kv_usage == pytest.approx(0.5), "a new scrape replaces the estimate"
+
+
+def test_chat_on_an_engine_without_token_ids_is_never_a_victim_and_resumes_where_it_can() -> None:
+    """TRT returns no token ids: its chat answers would resume from text (inexact seam)."""
+    from fleetgate.router.admission import Job
+    from fleetgate.router.priority.config import PriorityConfig
+    from fleetgate.router.scheduling.types import RequestView
+
+    cfg = router_config(
+        [("vllm", "http://127.0.0.1:18011"), ("trtllm", "http://127.0.0.1:18012")],
+        capacity=8,
+        priority={},
+    )
+    app = build_router(cfg, transport=httpx.MockTransport(_sse_answer), start_background=False)
+    services = app.state.router
+    rt = services.priority.rt
+    vllm, trt = list(services.fleet)
+    for e in (vllm, trt):
+        e.healthy, e.models = True, frozenset({MODEL})
+    now = services.clock()
+
+    def job(rid: str, *, chat: bool) -> Job:
+        return Job(
+            request_id=rid,
+            cls=PriorityConfig().get("batch"),
+            tenant="t",
+            model=MODEL,
+            arrival=now,
+            view=RequestView(model=MODEL, chunks=1, prompt_tokens=50, max_tokens=50),
+            chain=(),
+            order=[],
+            kv_tokens=100,
+            resumable=True,
+            chat=chat,
+        )
+
+    placed = {
+        ("chat", "vllm"): (job("c-v", chat=True), vllm),
+        ("chat", "trtllm"): (job("c-t", chat=True), trt),
+        ("completions", "trtllm"): (job("p-t", chat=False), trt),
+    }
+    for j, e in placed.values():
+        rt._reserve(j, e.id)
+        rt.running[j.request_id] = j
+    victims = {v.request_id: v.resumable for v in rt._victims()}
+    assert victims == {"c-v": True, "c-t": False, "p-t": True}
+
+    # a parked text-only chat answer (its engine died) resumes where the partial
+    # assistant message is continued: vLLM, not TensorRT-LLM
+    parked = job("dead", chat=True)
+    parked.needs_final_message, parked.parked_at = True, now
+    assert [e.id for e in rt.eligible(parked, now)] == [vllm.id]
+    parked.needs_final_message = False
+    assert [e.id for e in rt.eligible(parked, now)] == [vllm.id, trt.id]

@@ -39,7 +39,13 @@ Continuation modes (:func:`build_continuation`), chosen in this order:
 ``chat-assistant-prefix``
     Chat fallback: the original messages plus an assistant message holding the
     delivered text, with vLLM's ``continue_final_message: true,
-    add_generation_prompt: false``. Also re-tokenizes the seam.
+    add_generation_prompt: false``. Also re-tokenizes the seam. Only engines
+    with ``EngineAdapter.continues_final_message`` (vLLM) honour it, so the
+    router never preempts a chat answer that would need this mode (one
+    streaming from an engine that returns no token ids, i.e. TensorRT-LLM) and
+    sends such an answer, when its engine died, to an engine that continues it.
+    fleetgate's emulator ignores ``continue_final_message`` (a fidelity gap,
+    docs/emulator-fidelity.md), so there this mode is not exact either.
 
 In every mode ``max_tokens`` (and ``max_completion_tokens``, ``min_tokens``)
 shrink by the tokens already delivered. Requests that cannot be spliced
