@@ -61,7 +61,7 @@ from fleetgate.bench.infperf import (
     table,
     tokenizer_config_for_counting,
 )
-from fleetgate.bench.peers import PeerUnavailable, default_root
+from fleetgate.bench.peers import PeerUnavailable, default_root, install_venv
 from fleetgate.bench.summary import hit_rate
 from fleetgate.cli import CliError
 
@@ -98,23 +98,7 @@ def ensure(root: Path | None = None, python: str | None = None, timeout_s: float
     if entry_point(root).exists():
         return venv
     root.mkdir(parents=True, exist_ok=True)
-    spec = f"{NAME}=={VERSION}"
-    steps = [
-        [find_python312(python), "-m", "venv", str(venv)],
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", spec],
-    ]
-    for argv in steps:
-        try:
-            done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=timeout_s, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise PeerUnavailable(f"{spec}: {' '.join(argv[:4])}: {e}") from None
-        if done.returncode != 0:
-            last = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-            raise PeerUnavailable(f"{spec}: exit {done.returncode}: {last}")
-    if not entry_point(root).exists():
-        raise PeerUnavailable(f"{spec}: installed but {entry_point(root)} is missing")
+    install_venv(find_python312(python), venv, f"{NAME}=={VERSION}", entry_point(root), timeout_s)
     return venv
 
 

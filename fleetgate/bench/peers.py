@@ -41,9 +41,19 @@ def ensure(kind: str, root: Path | None = None, timeout_s: float = 900.0) -> Pat
     if entry_point(kind, root).exists():
         return venv
     root.mkdir(parents=True, exist_ok=True)
-    spec = f"{kind}=={PEER_VERSIONS[kind]}"
+    install_venv(
+        sys.executable, venv, f"{kind}=={PEER_VERSIONS[kind]}", entry_point(kind, root), timeout_s
+    )
+    return venv
+
+
+def install_venv(python: str, venv: Path, spec: str, entry: Path, timeout_s: float) -> None:
+    """Create ``venv`` with ``python``, pip-install ``spec``; ``entry`` must exist after.
+
+    Raises :class:`PeerUnavailable` with the tool's last lines on any failure.
+    """
     steps = [
-        [sys.executable, "-m", "venv", str(venv)],
+        [python, "-m", "venv", str(venv)],
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", spec],
     ]
     for argv in steps:
@@ -56,6 +66,5 @@ def ensure(kind: str, root: Path | None = None, timeout_s: float = 900.0) -> Pat
         if done.returncode != 0:
             last = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
             raise PeerUnavailable(f"{spec}: exit {done.returncode}: {last}")
-    if not entry_point(kind, root).exists():
-        raise PeerUnavailable(f"{spec}: installed but {entry_point(kind, root)} is missing")
-    return venv
+    if not entry.exists():
+        raise PeerUnavailable(f"{spec}: installed but {entry} is missing")
