@@ -349,7 +349,9 @@ async def test_killed_engine_is_ejected_and_requests_retry() -> None:
             )
             victim = doomed.engines[0].url
             # Slow scrapes and probes: only the request path can notice the death here.
-            slow = {"scrape": {"interval_s": 60.0}, "health": {"interval_s": 60.0}}
+            # A long ejection, so a slow (shared CI) machine cannot outlive it before the check.
+            health = {"interval_s": 60.0, "eject_base_s": 60.0}
+            slow = {"scrape": {"interval_s": 60.0}, "health": health}
             backends = [("vllm", victim), ("vllm", stays.engines[0].url)]
             app = build_router(router_config(backends, **slow))
             url = await stack.enter_async_context(serve(app))
