@@ -226,7 +226,13 @@ async def test_raw_gets_poller_owns_and_closes_its_connections() -> None:
             for e in fleet:
                 assert e.healthy and e.models == frozenset({MODEL})
                 assert e.snapshot is not None and e.snapshot.scraped_at > scraped_at[e.id]
-            assert 1 <= poller.getter.idle_connections() <= 4
+            # Sampled: at any one instant every kept connection may be mid-GET (0 idle),
+            # which a loaded machine hits; over 100 samples some must be idle, none above 4.
+            idle = []
+            for _ in range(100):
+                idle.append(poller.getter.idle_connections())
+                await asyncio.sleep(0.01)
+            assert 1 <= max(idle) <= 4, idle
         finally:
             await poller.stop()
             await client.aclose()
