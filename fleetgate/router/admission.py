@@ -54,6 +54,7 @@ from fleetgate.router.priority.preemption import InFlight as VictimView
 from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
 from fleetgate.router.priority.saturation import EndpointView, pool_saturation
 from fleetgate.router.scheduling.pipeline import NoEndpointError
+from fleetgate.router.scheduling.plugins import uncached_tokens
 from fleetgate.router.scheduling.types import EndpointId, RequestView
 from fleetgate.router.state import Endpoint
 
@@ -201,6 +202,9 @@ class Job:
     waiter: asyncio.Future[Endpoint | Shed[Job]] | None = None
     holding: Endpoint | None = None
     """The endpoint reserved for this job and not yet released."""
+    prefill: int = 0
+    """Uncached prompt tokens counted in ``holding``'s prefill backlog until the
+    segment's first token (``PriorityRuntime.prefilled``)."""
     segment: asyncio.Task[str] | None = None
     sending: bool = False
     preempt_pending: bool = False
@@ -327,7 +331,15 @@ class PriorityRuntime:
         self.running.pop(job.request_id, None)
         self.kick()
 
+    def prefilled(self, job: Job) -> None:
+        """The job's current segment produced its first token (or ended): its prompt
+        no longer counts in its endpoint's prefill backlog. Idempotent."""
+        if job.prefill and job.holding is not None:
+            job.holding.prefilled(job.prefill)
+        job.prefill = 0
+
     def release(self, job: Job) -> None:
+        self.prefilled(job)
         e = job.holding
         if e is not None:
             job.holding = None
@@ -511,7 +523,9 @@ class PriorityRuntime:
     def _reserve(self, job: Job, eid: str) -> Endpoint:
         e = self.s.fleet.endpoints[EndpointId(eid)]
         self.release(job)
-        e.dispatch(job.kv_tokens)
+        matched = self.s.fleet.index.match(e.id, job.chain) if job.chain else 0
+        job.prefill = uncached_tokens(job.view, matched)
+        e.dispatch(job.kv_tokens, job.prefill)
         job.holding = e
         return e
 

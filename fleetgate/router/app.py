@@ -106,6 +106,8 @@ def build_router(
         queue_work=sched.queue_work,
         picker=sched.picker,
         cold_choices=sched.cold_choices,
+        prefill_slack=sched.prefill_slack,
+        prefill_slack_tokens=sched.prefill_slack_tokens,
     )
     n = max(1, len(fleet.endpoints))
     client = make_client(

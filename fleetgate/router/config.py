@@ -110,6 +110,12 @@ class Scheduling(_Strict):
     """Spill when an affinity target's work exceeds ``(1 + load_bound) x`` the pool mean."""
     slack_requests: float = Field(2.0, ge=0)
     queue_work: float = Field(1.0, gt=0)
+    prefill_slack: float | None = Field(0.25, ge=0)
+    """Prefill-cost rule: affinity (or a rendezvous place) is kept only where the prompt
+    tokens to prefill before this request's first token (the router's own backlog there
+    plus this prompt's uncached part) are at most ``(1 + prefill_slack) x`` the cheapest
+    endpoint's plus ``prefill_slack_tokens``. ``null`` turns the rule off."""
+    prefill_slack_tokens: int = Field(512, ge=0)
     default_capacity: int = Field(64, ge=1)
     """Concurrent sequences assumed when neither metrics nor the backend say."""
     default_max_tokens: int = Field(256, ge=1)

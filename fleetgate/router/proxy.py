@@ -44,6 +44,7 @@ from fleetgate.router.errors import send_bytes, send_error
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.scheduling.load import kv_tokens_needed
 from fleetgate.router.scheduling.pipeline import NoEndpointError, Pipeline
+from fleetgate.router.scheduling.plugins import uncached_tokens
 from fleetgate.router.scheduling.prefix import (
     chunk_chain,
     first_chunk_key,
@@ -140,6 +141,9 @@ class _Req:
     chain: tuple[int, ...] = ()
     view: RequestView = _NO_VIEW
     kv_tokens: int = 0
+    prefill: int = 0
+    """Uncached prompt tokens of the current attempt still counted as its engine's
+    prefill backlog (``Endpoint.prefilling``); 0 once the first chunk arrived."""
     request_id: str = ""
     endpoint: str = "none"
     engine: str = "none"
@@ -361,7 +365,8 @@ class ProxyEndpoint:
             r.endpoint, r.engine = e.id, e.engine
             item.endpoint = e.id
             predicted = s.fleet.index.match(e.id, r.chain) if r.chain else 0
-            e.dispatch(r.kv_tokens)
+            r.prefill = uncached_tokens(r.view, predicted)
+            e.dispatch(r.kv_tokens, r.prefill)
             gauge = s.metrics.child(s.metrics.in_flight, e.id, e.engine)
             gauge.inc()
             try:
@@ -377,6 +382,7 @@ class ProxyEndpoint:
                     break
             finally:
                 gauge.dec()
+                self._prefilled(r, e)
                 e.finish(r.kv_tokens)
         if last is not None and last.response is not None:
             status, ctype, headers, body = last.response
@@ -391,6 +397,13 @@ class ProxyEndpoint:
                 f"no endpoint could serve the request ({cause})",
                 retry_after=s.config.limits.retry_after_s,
             )
+
+    @staticmethod
+    def _prefilled(r: _Req, e: Endpoint) -> None:
+        """The attempt's prefill is over (first chunk sent, or the attempt ended): once."""
+        if r.prefill:
+            e.prefilled(r.prefill)
+            r.prefill = 0
 
     def _body_for(self, r: _Req, e: Endpoint) -> bytes:
         if r.priority == 0 and _PRIORITY_HEADER not in dict(r.headers):
@@ -472,6 +485,7 @@ class ProxyEndpoint:
             raise _Fail("stream_broken", retry=True) from None
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
+        self._prefilled(r, e)
         t = s.clock()
         s.metrics.child(s.metrics.ttft, r.model, e.engine, _NO_CLASS).observe(t - r.arrival)
         itl = s.metrics.child(s.metrics.itl, r.model, e.engine, _NO_CLASS)

@@ -402,6 +402,8 @@ class PriorityPath:
 
     def _first_token(self, ans: _Answer) -> None:
         job, s = ans.job, self.s
+        if job.prefill:
+            self.rt.prefilled(job)
         now = s.clock()
         if job.parked_at is not None:
             s.metrics.child(self.rt.metrics.resume_latency, job.model, job.cls.name).observe(

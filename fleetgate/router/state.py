@@ -65,10 +65,19 @@ class Endpoint:
     counts: RouterCounts = dataclasses.field(default_factory=RouterCounts)
     speed: DecodeSpeed = dataclasses.field(default_factory=DecodeSpeed)
     """Decode seconds per output token, smoothed over scrapes (``scheduling.speed``)."""
+    prefilling: int = 0
+    """Uncached prompt tokens of this router's requests here that have no first token
+    yet: the prefill backlog ahead of a new request (``EndpointView.pending_prefill_tokens``)."""
 
     # ---------------------------------------------------------------- traffic
 
-    def dispatch(self, kv_tokens: int) -> None:
+    def dispatch(self, kv_tokens: int, prefill_tokens: int = 0) -> None:
+        """A request was sent here; ``prefill_tokens`` of its prompt are (believed) uncached.
+
+        The caller calls :meth:`prefilled` with the same figure exactly once: at the
+        request's first token, or when it ends without one.
+        """
+        self.prefilling += max(0, prefill_tokens)
         c = self.counts
         self.counts = dataclasses.replace(
             c,
@@ -76,6 +85,10 @@ class Endpoint:
             dispatched_since_scrape=c.dispatched_since_scrape + 1,
             dispatched_tokens_since_scrape=c.dispatched_tokens_since_scrape + kv_tokens,
         )
+
+    def prefilled(self, prefill_tokens: int) -> None:
+        """A request's prefill is over (first token seen, or the request ended)."""
+        self.prefilling = max(0, self.prefilling - max(0, prefill_tokens))
 
     def finish(self, kv_tokens: int, held_tokens: int | None = None) -> None:
         """A request dispatched with ``kv_tokens`` ended, holding ``held_tokens`` of KV."""
@@ -183,6 +196,7 @@ class Fleet:
                     prefix_match=self.index.match(e.id, chain) if chain else 0,
                     rendezvous_rank=rank.get(e.id, len(rank)),
                     decode_s_per_token=e.speed.seconds_per_token,
+                    pending_prefill_tokens=e.prefilling,
                 )
             )
         return out

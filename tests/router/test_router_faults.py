@@ -355,3 +355,71 @@ def test_metrics_source_with_its_own_port() -> None:
     assert metrics_url("http://127.0.0.1:8000", None) == "http://127.0.0.1:8000"
     assert metrics_url("http://127.0.0.1:8000", 8002) == "http://127.0.0.1:8002"
     assert metrics_url("http://[::1]:8000", 8002) == "http://[::1]:8002"
+
+
+class GatedStream(httpx.AsyncByteStream):
+    """An SSE answer whose first token and the rest wait for the test's go-ahead."""
+
+    def __init__(self) -> None:
+        self.first, self.rest = asyncio.Event(), asyncio.Event()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        await self.first.wait()
+        for i, text in enumerate(("a", "b")):
+            if i:
+                await self.rest.wait()
+            choice = {"index": 0, "text": text, "finish_reason": "length" if i else None}
+            doc = {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [choice]}
+            yield b"data: " + json.dumps(doc).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("priority", [None, {}], ids=["plain", "priority-classes"])
+async def test_prefill_backlog_counts_until_the_first_token(priority: Any) -> None:
+    """``Endpoint.prefilling`` (the prefill-cost rule's backlog) holds a request's uncached
+    prompt from dispatch to its first token, on the plain and the priority path."""
+    stream = GatedStream()
+    sse = {"content-type": "text/event-stream"}
+    cfg = {"priority": priority} if priority is not None else {}
+    rig = Rig({A: lambda r: httpx.Response(200, headers=sse, stream=stream)}, **cfg)
+    prompt = "word " * 400  # 2000 bytes: ~500 tokens at 4 bytes per token, all uncached
+    body = {"model": "m", "prompt": prompt, "max_tokens": 2, "stream": True}
+    a = rig.endpoint(A)
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
+        task = asyncio.create_task(post(c, url, body))
+        for _ in range(200):
+            if a.prefilling:
+                break
+            await asyncio.sleep(0.01)
+        assert a.prefilling == 500
+        stream.first.set()
+        for _ in range(200):  # first token relayed; the answer is still streaming
+            if not a.prefilling:
+                break
+            await asyncio.sleep(0.01)
+        assert a.prefilling == 0 and a.counts.in_flight == 1
+        stream.rest.set()
+        resp = await task
+        assert resp.status_code == 200 and resp.text.endswith("data: [DONE]\n\n")
+        assert a.prefilling == 0 and a.counts.in_flight == 0
+        # A second request of the same prompt is believed cached: no backlog while it waits.
+        stream2 = GatedStream()
+        rig.handlers[A] = lambda r: httpx.Response(200, headers=sse, stream=stream2)
+        task = asyncio.create_task(post(c, url, body))
+        for _ in range(200):
+            if a.counts.in_flight:
+                break
+            await asyncio.sleep(0.01)
+        assert a.counts.in_flight == 1 and a.prefilling < 10  # only the last partial chunk
+        stream2.first.set()
+        stream2.rest.set()
+        assert (await task).status_code == 200
+        assert a.prefilling == 0
+
+
+async def test_prefill_backlog_is_released_when_the_attempt_fails() -> None:
+    rig = Rig({A: lambda r: httpx.Response(500, json={"error": "x"}), B: refuse})
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
+        resp = await post(c, url, {"model": "m", "prompt": "word " * 400, "max_tokens": 2})
+        assert resp.status_code == 500
+    assert rig.endpoint(A).prefilling == 0 and rig.endpoint(B).prefilling == 0

@@ -5,7 +5,9 @@ We test these aspects:
 * prefix rendering covers every chat message and role; chain hashes are stable;
 * the prefix index is bounded and LRU; rendezvous order is replica-independent;
 * filters, scorers in [0, 1], picker tie-break seeded; the decision names its plugin;
-* bounded-load spill spreads a hot prefix; a saturated engine is avoided.
+* bounded-load spill spreads a hot prefix; a saturated engine is avoided;
+* prefill cost: a warm engine keeps affinity unless its prefill backlog exceeds recomputing
+  the prompt elsewhere (plus slack); a cold prefix skips a rendezvous target with a backlog.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from fleetgate.router.scheduling.plugins import (
     LoadScorer,
     MaxScorePicker,
     PrefixAffinityScorer,
+    prefill_cost,
+    uncached_tokens,
 )
 from fleetgate.router.scheduling.prefix import (
     PrefixIndex,
@@ -97,6 +101,7 @@ def view(
     free: int | None = None,
     total: int | None = None,
     engine: str = "vllm",
+    backlog: int = 0,
 ) -> EndpointView:
     return EndpointView(
         id=EndpointId(name),
@@ -108,6 +113,7 @@ def view(
         max_model_len=max_len,
         prefix_match=match,
         rendezvous_rank=rank,
+        pending_prefill_tokens=backlog,
     )
 
 
@@ -387,3 +393,66 @@ def test_flooding_one_hot_prefix_spreads_load() -> None:
     assert "spill" in reasons and "affinity-hit" in reasons
     assert max(work.values()) - min(work.values()) <= 3 / 8  # spread, not one hot engine
     assert all(idx.match(EndpointId(n), chain) == len(chain) for n in names)
+
+
+# ------------------------------------------------------------------ prefill cost
+
+
+DOC = dict(chunks=100, prompt_tokens=3000)  # a 3000-token document prompt
+
+
+def test_uncached_tokens_and_prefill_cost() -> None:
+    r = req(**DOC)
+    assert uncached_tokens(r, 0) == 3000 and uncached_tokens(r, 97) == 90
+    assert uncached_tokens(r, 100) == 0 and uncached_tokens(r, 500) == 0
+    assert uncached_tokens(req(chunks=0, prompt_tokens=7), 0) == 7
+    assert prefill_cost(r, view("w", match=97, backlog=1000)) == 1090
+
+
+@pytest.mark.parametrize(
+    ("backlog", "pick", "reason"),
+    [
+        (0, "warm", "affinity-hit"),
+        # 3090 tokens ahead vs recomputing 3000 on an idle engine: within the slack
+        (3000, "warm", "affinity-hit"),
+        # limit = 1.25 x 3000 + 512 = 4262 tokens: just under keeps it, just over spills
+        (4172, "warm", "affinity-hit"),
+        (4173, "cold", "spill"),
+        (12000, "cold", "spill"),
+    ],
+)
+def test_warm_engine_keeps_affinity_until_its_backlog_outweighs_the_prompt(
+    backlog: int, pick: str, reason: str
+) -> None:
+    eps = [view("warm", match=97, backlog=backlog, rank=0), view("cold", rank=1)]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId(pick) and d.reason == reason
+
+
+def test_spill_for_prefill_cost_goes_to_the_cheapest_rendezvous_candidate() -> None:
+    # rendezvous order: warm, busy, idle; busy has a backlog over the limit as well
+    eps = [
+        view("warm", match=97, backlog=9000, rank=0),
+        view("busy", backlog=6000, rank=1),
+        view("idle", rank=2),
+    ]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("idle") and d.reason == "spill"
+
+
+def test_cold_prefix_skips_a_rendezvous_target_with_a_prefill_backlog() -> None:
+    eps = [view("target", rank=0, backlog=6000), view("second", rank=1, backlog=200)]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("second") and d.reason == "spill"
+    # a backlog within the slack leaves rendezvous alone (replicas keep agreeing)
+    eps = [view("target", rank=0, backlog=1200), view("second", rank=1, backlog=0)]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("target") and d.reason == "cold"
+
+
+def test_prefill_rule_off_is_the_load_bound_alone() -> None:
+    eps = [view("warm", match=97, backlog=50000, rank=0), view("cold", rank=1)]
+    d = default_pipeline(prefill_slack=None).schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("warm") and d.reason == "affinity-hit"
+    scorer = PrefixAffinityScorer(prefill_slack=None)
+    assert scorer.eligible(req(**DOC), eps) == {EndpointId("warm"): True, EndpointId("cold"): True}

@@ -191,6 +191,8 @@ def default_pipeline(
     context_margin: float = 0.5,
     picker: PickerName = "max-score",
     cold_choices: int = 1,
+    prefill_slack: float | None = 0.25,
+    prefill_slack_tokens: int = 512,
 ) -> Pipeline:
     """The registered in-tree plugins, in order (one place to read them all).
 
@@ -206,7 +208,14 @@ def default_pipeline(
         ),
         scorers=(
             WeightedScorer(
-                PrefixAffinityScorer(load_bound, slack_requests, queue_work, cold_choices),
+                PrefixAffinityScorer(
+                    load_bound,
+                    slack_requests,
+                    queue_work,
+                    cold_choices,
+                    prefill_slack,
+                    prefill_slack_tokens,
+                ),
                 weights.prefix,
             ),
             WeightedScorer(LoadScorer(), weights.load),

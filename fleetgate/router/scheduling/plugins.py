@@ -189,22 +189,54 @@ def over_bound(e: EndpointView, mean_work: float, bound: float, slack_requests: 
     return e.load.work > (1.0 + bound) * mean_work + slack_requests / max(1, e.load.capacity)
 
 
+def uncached_tokens(request: RequestView, matched_chunks: int) -> int:
+    """Prompt tokens to prefill where ``matched_chunks`` leading chunks are cached."""
+    if request.chunks <= 0:
+        return request.prompt_tokens
+    cached = min(1.0, max(0, matched_chunks) / request.chunks)
+    return round(request.prompt_tokens * (1.0 - cached))
+
+
+def prefill_cost(request: RequestView, e: EndpointView) -> int:
+    """Prompt tokens to prefill on ``e`` before this request's first token: the router's
+    own backlog there (requests without a first token yet) plus this prompt's uncached part.
+
+    On an engine that spends its steps on prompt tokens (a long-document prefill costs
+    tens of milliseconds per thousand tokens, a decode step a few), the first token
+    arrives after roughly this many prompt tokens: a cost in the engine's own currency,
+    comparable between a warm engine with a queue and a cold idle one.
+    """
+    return max(0, e.pending_prefill_tokens) + uncached_tokens(request, e.prefix_match)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PrefixAffinityScorer:
     """Longest believed prefix match scores high; a new prefix goes by rendezvous.
 
-    * Some endpoint holds part of the prompt: score = matched / total chunks.
-    * None does (a cold prefix): the first ``cold_choices`` endpoints in
-      rendezvous order (of the prompt's first chunk) score 1, 0.99, ... and the
-      load and KV scorers choose between them: the power of d choices. With
-      d = 1 (default) this is plain rendezvous and router replicas that share
-      no state agree on the engine; d = 2 spreads cold prefills, the long ones,
-      over the less loaded of two engines instead of wherever the hash lands,
-      at the price of replicas sometimes disagreeing (a second copy).
-    * Either way an endpoint over the load bound (or with a full batch while
-      another engine has a free slot) scores 0: the request spills
-      to the next best, which then holds the prefix too (the router records
-      it), so a hot prefix spreads instead of hot-spotting one engine.
+    * Some eligible endpoint holds part of the prompt: score = matched / total chunks.
+    * None does (a cold prefix, or every holder is ineligible below): the first
+      ``cold_choices`` eligible endpoints in rendezvous order (of the prompt's first
+      chunk) score 1, 0.99, ... and the load and KV scorers choose between them: the
+      power of d choices. With d = 1 (default) this is plain rendezvous and router
+      replicas that share no state agree on the engine; d = 2 spreads cold prefills
+      over the less loaded of two engines, at the price of replicas sometimes
+      disagreeing (a second copy). A spilled hot prefix goes to the next eligible
+      endpoint in that order (consistent hashing with bounded loads), which then
+      holds the prefix too (the router records it), so it spreads instead of
+      hot-spotting one engine.
+    * Eligible means all of:
+
+      - bounded load: work at most ``(1 + load_bound) x`` the pool mean (plus
+        ``slack_requests``);
+      - no queueing: not a full batch (work >= ``queue_work``) while another
+        endpoint has a free slot;
+      - prefill cost (:func:`prefill_cost`, when ``prefill_slack`` is not None): at
+        most ``(1 + prefill_slack) x`` the cheapest endpoint's plus
+        ``prefill_slack_tokens``. A cache hit saves this prompt's prefill; it is
+        worth nothing if the warm engine has more prompt tokens queued than
+        recomputing the whole prompt on an idle engine would cost. The slack
+        keeps the hit (and the copy it avoids) when the two are close.
+
     * A prompt shorter than one chunk has nothing to reuse: all score 0.
     """
 
@@ -215,6 +247,9 @@ class PrefixAffinityScorer:
     is below it: waiting behind a full batch costs more than a cache miss."""
     cold_choices: int = 1
     """Rendezvous candidates a cold prefix may go to (the load scorers pick among them)."""
+    prefill_slack: float | None = 0.25
+    """Relative slack of the prefill-cost rule; None turns the rule off."""
+    prefill_slack_tokens: int = 512
     name: str = "prefix-affinity"
 
     def score(
@@ -222,15 +257,8 @@ class PrefixAffinityScorer:
     ) -> dict[EndpointId, float]:
         if request.chunks <= 0 or not endpoints:
             return {e.id: 0.0 for e in endpoints}
-        mean = sum(e.load.work for e in endpoints) / len(endpoints)
-        bound, slack = self.load_bound, self.slack_requests
-        room = min(e.load.work for e in endpoints) < self.queue_work
-        ok = {
-            e.id: not over_bound(e, mean, bound, slack)
-            and not (room and e.load.work >= self.queue_work)
-            for e in endpoints
-        }
-        if any(e.prefix_match for e in endpoints):
+        ok = self.eligible(request, endpoints)
+        if any(e.prefix_match and ok[e.id] for e in endpoints):
             return {
                 e.id: (min(1.0, e.prefix_match / request.chunks) if ok[e.id] else 0.0)
                 for e in endpoints
@@ -246,6 +274,24 @@ class PrefixAffinityScorer:
                 scores[e.id] = 1.0 - 0.01 * chosen
                 chosen += 1
         return scores
+
+    def eligible(
+        self, request: RequestView, endpoints: Sequence[EndpointView]
+    ) -> dict[EndpointId, bool]:
+        """Which endpoints may get affinity credit (the three rules in the class doc)."""
+        mean = sum(e.load.work for e in endpoints) / len(endpoints)
+        bound, slack = self.load_bound, self.slack_requests
+        room = min(e.load.work for e in endpoints) < self.queue_work
+        ok = {
+            e.id: not over_bound(e, mean, bound, slack)
+            and not (room and e.load.work >= self.queue_work)
+            for e in endpoints
+        }
+        if self.prefill_slack is not None:
+            costs = {e.id: prefill_cost(request, e) for e in endpoints}
+            limit = (1.0 + self.prefill_slack) * min(costs.values()) + self.prefill_slack_tokens
+            ok = {eid: fine and costs[eid] <= limit for eid, fine in ok.items()}
+        return ok
 
 
 #: The score every endpoint gets when speed should not steer (see EngineSpeedScorer).

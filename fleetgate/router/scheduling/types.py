@@ -63,6 +63,9 @@ class EndpointView:
     """Position of this endpoint in the rendezvous order of the prompt's first chunk."""
     decode_s_per_token: float | None = None
     """Smoothed decode speed learned from scrapes (``scheduling.speed``); None = unknown."""
+    pending_prefill_tokens: int = 0
+    """Uncached prompt tokens this router sent here that have no first token yet: the
+    prefill work queued ahead of a new request on this engine (router-own count)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
