@@ -26,6 +26,10 @@ fleetgate ablations are configuration variations of the same router
   only above twice the pool's mean load (default 1.25x)
 * ``fleetgate-admission``    the admission queue (``priority: {}``) on for every
   workload, as the Helm chart deploys the router
+* ``fleetgate-no-prefill-cost`` ``scheduling.prefill_slack: null``: affinity and
+  rendezvous placement bounded by load alone, as before the prefill-cost rule
+* ``fleetgate-prefill-greedy`` ``prefill_slack: 0``, ``prefill_slack_tokens: 0``:
+  only endpoints with the least prefill backlog + uncached prompt are eligible
 * ``fleetgate-no-speed``     default weights with the engine-speed scorer off; only
   differs on class workloads over engines of different speeds (mixed-engine)
 
@@ -74,6 +78,8 @@ class Contender:
     admission: bool = False
     """fleetgate: the ``priority:`` section (admission queue) even when the workload
     sends no classes (every request is ``standard``), as the Helm chart deploys it."""
+    scheduling: tuple[tuple[str, Any], ...] = ()
+    """Further fleetgate ``scheduling`` settings, as (key, value) pairs."""
 
 
 CONTENDERS: dict[str, Contender] = {
@@ -134,6 +140,18 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             admission=True,
             description="default weights with the admission queue on for every workload",
+        ),
+        Contender(
+            "fleetgate-no-prefill-cost",
+            "fleetgate",
+            scheduling=(("prefill_slack", None),),
+            description="default weights, the prefill-cost rule off (load bound alone)",
+        ),
+        Contender(
+            "fleetgate-prefill-greedy",
+            "fleetgate",
+            scheduling=(("prefill_slack", 0.0), ("prefill_slack_tokens", 0)),
+            description="default weights, prefill-cost rule without slack (cheapest only)",
         ),
         Contender(
             "fleetgate-no-speed",
@@ -241,6 +259,7 @@ def fleetgate_config(
         config["scheduling"]["cold_choices"] = contender.cold_choices
     if contender.picker is not None:
         config["scheduling"]["picker"] = contender.picker
+    config["scheduling"].update(contender.scheduling)
     return config
 
 

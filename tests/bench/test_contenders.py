@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleetgate.bench import contenders as cmod
-from fleetgate.router.config import parse_config
+from fleetgate.router.config import Scheduling, parse_config
 
 BACKENDS = [("vllm", "http://127.0.0.1:18100"), ("trtllm", "http://127.0.0.1:18101")]
 
@@ -158,4 +158,20 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         "fleetgate-admission",
         "fleetgate-cold2",
         "fleetgate-lb1",
+        "fleetgate-no-prefill-cost",
+        "fleetgate-prefill-greedy",
     }
+
+
+def test_prefill_cost_contenders_set_exactly_their_rule() -> None:
+    def sched(name: str) -> Scheduling:
+        return parse_config(
+            cmod.fleetgate_config(cmod.CONTENDERS[name], BACKENDS, seed=0)
+        ).scheduling
+
+    default = sched("fleetgate")
+    assert (default.prefill_slack, default.prefill_slack_tokens) == (0.25, 512)
+    off = sched("fleetgate-no-prefill-cost")
+    assert off.prefill_slack is None and off.load_bound == default.load_bound
+    greedy = sched("fleetgate-prefill-greedy")
+    assert (greedy.prefill_slack, greedy.prefill_slack_tokens) == (0.0, 0)
