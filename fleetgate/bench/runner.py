@@ -229,6 +229,33 @@ async def router_counters(client: httpx.AsyncClient, url: str) -> dict[str, floa
     return out
 
 
+_DECISION = re.compile(r"^fleetgate_decisions_total\{([^}]*)\}\s+(\S+)$", re.M)
+_REASON = re.compile(r'reason="([^"]+)"')
+
+
+async def _decisions(
+    client: httpx.AsyncClient, url: str, contender: cmod.Contender
+) -> dict[str, float]:
+    if contender.kind != "fleetgate":
+        return {}
+    try:
+        return decision_counts((await client.get(url + "/metrics")).text)
+    except httpx.HTTPError:
+        return {}
+
+
+def decision_counts(metrics_text: str) -> dict[str, float]:
+    """fleetgate's scheduling decisions by reason (``fleetgate_decisions_total``), as
+    ``decisions_<reason>`` keys: how often affinity held, spilled or placed a new prefix."""
+    out: dict[str, float] = {}
+    for labels, value in _DECISION.findall(metrics_text):
+        m = _REASON.search(labels)
+        if m:
+            key = "decisions_" + m.group(1).replace("-", "_")
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
 _PREEMPT_LOG = re.compile(r"\bpreempt (\S+) for \S+:")
 
 
@@ -317,6 +344,7 @@ async def _drive(
             mapping = await priority_mapping(client, url)
         before = await scrape(client, fleet.engines)
         counters_before = await router_counters(client, url) if classes else {}
+        decisions_before = await _decisions(client, url, contender)
         cpu0, sim0, wall0 = router.cpu(), fleet.proc.cpu(), time.monotonic()
         gen0 = time.process_time()
         results = await loadgen.run_sessions(
@@ -334,6 +362,8 @@ async def _drive(
         gen1 = time.process_time()
         after = await scrape(client, fleet.engines)
         extra: dict[str, Any] = {}
+        for key, n in (await _decisions(client, url, contender)).items():
+            extra[key] = n - decisions_before.get(key, 0.0)
         if sim0 is not None and sim1 is not None:
             # > ~0.8 means the emulator itself was short of CPU (time scale too small)
             extra["sim_cpu_share"] = round((sim1 - sim0) / max(wall1 - wall0, 1e-9), 3)

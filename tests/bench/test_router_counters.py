@@ -1,10 +1,10 @@
-"""The router counters a priority benchmark reads: preemptions, resumes, wasted work."""
+"""The router counters a benchmark reads: preemptions, resumes, wasted work, decisions."""
 
 from __future__ import annotations
 
 import httpx
 
-from fleetgate.bench.runner import router_counters
+from fleetgate.bench.runner import decision_counts, router_counters
 
 EXPOSITION = """\
 # HELP fleetgate_preemptions_total In-flight requests cancelled to make room.
@@ -91,3 +91,20 @@ async def test_twin_replay_covers_every_preempted_request_and_counts_its_mismatc
     assert got["resumed_mismatches"] == 1
     assert got["mismatches"] == 1
     assert got["twin_compared"] == 3 + TWIN_SAMPLE
+
+
+def test_decision_counts_sum_each_reason_over_models_and_deciding_plugins() -> None:
+    text = """\
+# TYPE fleetgate_decisions_total counter
+fleetgate_decisions_total{decided_by="scorer:prefix-affinity",model="m",reason="affinity-hit"} 7.0
+fleetgate_decisions_total{decided_by="picker:tie-break",model="m",reason="affinity-hit"} 1.0
+fleetgate_decisions_total{decided_by="scorer:load",model="m",reason="spill"} 2.0
+fleetgate_decisions_total{decided_by="scorer:prefix-affinity",model="m",reason="cold"} 3.0
+fleetgate_decisions_created{decided_by="scorer:load",model="m",reason="spill"} 1.7e9
+"""
+    assert decision_counts(text) == {
+        "decisions_affinity_hit": 8.0,
+        "decisions_spill": 2.0,
+        "decisions_cold": 3.0,
+    }
+    assert decision_counts("some_other_total 5\n") == {}
