@@ -355,26 +355,36 @@ async def test_killed_engine_is_ejected_and_requests_retry() -> None:
             backends = [("vllm", victim), ("vllm", stays.engines[0].url)]
             app = build_router(router_config(backends, **slow))
             url = await stack.enter_async_context(serve(app))
-            before = set()
-            for i in range(12):  # distinct prefixes spread over both engines
+            # Distinct prefixes until the victim holds at least 3 (where each was served
+            # is random: endpoint ids carry ephemeral ports, rendezvous hashes them).
+            served: dict[str, list[int]] = collections.defaultdict(list)
+            for i in range(64):
                 body = {"model": MODEL, "prompt": f"tenant {i}: {PREFIX}", "max_tokens": 2}
                 resp = await c.post(url + "/v1/completions", json=body)
                 assert resp.status_code == 200
-                before.add(resp.headers["x-fleetgate-endpoint"])
-            assert len(before) == 2
+                served["http://" + resp.headers["x-fleetgate-endpoint"]].append(i)
+                if len(served[victim]) >= 3 and served.keys() == {victim, stays.engines[0].url}:
+                    break
+            assert len(served[victim]) >= 3 and served[stays.engines[0].url], dict(served)
             # Kill the victim engine (its server stops; the port refuses connections).
             await doomed_close(stack, doomed)
-            for i in range(12):
+            for i in served[victim] + served[stays.engines[0].url]:
                 body = {"model": MODEL, "prompt": f"tenant {i}: {PREFIX}", "max_tokens": 2}
                 resp = await c.post(url + "/v1/completions", json=body)
                 assert resp.status_code == 200, resp.text
                 assert resp.headers["x-fleetgate-endpoint"] == stays.engines[0].url[7:]
             text = (await c.get(url + "/metrics")).text
             victim_id = victim.removeprefix("http://")
-            assert scrape_sum(text, "fleetgate_retries_total") >= 1
+            failures = [
+                line
+                for line in text.splitlines()
+                if line.startswith(("fleetgate_retries_total", "fleetgate_upstream_errors_total"))
+            ]
+            # the victim's three prefixes each failed there once, then it was ejected
+            assert scrape_sum(text, "fleetgate_retries_total") == 3, failures
             ejected = scrape_sum(text, "fleetgate_endpoint_ejected", endpoint=victim_id)
             healthy = scrape_sum(text, "fleetgate_endpoint_healthy", endpoint=victim_id)
-            assert ejected == 1 and healthy == 1  # passive ejection; no probe has run yet
+            assert ejected == 1 and healthy == 1, failures  # passive; no probe has run yet
 
 
 async def doomed_close(stack: contextlib.AsyncExitStack, fleet: Any) -> None:
