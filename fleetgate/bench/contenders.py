@@ -30,6 +30,9 @@ fleetgate ablations are configuration variations of the same router
   rendezvous placement bounded by load alone, as before the prefill-cost rule
 * ``fleetgate-prefill-greedy`` ``prefill_slack: 0``, ``prefill_slack_tokens: 0``:
   only endpoints with the least prefill backlog + uncached prompt are eligible
+* ``fleetgate-rendezvous``   ``scheduling.cold_choices: 1``: a new prefix goes to its
+  rendezvous target among the least prefill-backlogged endpoints, as the router does
+  by default when ``router_replicas`` > 1 (the Helm chart's 2 replicas)
 * ``fleetgate-no-speed``     default weights with the engine-speed scorer off; only
   differs on class workloads over engines of different speeds (mixed-engine)
 
@@ -72,7 +75,8 @@ class Contender:
     picker: Literal["max-score", "round-robin"] | None = None
     """fleetgate ``scheduling.picker``; None = the router's default (max-score)."""
     cold_choices: int | None = None
-    """fleetgate ``scheduling.cold_choices``; None = the router's default (1)."""
+    """fleetgate ``scheduling.cold_choices``; None = the router's default (all
+    endpoints with one router replica)."""
     load_bound: float | None = None
     """fleetgate ``scheduling.load_bound``; None = the router's default (0.25)."""
     admission: bool = False
@@ -152,6 +156,12 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             scheduling=(("prefill_slack", 0.0), ("prefill_slack_tokens", 0)),
             description="default weights, prefill-cost rule without slack (cheapest only)",
+        ),
+        Contender(
+            "fleetgate-rendezvous",
+            "fleetgate",
+            cold_choices=1,
+            description="default weights, a new prefix by rendezvous (as with router replicas)",
         ),
         Contender(
             "fleetgate-no-speed",

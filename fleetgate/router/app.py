@@ -105,7 +105,7 @@ def build_router(
         slack_requests=sched.slack_requests,
         queue_work=sched.queue_work,
         picker=sched.picker,
-        cold_choices=sched.cold_choices,
+        cold_choices=sched.effective_cold_choices(),
         prefill_slack=sched.prefill_slack,
         prefill_slack_tokens=sched.prefill_slack_tokens,
     )

@@ -101,11 +101,16 @@ class Scheduling(_Strict):
     """Used to estimate prompt tokens without a tokenizer."""
     index_capacity: int = Field(65536, ge=1)
     """Chain hashes remembered per endpoint (LRU)."""
-    cold_choices: int = Field(1, ge=1)
-    """Rendezvous candidates for a prefix no endpoint holds; the less loaded one wins
-    (power of d choices). 1 (default) = plain rendezvous, so router replicas that share
-    no state put a new prefix on the same engine; with a single replica 2 spreads cold
-    prefills better."""
+    cold_choices: int | Literal["all"] | None = None
+    """Candidates for a prefix no endpoint holds (among those with the least prefill
+    backlog, in rendezvous order); the least loaded wins (power of d choices). ``all``:
+    every endpoint. 1: plain rendezvous, so router replicas that share no state put a
+    new prefix on the same engine. Unset (default): ``all`` when ``router_replicas``
+    is 1, else 1 (:meth:`effective_cold_choices`)."""
+    router_replicas: int = Field(1, ge=1)
+    """Router replicas sharing the traffic (the Helm chart sets it from
+    ``router.replicas``). With more than one, new prefixes are placed by rendezvous so
+    that replicas agree without sharing state."""
     load_bound: float = Field(0.25, ge=0)
     """Spill when an affinity target's work exceeds ``(1 + load_bound) x`` the pool mean."""
     slack_requests: float = Field(2.0, ge=0)
@@ -122,6 +127,21 @@ class Scheduling(_Strict):
     """KV need assumed for requests that do not say ``max_tokens``."""
     fresh_for_s: float = Field(0.5, gt=0)
     stale_after_s: float = Field(3.0, gt=0)
+
+    @field_validator("cold_choices")
+    @classmethod
+    def _positive_choices(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("cold_choices must be >= 1, 'all', or unset")
+        return v
+
+    def effective_cold_choices(self) -> int | None:
+        """The scorer's ``cold_choices``: a count, or None for every endpoint."""
+        if self.cold_choices == "all":
+            return None
+        if self.cold_choices is None:
+            return None if self.router_replicas == 1 else 1
+        return self.cold_choices
 
 
 class Scrape(_Strict):

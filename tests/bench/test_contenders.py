@@ -65,7 +65,8 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     # Single-scorer ablations leave the engine-speed scorer off; default weights keep it.
     assert w.speed == (0.0 if c.weights is not None else 1.0)
     assert config.scheduling.picker == (c.picker or "max-score")
-    assert config.scheduling.cold_choices == (c.cold_choices or 1)
+    assert config.scheduling.cold_choices == c.cold_choices
+    assert config.scheduling.effective_cold_choices() == c.cold_choices  # None: all
     assert config.scheduling.load_bound == (0.25 if c.load_bound is None else c.load_bound)
     if c.admission:
         assert config.priority == {}, "the admission queue on for every workload"
@@ -160,6 +161,7 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         "fleetgate-lb1",
         "fleetgate-no-prefill-cost",
         "fleetgate-prefill-greedy",
+        "fleetgate-rendezvous",
     }
 
 

@@ -109,6 +109,33 @@ def test_replicas() -> None:
     assert one(objs, "Deployment", "operator")["spec"]["replicas"] == 0
 
 
+def _router_config(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    cm = next(
+        o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"] == "rel-fleetgate-router"
+    )
+    return dict(yaml.safe_load(cm["data"]["router.yaml"]))
+
+
+def test_router_replicas_reach_the_router_config_and_its_checksum() -> None:
+    """Replicas place new prefixes by rendezvous (they agree); one router balances them."""
+    default = render()
+    assert parse_config(_router_config(default)).scheduling.router_replicas == 2
+    assert parse_config(_router_config(default)).scheduling.effective_cold_choices() == 1
+    single = render("--set", "router.replicas=1")
+    assert parse_config(_router_config(single)).scheduling.effective_cold_choices() is None
+    checksum = "checksum/config"
+    pod = one(default, "Deployment", "router")["spec"]["template"]["metadata"]["annotations"]
+    pod1 = one(single, "Deployment", "router")["spec"]["template"]["metadata"]["annotations"]
+    assert pod[checksum] != pod1[checksum]  # the pods roll when the count changes
+    # an explicit setting wins, and other scheduling settings are kept
+    own = render(
+        "--set", "router.config.scheduling.router_replicas=1",
+        "--set", "router.config.scheduling.load_bound=0.5",
+    )  # fmt: skip
+    sched = parse_config(_router_config(own)).scheduling
+    assert (sched.router_replicas, sched.load_bound) == (1, 0.5)
+
+
 def test_long_release_name_truncates_every_name_to_63() -> None:
     release = "a-very-long-release-name-that-goes-on-and-on-and-on-x"  # 53: helm's maximum
     assert len(release) == 53

@@ -147,3 +147,26 @@ def test_cli_bad_kubeconfig_for_discovery_is_one_line(
     err = capsys.readouterr().err.strip()
     assert err.startswith("fleetgate router: error:"), err
     assert len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("scheduling", "effective"),
+    [
+        ({}, None),  # one router: every endpoint is a candidate for a new prefix
+        ({"router_replicas": 2}, 1),  # replicas: rendezvous, so they agree
+        ({"router_replicas": 3, "cold_choices": "all"}, None),
+        ({"cold_choices": 2}, 2),
+        ({"router_replicas": 2, "cold_choices": 2}, 2),
+    ],
+)
+def test_cold_choices_follow_the_router_replica_count(
+    scheduling: dict[str, object], effective: int | None
+) -> None:
+    config = parse_config({"pools": [], "scheduling": scheduling})
+    assert config.scheduling.effective_cold_choices() == effective
+
+
+@pytest.mark.parametrize("bad", [0, -1, "some", 1.5])
+def test_cold_choices_rejects_other_values(bad: object) -> None:
+    with pytest.raises(ConfigError, match="cold_choices"):
+        parse_config({"pools": [], "scheduling": {"cold_choices": bad}})

@@ -445,7 +445,7 @@ def test_cold_prefix_skips_a_rendezvous_target_with_a_prefill_backlog() -> None:
     d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
     assert d.pick == EndpointId("second") and d.reason == "spill"
     # a backlog within the slack leaves rendezvous alone (replicas keep agreeing)
-    eps = [view("target", rank=0, backlog=1200), view("second", rank=1, backlog=0)]
+    eps = [view("target", rank=0, backlog=300), view("second", rank=1, backlog=0)]
     d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
     assert d.pick == EndpointId("target") and d.reason == "cold"
 
@@ -456,3 +456,30 @@ def test_prefill_rule_off_is_the_load_bound_alone() -> None:
     assert d.pick == EndpointId("warm") and d.reason == "affinity-hit"
     scorer = PrefixAffinityScorer(prefill_slack=None)
     assert scorer.eligible(req(**DOC), eps) == {EndpointId("warm"): True, EndpointId("cold"): True}
+
+
+def test_cold_prefix_goes_where_the_fewest_prompt_tokens_are_queued() -> None:
+    # rendezvous: a, b, c; backlogs 2000 / 900 / 0: only c is within 512 tokens of the least
+    eps = [
+        view("a", rank=0, backlog=2000),
+        view("b", rank=1, backlog=900),
+        view("c", rank=2, backlog=0, work=0.2),  # busier in requests, within the load bound
+    ]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("c") and d.reason == "spill"  # passed over a and b
+    # within the slack of each other, rendezvous order decides again (replicas agree)
+    eps = [view("a", rank=0, backlog=400), view("b", rank=1, backlog=0)]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("a") and d.reason == "cold"
+
+
+def test_cold_choices_none_lets_the_least_loaded_near_cheapest_endpoint_win() -> None:
+    eps = [
+        view("target", rank=0, work=0.25),
+        view("idle", rank=2, work=0.0),
+        view("queued", rank=1, work=0.0, backlog=3000),  # idle slots, but prefill queued
+    ]
+    d = default_pipeline(cold_choices=None).schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("idle") and d.reason == "cold"
+    d = default_pipeline(cold_choices=1).schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("target") and d.reason == "cold"

@@ -68,3 +68,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.router.serviceAccount.name }}
 {{- end }}
 {{- end }}
+
+{{/*
+The router's configuration file: router.config, with scheduling.router_replicas set
+from router.replicas unless router.config sets it (replicas place new prefixes by
+rendezvous so that they agree without sharing state).
+*/}}
+{{- define "fleetgate.router.config" -}}
+{{- $cfg := deepCopy .Values.router.config }}
+{{- $sched := (get $cfg "scheduling") | default (dict) }}
+{{- if not (hasKey $sched "router_replicas") }}
+{{- $_ := set $sched "router_replicas" (max 1 (int .Values.router.replicas)) }}
+{{- end }}
+{{- $_ := set $cfg "scheduling" $sched }}
+{{- toYaml $cfg }}
+{{- end }}

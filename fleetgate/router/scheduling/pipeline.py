@@ -125,7 +125,7 @@ class Pipeline:
             predicted_cached_chunks=pick.prefix_match,
         )
 
-    def _cold_choices(self) -> int:
+    def _cold_choices(self) -> int | None:
         for ws in self.scorers:
             if isinstance(ws.scorer, PrefixAffinityScorer):
                 return ws.scorer.cold_choices
@@ -152,7 +152,7 @@ def _reason(
     request: RequestView,
     pick: EndpointView,
     candidates: Sequence[EndpointView],
-    cold_choices: int = 1,
+    cold_choices: int | None = 1,
 ) -> DecisionReason:
     if len(candidates) == 1:
         return "single"
@@ -161,6 +161,8 @@ def _reason(
     best = max(e.prefix_match for e in candidates)
     if best > 0:
         return "affinity-hit" if pick.prefix_match == best else "spill"
+    if cold_choices is None:
+        return "cold"
     first = sorted(candidates, key=lambda e: e.rendezvous_rank)[: max(1, cold_choices)]
     return "cold" if any(pick.id == e.id for e in first) else "spill"
 
@@ -190,7 +192,7 @@ def default_pipeline(
     queue_work: float = 1.0,
     context_margin: float = 0.5,
     picker: PickerName = "max-score",
-    cold_choices: int = 1,
+    cold_choices: int | None = 1,
     prefill_slack: float | None = 0.25,
     prefill_slack_tokens: int = 512,
 ) -> Pipeline:

@@ -214,16 +214,20 @@ class PrefixAffinityScorer:
     """Longest believed prefix match scores high; a new prefix goes by rendezvous.
 
     * Some eligible endpoint holds part of the prompt: score = matched / total chunks.
-    * None does (a cold prefix, or every holder is ineligible below): the first
-      ``cold_choices`` eligible endpoints in rendezvous order (of the prompt's first
-      chunk) score 1, 0.99, ... and the load and KV scorers choose between them: the
-      power of d choices. With d = 1 (default) this is plain rendezvous and router
-      replicas that share no state agree on the engine; d = 2 spreads cold prefills
-      over the less loaded of two engines, at the price of replicas sometimes
-      disagreeing (a second copy). A spilled hot prefix goes to the next eligible
-      endpoint in that order (consistent hashing with bounded loads), which then
-      holds the prefix too (the router records it), so it spreads instead of
-      hot-spotting one engine.
+    * None does (a cold prefix, or every holder is ineligible below): among the
+      eligible endpoints whose prefill cost is within ``prefill_slack_tokens`` of the
+      least (a new prefix is prefilled in full, so it goes where the fewest prompt
+      tokens are queued), the first ``cold_choices`` in rendezvous order (of the
+      prompt's first chunk) score 1, 0.99, ... and the load and KV scorers choose
+      between them: the power of d choices; ``None`` = all of them, so the least
+      loaded wins. With d = 1 router replicas that share no state agree on the engine
+      whenever their backlogs agree (plain rendezvous when no prefill is queued);
+      with more, one router balances new prefixes better, but replicas would place
+      the same new prefix on different engines (a second copy), hence
+      ``scheduling.router_replicas``. A spilled hot prefix goes the same way
+      (consistent hashing with bounded loads), and the engine it lands on then holds
+      the prefix too (the router records it), so it spreads instead of hot-spotting
+      one engine.
     * Eligible means all of:
 
       - bounded load: work at most ``(1 + load_bound) x`` the pool mean (plus
@@ -245,8 +249,9 @@ class PrefixAffinityScorer:
     queue_work: float = 1.0
     """Affinity never sends a request to queue (work >= this) while another engine
     is below it: waiting behind a full batch costs more than a cache miss."""
-    cold_choices: int = 1
-    """Rendezvous candidates a cold prefix may go to (the load scorers pick among them)."""
+    cold_choices: int | None = 1
+    """Rendezvous candidates a cold prefix may go to (the load scorers pick among them);
+    None = every eligible endpoint."""
     prefill_slack: float | None = 0.25
     """Relative slack of the prefill-cost rule; None turns the rule off."""
     prefill_slack_tokens: int = 512
@@ -263,10 +268,15 @@ class PrefixAffinityScorer:
                 e.id: (min(1.0, e.prefix_match / request.chunks) if ok[e.id] else 0.0)
                 for e in endpoints
             }
+        if self.prefill_slack is not None and any(ok.values()):
+            costs = {e.id: prefill_cost(request, e) for e in endpoints if ok[e.id]}
+            near = min(costs.values()) + self.prefill_slack_tokens
+            ok = {eid: eid in costs and costs[eid] <= near for eid in ok}
         scores = {e.id: 0.0 for e in endpoints}
         chosen = 0
+        limit = len(endpoints) if self.cold_choices is None else self.cold_choices
         for e in sorted(endpoints, key=lambda v: v.rendezvous_rank):
-            if chosen >= self.cold_choices:
+            if chosen >= limit:
                 break
             if ok[e.id]:
                 # 1, 0.99, ...: rendezvous order breaks ties (replicas agree when
