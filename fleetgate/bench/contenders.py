@@ -197,10 +197,14 @@ class UnknownContender(ValueError):
 
 
 def parse_contenders(text: str) -> list[Contender]:
-    """``a,b,c`` -> contenders; ``all`` = :data:`DEFAULT_SET`; names checked."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if names == ["all"]:
-        names = list(DEFAULT_SET)
+    """``a,b,c`` -> contenders; ``all`` stands for :data:`DEFAULT_SET` (also beside
+    other names: ``all,fleetgate-lb1``); names checked."""
+    names: list[str] = []
+    for n in (n.strip() for n in text.split(",")):
+        if n == "all":
+            names += DEFAULT_SET
+        elif n:
+            names.append(n)
     if not names:
         raise UnknownContender("--contenders: give at least one name")
     out = []

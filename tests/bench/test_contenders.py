@@ -91,6 +91,10 @@ def test_parse_contenders_errors(text: str, match: str) -> None:
 
 def test_parse_contenders_all_and_order() -> None:
     assert [c.name for c in cmod.parse_contenders("all")] == list(cmod.DEFAULT_SET)
+    more = cmod.parse_contenders("all, fleetgate-lb1")
+    assert [c.name for c in more] == [*cmod.DEFAULT_SET, "fleetgate-lb1"]
+    with pytest.raises(cmod.UnknownContender, match="twice"):
+        cmod.parse_contenders("all,fleetgate")
     got = cmod.parse_contenders(" vllm-router-round_robin , fleetgate ")
     assert [c.name for c in got] == ["vllm-router-round_robin", "fleetgate"]
 
