@@ -182,6 +182,11 @@ ROUTING = DashboardSpec(
             (Query("fleetgate_endpoint_decode_seconds_per_token", "{{engine}} {{endpoint}}"),),
         ),
         PanelSpec(
+            "Prefill backlog per endpoint (uncached prompt tokens awaiting a first token)",
+            "short",
+            (Query("fleetgate_endpoint_prefill_backlog_tokens", "{{engine}} {{endpoint}}"),),
+        ),
+        PanelSpec(
             "Scrape age per endpoint",
             "s",
             (Query("clamp_max(fleetgate_scrape_age_seconds, 3600)", "{{endpoint}}"),),

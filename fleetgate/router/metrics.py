@@ -229,9 +229,16 @@ class _FleetCollector(Collector):
             "latency counters (the engine-speed scorer's input); absent while unknown.",
             labels=ep,
         )
+        backlog = GaugeMetricFamily(
+            "fleetgate_endpoint_prefill_backlog_tokens",
+            "Uncached prompt tokens of this router's requests on the endpoint that have no "
+            "first token yet (the prefill-cost rule's input).",
+            labels=ep,
+        )
         for e in self.fleet:
             lv = [e.id, e.engine]
             healthy.add_metric(lv, 1.0 if e.healthy else 0.0)
+            backlog.add_metric(lv, float(e.prefilling))
             if e.speed.seconds_per_token is not None:
                 speed.add_metric(lv, e.speed.seconds_per_token)
             ejected.add_metric(lv, 1.0 if e.is_ejected(now) else 0.0)
@@ -248,4 +255,4 @@ class _FleetCollector(Collector):
                 hits.add_metric(lv, s.prefix_hit_tokens)
             if s.prefix_query_tokens is not None:
                 queries.add_metric(lv, s.prefix_query_tokens)
-        yield from (healthy, ejected, age, kv, queued, hits, queries, index, speed)
+        yield from (healthy, ejected, age, kv, queued, hits, queries, index, speed, backlog)

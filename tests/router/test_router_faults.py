@@ -392,6 +392,9 @@ async def test_prefill_backlog_counts_until_the_first_token(priority: Any) -> No
                 break
             await asyncio.sleep(0.01)
         assert a.prefilling == 500
+        text = (await c.get(url + "/metrics")).text
+        gauge = "fleetgate_endpoint_prefill_backlog_tokens"
+        assert f'{gauge}{{endpoint="{A}",engine="vllm"}} 500.0' in text
         stream.first.set()
         for _ in range(200):  # first token relayed; the answer is still streaming
             if not a.prefilling:
