@@ -211,7 +211,8 @@ def prefill_cost(request: RequestView, e: EndpointView) -> int:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PrefixAffinityScorer:
-    """Longest believed prefix match scores high; a new prefix goes by rendezvous.
+    """Longest believed prefix match scores high; a new prefix goes where the least
+    prefill is queued (by rendezvous among near-equals).
 
     * Some eligible endpoint holds part of the prompt: score = matched / total chunks.
     * None does (a cold prefix, or every holder is ineligible below): among the
