@@ -49,12 +49,12 @@ Continuation modes (:func:`build_continuation`), chosen in this order:
 
 In every mode ``max_tokens`` (and ``max_completion_tokens``, ``min_tokens``)
 shrink by the tokens already delivered. Requests that cannot be spliced
-(``n``/``best_of`` > 1, ``echo``, several prompts, tools, structured output,
-chat logprobs) are refused by :func:`resumability` up front, so the router
+(``n``/``best_of`` > 1, ``echo``, several prompts, stop strings, tools,
+structured output, chat logprobs) are refused by :func:`resumability` up front, so the router
 never preempts them. Sampled (non-greedy) output resumes *validly* but not
 identically unless the engine's sampler is a pure function of (seed, prefix),
-as fleetgate's emulator is (``fleetgate/sim/core/api.py``). Stop strings that
-straddle the seam are not detected (the engine only checks its own output).
+as fleetgate's emulator is (``fleetgate/sim/core/api.py``). Requests with stop
+strings are refused too (:func:`_stop_strings` says why).
 
 Pure: plain dicts in, plain dicts out.
 """
@@ -147,6 +147,8 @@ def resumability(original: Mapping[str, Any], kind: Kind) -> str | None:
         return "best_of > 1"
     if original.get("echo"):
         return "echo"
+    if _stop_strings(original.get("stop")):
+        return "stop strings (a stop string across the seam would go undetected)"
     if (
         original.get("response_format")
         or original.get("guided_json")
@@ -167,6 +169,23 @@ def resumability(original: Mapping[str, Any], kind: Kind) -> str | None:
     if not isinstance(original.get("messages"), list):
         return "no messages"
     return None
+
+
+def _stop_strings(stop: Any) -> bool:
+    """True when ``stop`` names at least one non-empty stop string.
+
+    Stop *strings* cannot be spliced: the engine checks them only against its own
+    output, so one that begins before the seam and ends after it is missed, and
+    vLLM streams text up to ``len(stop) - 1`` characters late (it holds back a
+    possible stop string's start), so the held-back text of a cancelled segment
+    never reaches the client while its token ids are already in the
+    continuation's prompt. ``stop_token_ids`` are fine: one token cannot straddle.
+    """
+    if isinstance(stop, str):
+        return bool(stop)
+    if isinstance(stop, list):
+        return any(isinstance(s, str) and s for s in stop)
+    return False
 
 
 def upstream_body(original: Mapping[str, Any], *, return_token_ids: bool) -> dict[str, Any]:
