@@ -51,6 +51,10 @@ class ClassSummary:
     output_tokens: int
     ttft_objective_attainment: float | None
     """Fraction of requests (errors count as misses) whose TTFT met the objective."""
+    tokens_per_s: float | None = None
+    """Completed output tokens per second over the class's span (first request sent
+    to last answer finished): the class's goodput in tokens. Unlike tokens over the
+    arrival window it falls when work finishes later (preempted, queued)."""
 
 
 def summarise_class(
@@ -60,6 +64,11 @@ def summarise_class(
     ttfts = [r.ttft for r in rs if r.ok and r.ttft is not None]
     itls = [g for r in rs if r.ok for g in r.itl]
     attained = None
+    done = [r for r in rs if r.ok and r.e2e is not None]
+    tokens_per_s = None
+    if done:
+        span = max(r.sent_at + (r.e2e or 0.0) for r in done) - min(r.sent_at for r in done)
+        tokens_per_s = sum(r.output_tokens for r in done) / span if span > 0 else None
     if ttft_objective_s is not None and rs:
         met = sum(1 for r in rs if r.ok and r.ttft is not None and r.ttft <= ttft_objective_s)
         attained = met / len(rs)
@@ -74,6 +83,7 @@ def summarise_class(
         itl_p99=percentile(itls, 99),
         output_tokens=sum(r.output_tokens for r in rs if r.ok),
         ttft_objective_attainment=attained,
+        tokens_per_s=tokens_per_s,
     )
 
 

@@ -180,6 +180,7 @@ CLASS_METRICS: tuple[str, ...] = (
     "ttft_p90",
     "ttft_p99",
     "ttft_objective_attainment",
+    "tokens_per_s",
 )
 
 

@@ -35,6 +35,19 @@ def test_attainment_counts_errors_as_misses() -> None:
     assert s.ttft_p50 == 0.2
 
 
+def test_class_tokens_per_s_spans_first_send_to_last_finish() -> None:
+    a = RequestResult("a", 0, "batch", 1.0, status=200, ttft=0.1, e2e=2.0, output_tokens=30)
+    b = RequestResult("b", 0, "batch", 2.0, status=200, ttft=0.1, e2e=3.0, output_tokens=50)
+    failed = RequestResult("c", 0, "batch", 0.0, status=503, e2e=9.0, output_tokens=99)
+    s = summarise_class("batch", [a, b, failed], ttft_objective_s=10.0)
+    # the failed request neither adds tokens nor stretches the span: 80 tokens in 1..5 s
+    assert s.tokens_per_s == pytest.approx(80 / 4.0)
+    # the same work finishing later is less goodput
+    late = RequestResult("b", 0, "batch", 2.0, status=200, ttft=0.1, e2e=7.0, output_tokens=50)
+    assert summarise_class("batch", [a, late], 10.0).tokens_per_s == pytest.approx(80 / 8.0)
+    assert summarise_class("batch", [failed], 10.0).tokens_per_s is None
+
+
 def test_goodput_and_imbalance() -> None:
     assert goodput([_r(0.1), _r(1.0), _r(None, 500)], 0.5, 10.0) == pytest.approx(0.1)
     assert imbalance([10, 10, 10, 10]) == 1.0

@@ -120,6 +120,31 @@ def test_priority_tables_and_goal() -> None:
     assert median(aggs[0], "critical.ttft_objective_attainment") == 0.5
 
 
+@pytest.mark.parametrize(("batch_e2e", "verdict"), [(1.2, "**met**"), (4.0, "**missed**")])
+def test_batch_goodput_goal_compares_completed_tokens_per_second(
+    batch_e2e: float, verdict: str
+) -> None:
+    def run(contender: str, e2e: float) -> RunRecord:
+        rec = _record(contender, [], workload="priority-storm")
+        rec.results = [_res("critical", 0.1), _res("batch", 1.0), _res("batch", 1.0)]
+        for r, sent in zip(rec.results[1:], (0.0, 1.0), strict=True):
+            r.sent_at, r.e2e = sent, e2e
+        return rec
+
+    objective = {"critical": 0.5, "batch": 10.0}.__getitem__
+    runs = [run("fleetgate", batch_e2e), run("fleetgate-no-preemption", 1.0)]
+    runs.append(run("vllm-router-round_robin", 1.0))
+    md = report.render_markdown(
+        aggregate([summarise_run(r, objective) for r in runs]), title="t", command="c"
+    )
+    # no preemption: 20 tokens in 2 s; fleetgate: 20 tokens in 1 + e2e seconds
+    mine = 20 / (1.0 + batch_e2e)
+    assert (
+        f"batch goodput >= 80% of the no-preemption run: {mine:.0f} vs 10 completed batch "
+        f"tokens/s = {mine / 10:.0%} -> {verdict}"
+    ) in md
+
+
 def test_write_plots_makes_one_png_per_workload(tmp_path: Path) -> None:
     runs = [
         summarise_run(_record("fleetgate", [0.1, 0.2]), lambda c: 1.0),
