@@ -23,7 +23,10 @@ fleetgate ablations are configuration variations of the same router
 * ``fleetgate-cold2``        ``scheduling.cold_choices: 2``: a prefix no engine holds
   goes to the less loaded of its two rendezvous candidates (power of two choices)
 * ``fleetgate-lb1``          ``scheduling.load_bound: 1.0``: prefix affinity spills
-  only above twice the pool's mean load (default 1.25x)
+  only above twice the pool's mean load (the default of a single router since
+  the load bound follows ``router_replicas``)
+* ``fleetgate-lb025``        ``scheduling.load_bound: 0.25``: spills above 1.25x the
+  mean, the default with router replicas (and of every router before)
 * ``fleetgate-admission``    the admission queue (``priority: {}``) on for every
   workload, as the Helm chart deploys the router
 * ``fleetgate-no-prefill-cost`` ``scheduling.prefill_slack: null``: affinity and
@@ -78,7 +81,8 @@ class Contender:
     """fleetgate ``scheduling.cold_choices``; None = the router's default (all
     endpoints with one router replica)."""
     load_bound: float | None = None
-    """fleetgate ``scheduling.load_bound``; None = the router's default (0.25)."""
+    """fleetgate ``scheduling.load_bound``; None = the router's default
+    (``Scheduling.effective_load_bound``: 1.0 for the bench's single router)."""
     admission: bool = False
     """fleetgate: the ``priority:`` section (admission queue) even when the workload
     sends no classes (every request is ``standard``), as the Helm chart deploys it."""
@@ -138,6 +142,12 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             load_bound=1.0,
             description="default weights, affinity spills only above 2x the mean load",
+        ),
+        Contender(
+            "fleetgate-lb025",
+            "fleetgate",
+            load_bound=0.25,
+            description="default weights, affinity spills above 1.25x the mean load",
         ),
         Contender(
             "fleetgate-admission",

@@ -101,7 +101,7 @@ def build_router(
         PipelineWeights(
             sched.weights.prefix, sched.weights.load, sched.weights.kv, sched.weights.speed
         ),
-        load_bound=sched.load_bound,
+        load_bound=sched.effective_load_bound(),
         slack_requests=sched.slack_requests,
         queue_work=sched.queue_work,
         picker=sched.picker,

@@ -111,8 +111,10 @@ class Scheduling(_Strict):
     """Router replicas sharing the traffic (the Helm chart sets it from
     ``router.replicas``). With more than one, new prefixes are placed by rendezvous so
     that replicas agree without sharing state."""
-    load_bound: float = Field(0.25, ge=0)
-    """Spill when an affinity target's work exceeds ``(1 + load_bound) x`` the pool mean."""
+    load_bound: float | None = Field(None, ge=0)
+    """Spill when an affinity target's work exceeds ``(1 + load_bound) x`` the pool mean.
+    Unset (default): 1.0 when ``router_replicas`` is 1, else 0.25
+    (:meth:`effective_load_bound`)."""
     slack_requests: float = Field(2.0, ge=0)
     queue_work: float = Field(1.0, gt=0)
     prefill_slack: float | None = Field(0.25, ge=0)
@@ -134,6 +136,19 @@ class Scheduling(_Strict):
         if isinstance(v, int) and v < 1:
             raise ValueError("cold_choices must be >= 1, 'all', or unset")
         return v
+
+    def effective_load_bound(self) -> float:
+        """The affinity scorer's ``load_bound``.
+
+        One router places every new prefix on the least loaded of the cheapest
+        endpoints, so balance comes from placement and a hot prefix may stay put up
+        to twice the mean load (a spill costs a second full prefill of it). Replicas
+        place new prefixes by rendezvous, which does not balance, so the bound is
+        tighter. docs/bench.md has the runs behind both figures.
+        """
+        if self.load_bound is not None:
+            return self.load_bound
+        return 1.0 if self.router_replicas == 1 else 0.25
 
     def effective_cold_choices(self) -> int | None:
         """The scorer's ``cold_choices``: a count, or None for every endpoint."""

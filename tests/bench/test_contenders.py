@@ -67,7 +67,8 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     assert config.scheduling.picker == (c.picker or "max-score")
     assert config.scheduling.cold_choices == c.cold_choices
     assert config.scheduling.effective_cold_choices() == c.cold_choices  # None: all
-    assert config.scheduling.load_bound == (0.25 if c.load_bound is None else c.load_bound)
+    assert config.scheduling.load_bound == c.load_bound
+    assert config.scheduling.effective_load_bound() == (c.load_bound or 1.0)
     if c.admission:
         assert config.priority == {}, "the admission queue on for every workload"
     else:
@@ -163,6 +164,7 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         "fleetgate-admission",
         "fleetgate-cold2",
         "fleetgate-lb1",
+        "fleetgate-lb025",
         "fleetgate-no-prefill-cost",
         "fleetgate-prefill-greedy",
         "fleetgate-rendezvous",

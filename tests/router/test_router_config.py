@@ -166,6 +166,27 @@ def test_cold_choices_follow_the_router_replica_count(
     assert config.scheduling.effective_cold_choices() == effective
 
 
+@pytest.mark.parametrize(
+    ("scheduling", "effective"),
+    [
+        ({}, 1.0),  # one router balances by placement: a hot prefix may reach 2x the mean
+        ({"router_replicas": 2}, 0.25),  # rendezvous placement: the bound balances
+        ({"router_replicas": 2, "load_bound": 0.5}, 0.5),
+        ({"load_bound": 0}, 0.0),  # an explicit 0 is kept, not taken for unset
+    ],
+)
+def test_load_bound_follows_the_router_replica_count(
+    scheduling: dict[str, object], effective: float
+) -> None:
+    config = parse_config({"pools": [], "scheduling": scheduling})
+    assert config.scheduling.effective_load_bound() == effective
+
+
+def test_load_bound_rejects_negative() -> None:
+    with pytest.raises(ValueError, match="load_bound"):
+        parse_config({"pools": [], "scheduling": {"load_bound": -0.1}})
+
+
 @pytest.mark.parametrize("bad", [0, -1, "some", 1.5])
 def test_cold_choices_rejects_other_values(bad: object) -> None:
     with pytest.raises(ConfigError, match="cold_choices"):
