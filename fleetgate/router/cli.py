@@ -61,7 +61,8 @@ def attach_discovery(app: Any, config: RouterConfig) -> None:
         return
     from pydantic import ValidationError
 
-    from fleetgate.router.discovery_k8s import KubernetesDiscoveryConfig, attach
+    from fleetgate.router.discovery_k8s import attach
+    from fleetgate.router.k8s_targets import KubernetesDiscoveryConfig
 
     try:
         k8s = KubernetesDiscoveryConfig.model_validate(config.discovery.kubernetes or {})

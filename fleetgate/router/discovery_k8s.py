@@ -33,9 +33,10 @@ its cache in one step. The fleet is recomputed from the caches, never from event
 so a relist or an outage never removes an endpoint that still exists (tested
 against the real API server).
 
-Pure parts (``addresses_from_*``, ``desired_targets``, ``plan``, ``WatchCache``) take
-plain dicts. :class:`FleetMembership` is the only code that mutates the fleet and it
-removes only endpoints it added, so static ``pools`` keep working alongside.
+The pure parts (addresses, the join into targets, plans, the watch cache) are in
+:mod:`fleetgate.router.k8s_targets` and take plain dicts. :class:`FleetMembership`
+is the only code that mutates the fleet and it removes only endpoints it added, so
+static ``pools`` keep working alongside.
 """
 
 from __future__ import annotations
@@ -46,14 +47,28 @@ import dataclasses
 import json
 import logging
 import ssl
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
 
-from fleetgate.engines import UnknownEngineError, get_adapter
+from fleetgate.engines import get_adapter
 from fleetgate.router.config import ConfigError
+from fleetgate.router.k8s_targets import (
+    ISVC_GROUP_VERSION,
+    LABEL_POOL,
+    Gone,
+    KubernetesDiscoveryConfig,
+    ObjKey,
+    Plan,
+    Target,
+    WatchCache,
+    WatchError,
+    addresses_from_pod,
+    addresses_from_slice,
+    desired_targets,
+    plan,
+)
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.state import Endpoint, Fleet
 
@@ -63,261 +78,6 @@ if TYPE_CHECKING:
     from fleetgate.router.poller import Poller
 
 log = logging.getLogger("fleetgate.router.discovery")
-
-# The operator's discovery labels (fleetgate/operator/manifests.py). Copied, not
-# imported: router and operator are independent packages (import-linter contract);
-# tests/router/test_discovery_k8s.py checks that both sides agree.
-LABEL_POOL = "fleetgate.dev/pool"
-LABEL_MODEL = "fleetgate.dev/model"
-LABEL_ENGINE = "fleetgate.dev/engine"
-LABEL_ROLE = "fleetgate.dev/role"
-LABEL_SERVICE_NAME = "kubernetes.io/service-name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-ISVC_GROUP_VERSION = "fleetgate.dev/v1alpha1"
-ISVC_PLURAL = "inferenceservices"
-
-ObjKey = tuple[str, str]
-"""(namespace, name)"""
-
-
-class KubernetesDiscoveryConfig(BaseModel):
-    """``discovery.kubernetes`` in the router's YAML."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    source: Literal["endpointslices", "pods"] = "endpointslices"
-    """Where addresses come from. ``endpointslices`` (production; least data) or
-    ``pods`` (same labels, read from the pods; needed where the API server refuses the
-    addresses in slices, e.g. the loopback pod IPs of the kwok test cluster)."""
-    namespaces: tuple[str, ...] = ()
-    """Namespaces to watch; empty watches all (needs the chart's ClusterRole)."""
-    pools: tuple[str, ...] = ()
-    """Only InferenceServices of these ``routing.pool`` values; empty takes every pool."""
-    roles: tuple[Literal["latency", "throughput"], ...] = ()
-    """Only these ``routing.role`` values; empty takes both."""
-    kubeconfig: str | None = None
-    """Kubeconfig file; default: in-cluster ServiceAccount, else KUBECONFIG/~/.kube/config."""
-    port_name: str = "http"
-    """EndpointSlice port carrying the engine's OpenAI API (the operator names it http)."""
-    watch_timeout_s: int = Field(240, ge=1, le=3600)
-    """Server-side timeout of one WATCH request; it then resumes from its version."""
-    retry_max_s: float = Field(10.0, gt=0)
-    """Longest wait between retries after an API error (doubling from 0.25 s)."""
-    initial_sync_s: float = Field(10.0, gt=0)
-    """How long start-up waits for the first LIST before serving anyway."""
-
-
-# --------------------------------------------------------------------------- pure
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Target:
-    """One engine endpoint the fleet should contain."""
-
-    id: EndpointId
-    pool: str
-    engine: str
-    url: str
-    capacity: int | None
-    namespace: str
-    service: str
-    model: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Plan:
-    """What to change in the fleet: removals first, then additions."""
-
-    add: tuple[Target, ...]
-    remove: tuple[EndpointId, ...]
-
-
-def _capacity(engine_spec: Mapping[str, Any]) -> int | None:
-    """Concurrency limit from the InferenceService (vLLM metrics do not carry it)."""
-    for section, field in (("vllm", "maxNumSeqs"), ("tensorrtLlm", "maxBatchSize")):
-        value = (engine_spec.get(section) or {}).get(field)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Address:
-    """One engine address seen by either source, before the InferenceService join."""
-
-    namespace: str
-    service: str
-    pod: str | None
-    address: str
-    ipv6: bool
-    port: int
-    ready: bool
-
-
-def addresses_from_slice(eps: Mapping[str, Any], port_name: str) -> list[Address]:
-    """EndpointSlice -> addresses (``conditions.ready`` unset counts as ready)."""
-    meta = eps.get("metadata") or {}
-    service = (meta.get("labels") or {}).get(LABEL_SERVICE_NAME)
-    kind = eps.get("addressType")
-    ports = [p for p in eps.get("ports") or [] if isinstance(p.get("port"), int)]
-    chosen = [p for p in ports if p.get("name") == port_name] or (ports if len(ports) == 1 else [])
-    if not service or kind not in ("IPv4", "IPv6") or not chosen:
-        return []
-    out = []
-    for ep in eps.get("endpoints") or []:
-        ref = ep.get("targetRef") or {}
-        for address in (ep.get("addresses") or [])[:1]:
-            out.append(
-                Address(
-                    namespace=str(meta.get("namespace", "")),
-                    service=str(service),
-                    pod=ref.get("name") if ref.get("kind") == "Pod" else None,
-                    address=str(address),
-                    ipv6=kind == "IPv6",
-                    port=int(chosen[0]["port"]),
-                    ready=(ep.get("conditions") or {}).get("ready") is not False,
-                )
-            )
-    return out
-
-
-def addresses_from_pod(pod: Mapping[str, Any], port_name: str) -> list[Address]:
-    """Pod -> its address: ready when the Ready condition is True and it is not terminating.
-
-    The operator's pods carry ``app.kubernetes.io/instance: NAME`` (the Service's
-    selector), which names the InferenceService.
-    """
-    meta = pod.get("metadata") or {}
-    service = (meta.get("labels") or {}).get(LABEL_INSTANCE)
-    status = pod.get("status") or {}
-    ip = status.get("podIP")
-    ports = [
-        p
-        for c in (pod.get("spec") or {}).get("containers") or []
-        for p in c.get("ports") or []
-        if p.get("name") == port_name and isinstance(p.get("containerPort"), int)
-    ]
-    if not service or not ip or not ports:
-        return []
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    return [
-        Address(
-            namespace=str(meta.get("namespace", "")),
-            service=str(service),
-            pod=str(meta.get("name", "")),
-            address=str(ip),
-            ipv6=":" in str(ip),
-            port=int(ports[0]["containerPort"]),
-            ready=ready and not meta.get("deletionTimestamp"),
-        )
-    ]
-
-
-def target_for(
-    a: Address, isvc: Mapping[str, Any], config: KubernetesDiscoveryConfig
-) -> Target | None:
-    """The fleet entry for a ready address of InferenceService ``isvc``, or None."""
-    spec = isvc.get("spec") or {}
-    routing = spec.get("routing") or {}
-    pool = str(routing.get("pool", "default"))
-    role = str(routing.get("role", "latency"))
-    if not a.ready or routing.get("weight", 100) == 0:
-        return None
-    if (config.pools and pool not in config.pools) or (config.roles and role not in config.roles):
-        return None
-    engine_spec = spec.get("engine") or {}
-    try:
-        engine = get_adapter(str(engine_spec.get("type", ""))).name
-    except UnknownEngineError:
-        return None
-    who = a.pod or f"{a.service}/{a.address}:{a.port}"
-    host = f"[{a.address}]" if a.ipv6 else a.address
-    return Target(
-        id=EndpointId(f"{a.namespace}/{who}"),
-        pool=pool,
-        engine=engine,
-        url=f"http://{host}:{a.port}",
-        capacity=_capacity(engine_spec),
-        namespace=a.namespace,
-        service=a.service,
-        model=str((spec.get("model") or {}).get("name") or a.service),
-    )
-
-
-def desired_targets(
-    addresses: Iterable[Address],
-    services: Mapping[ObjKey, Mapping[str, Any]],
-    config: KubernetesDiscoveryConfig,
-) -> dict[EndpointId, Target]:
-    """Join addresses to the InferenceService of the same namespace and name."""
-    out: dict[EndpointId, Target] = {}
-    for a in addresses:
-        isvc = services.get((a.namespace, a.service))
-        if isvc is None or (isvc.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        t = target_for(a, isvc, config)
-        if t is not None:
-            out.setdefault(t.id, t)  # listed by two slices mid-update: one entry
-    return out
-
-
-def plan(current: Mapping[EndpointId, Target], desired: Mapping[EndpointId, Target]) -> Plan:
-    """Changed targets (new IP, engine, pool...) are removed and added again."""
-    remove = tuple(sorted(eid for eid, t in current.items() if desired.get(eid) != t))
-    add = tuple(t for eid, t in sorted(desired.items()) if current.get(eid) != t)
-    return Plan(add=add, remove=remove)
-
-
-class Gone(Exception):
-    """The watched resourceVersion is too old (HTTP 410): list again."""
-
-
-class WatchError(Exception):
-    """The API server sent an ERROR event other than 410, or garbage."""
-
-
-class WatchCache:
-    """Objects of one LIST+WATCH, keyed by (namespace, name), and the last version."""
-
-    def __init__(self) -> None:
-        self.objects: dict[ObjKey, dict[str, Any]] = {}
-        self.resource_version: str | None = None
-
-    @staticmethod
-    def key(obj: Mapping[str, Any]) -> ObjKey:
-        meta = obj.get("metadata") or {}
-        return (str(meta.get("namespace", "")), str(meta.get("name", "")))
-
-    def replace(self, items: Iterable[dict[str, Any]], resource_version: str) -> None:
-        """A complete LIST result: the new truth, swapped in at once."""
-        self.objects = {self.key(o): o for o in items}
-        self.resource_version = resource_version
-
-    def apply(self, event: Mapping[str, Any]) -> bool:
-        """Apply one watch event; True when the object set changed."""
-        kind = event.get("type")
-        obj = event.get("object")
-        if not isinstance(obj, dict):
-            raise WatchError(f"watch event without an object: {str(event)[:200]}")
-        if kind == "ERROR":
-            if obj.get("code") == 410 or obj.get("reason") in ("Expired", "Gone"):
-                raise Gone(str(obj.get("message", "resource version too old")))
-            raise WatchError(f"watch error: {str(obj.get('message', obj))[:200]}")
-        rv = (obj.get("metadata") or {}).get("resourceVersion")
-        if rv:
-            self.resource_version = str(rv)
-        if kind == "BOOKMARK":
-            return False
-        if kind in ("ADDED", "MODIFIED"):
-            self.objects[self.key(obj)] = obj
-            return True
-        if kind == "DELETED":
-            return self.objects.pop(self.key(obj), None) is not None
-        raise WatchError(f"unknown watch event type {kind!r}")
-
 
 # --------------------------------------------------------------------------- API I/O
 

@@ -23,7 +23,7 @@ from fleetgate.operator import rbac
 from fleetgate.operator.options import parse_tolerations
 from fleetgate.router import cli as router_cli
 from fleetgate.router.config import parse_config
-from fleetgate.router.discovery_k8s import KubernetesDiscoveryConfig
+from fleetgate.router.k8s_targets import KubernetesDiscoveryConfig
 from fleetgate.router.priority.config import PriorityConfig
 
 

@@ -19,12 +19,13 @@ import pytest
 from fleetgate.devcluster import FAKE_NODE_TOLERATION, DevCluster
 from fleetgate.operator import manifests
 from fleetgate.router import discovery_k8s as d
+from fleetgate.router import k8s_targets as kt
 from fleetgate.router.app import build_router
 from fleetgate.router.config import ConfigError, RouterConfig, is_loopback_host
 from fleetgate.router.scheduling.types import EndpointId
 
 REPO = Path(__file__).resolve().parents[2]
-CFG = d.KubernetesDiscoveryConfig()
+CFG = kt.KubernetesDiscoveryConfig()
 
 
 def isvc(name: str = "llama", ns: str = "ns", **routing: Any) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def eps(
         "metadata": {
             "name": f"{service}-abc",
             "namespace": ns,
-            "labels": {d.LABEL_SERVICE_NAME: service, d.LABEL_POOL: "chat"},
+            "labels": {kt.LABEL_SERVICE_NAME: service, kt.LABEL_POOL: "chat"},
         },
         "addressType": address_type,
         "ports": [{"name": "http", "port": 8000}] if ports is None else ports,
@@ -71,7 +72,7 @@ def pod(name: str, ip: str | None, ready: bool = True, deleting: bool = False) -
     meta: dict[str, Any] = {
         "name": name,
         "namespace": "ns",
-        "labels": {d.LABEL_INSTANCE: "llama", d.LABEL_POOL: "chat"},
+        "labels": {kt.LABEL_INSTANCE: "llama", kt.LABEL_POOL: "chat"},
     }
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
@@ -93,24 +94,24 @@ def pod(name: str, ip: str | None, ready: bool = True, deleting: bool = False) -
 
 
 def test_labels_agree_with_the_operator() -> None:
-    assert (d.LABEL_POOL, d.LABEL_MODEL, d.LABEL_ENGINE, d.LABEL_ROLE) == (
+    assert (kt.LABEL_POOL, kt.LABEL_MODEL, kt.LABEL_ENGINE, kt.LABEL_ROLE) == (
         manifests.LABEL_POOL,
         manifests.LABEL_MODEL,
         manifests.LABEL_ENGINE,
         manifests.LABEL_ROLE,
     )
-    assert d.LABEL_INSTANCE in manifests.selector_labels("x")
-    assert manifests.selector_labels("x")[d.LABEL_INSTANCE] == "x"
+    assert kt.LABEL_INSTANCE in manifests.selector_labels("x")
+    assert manifests.selector_labels("x")[kt.LABEL_INSTANCE] == "x"
 
 
 def test_slice_ready_unset_counts_as_ready_and_unready_is_out() -> None:
-    found = d.addresses_from_slice(eps(), "http")
+    found = kt.addresses_from_slice(eps(), "http")
     assert [(a.pod, a.address, a.ready) for a in found] == [
         ("p1", "10.0.0.1", True),
         ("p2", "10.0.0.2", False),
         ("p3", "10.0.0.3", True),
     ]
-    targets = d.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
+    targets = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
     assert sorted(targets) == ["ns/p1", "ns/p3"]
     t = targets[EndpointId("ns/p1")]
     assert (t.engine, t.pool, t.url, t.capacity, t.model) == (
@@ -135,22 +136,24 @@ def test_slice_ready_unset_counts_as_ready_and_unready_is_out() -> None:
     ],
 )  # fmt: skip
 def test_slice_port_choice(slice_: dict[str, Any], want: int | None) -> None:
-    found = d.addresses_from_slice(slice_, "http")
+    found = kt.addresses_from_slice(slice_, "http")
     assert (found[0].port if found else None) == want
 
 
 def test_slice_without_service_label_is_ignored() -> None:
     s = eps()
-    del s["metadata"]["labels"][d.LABEL_SERVICE_NAME]
-    assert d.addresses_from_slice(s, "http") == []
+    del s["metadata"]["labels"][kt.LABEL_SERVICE_NAME]
+    assert kt.addresses_from_slice(s, "http") == []
 
 
 def test_ipv6_url_is_bracketed() -> None:
     s = eps(address_type="IPv6", endpoints=[{"addresses": ["fd00::5"], "targetRef": ref("p")}])
-    (t,) = d.desired_targets(d.addresses_from_slice(s, "http"), {("ns", "llama"): isvc()}, CFG)
+    (t,) = kt.desired_targets(kt.addresses_from_slice(s, "http"), {("ns", "llama"): isvc()}, CFG)
     assert t == "ns/p"
     assert (
-        d.desired_targets(d.addresses_from_slice(s, "http"), {("ns", "llama"): isvc()}, CFG)[t].url
+        kt.desired_targets(kt.addresses_from_slice(s, "http"), {("ns", "llama"): isvc()}, CFG)[
+            t
+        ].url
         == "http://[fd00::5]:8000"
     )
 
@@ -164,13 +167,13 @@ def test_ipv6_url_is_bracketed() -> None:
     ],
 )
 def test_pod_readiness(p: dict[str, Any], ready: bool) -> None:
-    (a,) = d.addresses_from_pod(p, "http")
+    (a,) = kt.addresses_from_pod(p, "http")
     assert (a.address, a.port, a.service, a.pod, a.ready) == ("10.1.0.1", 8000, "llama", "a", ready)
 
 
 def test_pod_without_ip_or_port_is_ignored() -> None:
-    assert d.addresses_from_pod(pod("a", None), "http") == []
-    assert d.addresses_from_pod(pod("a", "10.1.0.1"), "grpc") == []
+    assert kt.addresses_from_pod(pod("a", None), "http") == []
+    assert kt.addresses_from_pod(pod("a", "10.1.0.1"), "grpc") == []
 
 
 @pytest.mark.parametrize(
@@ -178,52 +181,52 @@ def test_pod_without_ip_or_port_is_ignored() -> None:
     [
         pytest.param(CFG, isvc(), True, id="default"),
         pytest.param(CFG, isvc(weight=0), False, id="weight-0-drains"),
-        pytest.param(d.KubernetesDiscoveryConfig(pools=("batch",)), isvc(), False, id="pool"),
-        pytest.param(d.KubernetesDiscoveryConfig(pools=("chat",)), isvc(), True, id="pool-ok"),
-        pytest.param(d.KubernetesDiscoveryConfig(roles=("throughput",)), isvc(), False, id="role"),
+        pytest.param(kt.KubernetesDiscoveryConfig(pools=("batch",)), isvc(), False, id="pool"),
+        pytest.param(kt.KubernetesDiscoveryConfig(pools=("chat",)), isvc(), True, id="pool-ok"),
+        pytest.param(kt.KubernetesDiscoveryConfig(roles=("throughput",)), isvc(), False, id="role"),
     ],
 )
-def test_filters(config: d.KubernetesDiscoveryConfig, service: dict[str, Any], want: bool) -> None:
-    found = d.addresses_from_pod(pod("a", "10.1.0.1"), "http")
-    assert bool(d.desired_targets(found, {("ns", "llama"): service}, config)) is want
+def test_filters(config: kt.KubernetesDiscoveryConfig, service: dict[str, Any], want: bool) -> None:
+    found = kt.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    assert bool(kt.desired_targets(found, {("ns", "llama"): service}, config)) is want
 
 
 def test_engine_type_and_trtllm_capacity() -> None:
     svc = isvc()
     svc["spec"]["engine"] = {"type": "tensorrt-llm", "tensorrtLlm": {"maxBatchSize": 64}}
-    found = d.addresses_from_pod(pod("a", "10.1.0.1"), "http")
-    (t,) = d.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
+    found = kt.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    (t,) = kt.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
     assert (t.engine, t.capacity) == ("trtllm", 64)
     svc["spec"]["engine"] = {"type": "sglang"}
-    assert d.desired_targets(found, {("ns", "llama"): svc}, CFG) == {}
+    assert kt.desired_targets(found, {("ns", "llama"): svc}, CFG) == {}
 
 
 def test_no_or_deleting_inference_service_means_no_endpoint() -> None:
-    found = d.addresses_from_pod(pod("a", "10.1.0.1"), "http")
-    assert d.desired_targets(found, {}, CFG) == {}
-    assert d.desired_targets(found, {("other", "llama"): isvc()}, CFG) == {}
+    found = kt.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    assert kt.desired_targets(found, {}, CFG) == {}
+    assert kt.desired_targets(found, {("other", "llama"): isvc()}, CFG) == {}
     gone = isvc()
     gone["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    assert d.desired_targets(found, {("ns", "llama"): gone}, CFG) == {}
+    assert kt.desired_targets(found, {("ns", "llama"): gone}, CFG) == {}
 
 
 def test_plan_adds_removes_and_replaces_changed() -> None:
-    found = d.addresses_from_slice(eps(), "http")
-    cur = d.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
-    assert d.plan(cur, cur) == d.Plan(add=(), remove=())
+    found = kt.addresses_from_slice(eps(), "http")
+    cur = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
+    assert kt.plan(cur, cur) == kt.Plan(add=(), remove=())
     moved = {k: v for k, v in cur.items() if k != "ns/p3"}
     changed = isvc()
     changed["spec"]["routing"]["pool"] = "other"
-    new = d.desired_targets(found, {("ns", "llama"): changed}, CFG)
-    p = d.plan(moved, new)
+    new = kt.desired_targets(found, {("ns", "llama"): changed}, CFG)
+    p = kt.plan(moved, new)
     assert p.remove == ("ns/p1",)
     assert [t.id for t in p.add] == ["ns/p1", "ns/p3"]
     assert all(t.pool == "other" for t in p.add)
-    assert d.plan(cur, {}) == d.Plan(add=(), remove=("ns/p1", "ns/p3"))
+    assert kt.plan(cur, {}) == kt.Plan(add=(), remove=("ns/p1", "ns/p3"))
 
 
 def test_watch_cache_events() -> None:
-    c = d.WatchCache()
+    c = kt.WatchCache()
     c.replace([{"metadata": {"namespace": "a", "name": "x", "resourceVersion": "3"}}], "5")
     assert c.resource_version == "5" and list(c.objects) == [("a", "x")]
     obj = {"metadata": {"namespace": "a", "name": "y", "resourceVersion": "6"}}
@@ -232,11 +235,11 @@ def test_watch_cache_events() -> None:
     assert c.resource_version == "9"
     assert c.apply({"type": "DELETED", "object": obj}) is True
     assert c.apply({"type": "DELETED", "object": obj}) is False
-    with pytest.raises(d.Gone):
+    with pytest.raises(kt.Gone):
         c.apply({"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}})
-    with pytest.raises(d.WatchError):
+    with pytest.raises(kt.WatchError):
         c.apply({"type": "ERROR", "object": {"kind": "Status", "code": 500}})
-    with pytest.raises(d.WatchError):
+    with pytest.raises(kt.WatchError):
         c.apply({"type": "WEIRD", "object": {}})
     assert list(c.objects) == [("a", "x")]
 
@@ -345,8 +348,8 @@ def fake_engines(request: httpx.Request) -> httpx.Response:
     return httpx.Response(404)
 
 
-def target(eid: str, url: str) -> d.Target:
-    return d.Target(EndpointId(eid), "chat", "vllm", url, 16, "ns", "llama", "llama-3")
+def target(eid: str, url: str) -> kt.Target:
+    return kt.Target(EndpointId(eid), "chat", "vllm", url, 16, "ns", "llama", "llama-3")
 
 
 async def test_membership_adds_polls_and_removes_only_its_own_endpoints() -> None:
@@ -380,9 +383,9 @@ def test_attach_with_a_broken_kubeconfig_is_a_one_line_config_error(tmp_path: Pa
     bad.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
     app = build_router(RouterConfig(test_mode=True), start_background=False)
     with pytest.raises(ConfigError, match=r"^discovery.kubernetes: cannot load credentials from"):
-        d.attach(app, d.KubernetesDiscoveryConfig(kubeconfig=str(bad)))
+        d.attach(app, kt.KubernetesDiscoveryConfig(kubeconfig=str(bad)))
     with pytest.raises(ConfigError, match="cannot load credentials"):
-        d.attach(app, d.KubernetesDiscoveryConfig(kubeconfig=str(tmp_path / "missing")))
+        d.attach(app, kt.KubernetesDiscoveryConfig(kubeconfig=str(tmp_path / "missing")))
 
 
 # --------------------------------------------------------------------------- real API
@@ -407,7 +410,7 @@ def _k8s_pod(name: str, ns: str, service: str) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "namespace": ns,
-            "labels": {d.LABEL_INSTANCE: service, d.LABEL_POOL: "chat"},
+            "labels": {kt.LABEL_INSTANCE: service, kt.LABEL_POOL: "chat"},
         },
         "spec": {
             "tolerations": [FAKE_NODE_TOLERATION],
@@ -441,7 +444,7 @@ async def test_pods_join_and_leave_and_a_410_relist_loses_nothing(
 ) -> None:
     ns = k8s_namespace
     app = build_router(RouterConfig(test_mode=True), start_background=False)
-    config = d.KubernetesDiscoveryConfig(
+    config = kt.KubernetesDiscoveryConfig(
         source="pods", namespaces=(ns,), kubeconfig=str(k8s_cluster.kubeconfig)
     )
     d.attach(app, config, allow_url=lambda u: is_loopback_host(httpx.URL(u).host))
@@ -531,7 +534,7 @@ async def test_endpointslices_source_against_the_real_api(
     slice_["ports"][0]["protocol"] = "TCP"
     await asyncio.to_thread(k8s_cluster.apply, _k8s_isvc("llama", ns), slice_)
     app = build_router(RouterConfig(test_mode=True), start_background=False)
-    config = d.KubernetesDiscoveryConfig(namespaces=(ns,), kubeconfig=str(k8s_cluster.kubeconfig))
+    config = kt.KubernetesDiscoveryConfig(namespaces=(ns,), kubeconfig=str(k8s_cluster.kubeconfig))
     refused: list[str] = []
 
     def allow(url: str) -> bool:
