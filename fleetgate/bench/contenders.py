@@ -33,6 +33,9 @@ fleetgate ablations are configuration variations of the same router
   rendezvous placement bounded by load alone, as before the prefill-cost rule
 * ``fleetgate-prefill-greedy`` ``prefill_slack: 0``, ``prefill_slack_tokens: 0``:
   only endpoints with the least prefill backlog + uncached prompt are eligible
+* ``fleetgate-flat-bound``   ``scheduling.load_bound_tokens: null``: the same load
+  bound for every prefix instead of one scaled by the prompt tokens a spill would
+  prefill again
 * ``fleetgate-rendezvous``   ``scheduling.cold_choices: 1``: a new prefix goes to its
   rendezvous target among the least prefill-backlogged endpoints, as the router does
   by default when ``router_replicas`` > 1 (the Helm chart's 2 replicas)
@@ -166,6 +169,12 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             scheduling=(("prefill_slack", 0.0), ("prefill_slack_tokens", 0)),
             description="default weights, prefill-cost rule without slack (cheapest only)",
+        ),
+        Contender(
+            "fleetgate-flat-bound",
+            "fleetgate",
+            scheduling=(("load_bound_tokens", None),),
+            description="default weights, one load bound for every prefix (not hit-weighted)",
         ),
         Contender(
             "fleetgate-rendezvous",

@@ -30,7 +30,7 @@ from starlette.routing import Route
 from fleetgate.engines import get_adapter
 from fleetgate.router.admission import PriorityRuntime, parse_priority
 from fleetgate.router.client import make_client
-from fleetgate.router.config import ConfigError, RouterConfig
+from fleetgate.router.config import ConfigError, RouterConfig, Scheduling
 from fleetgate.router.dispatch import Admission, ImmediateAdmission, InFlightTable
 from fleetgate.router.errors import error_body
 from fleetgate.router.metrics import RouterMetrics
@@ -38,7 +38,7 @@ from fleetgate.router.poller import Poller
 from fleetgate.router.proxy import ProxyEndpoint, Services
 from fleetgate.router.resume import PriorityPath
 from fleetgate.router.scheduling.load import LoadParams
-from fleetgate.router.scheduling.pipeline import PipelineWeights, default_pipeline
+from fleetgate.router.scheduling.pipeline import Pipeline, PipelineWeights, default_pipeline
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.state import Endpoint, Fleet
@@ -79,6 +79,23 @@ def build_fleet(config: RouterConfig) -> Fleet:
     )
 
 
+def pipeline_for(sched: Scheduling) -> Pipeline:
+    """The scheduling pipeline the router YAML's ``scheduling:`` section describes."""
+    return default_pipeline(
+        PipelineWeights(
+            sched.weights.prefix, sched.weights.load, sched.weights.kv, sched.weights.speed
+        ),
+        load_bound=sched.effective_load_bound(),
+        slack_requests=sched.slack_requests,
+        queue_work=sched.queue_work,
+        picker=sched.picker,
+        cold_choices=sched.effective_cold_choices(),
+        prefill_slack=sched.prefill_slack,
+        prefill_slack_tokens=sched.prefill_slack_tokens,
+        bound_tokens=sched.load_bound_tokens,
+    )
+
+
 def build_router(
     config: RouterConfig,
     *,
@@ -97,18 +114,7 @@ def build_router(
     config.check_loopback()
     fleet = build_fleet(config)
     sched = config.scheduling
-    pipeline = default_pipeline(
-        PipelineWeights(
-            sched.weights.prefix, sched.weights.load, sched.weights.kv, sched.weights.speed
-        ),
-        load_bound=sched.effective_load_bound(),
-        slack_requests=sched.slack_requests,
-        queue_work=sched.queue_work,
-        picker=sched.picker,
-        cold_choices=sched.effective_cold_choices(),
-        prefill_slack=sched.prefill_slack,
-        prefill_slack_tokens=sched.prefill_slack_tokens,
-    )
+    pipeline = pipeline_for(sched)
     n = max(1, len(fleet.endpoints))
     client = make_client(
         test_mode=config.effective_test_mode,

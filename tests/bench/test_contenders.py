@@ -168,6 +168,7 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         "fleetgate-no-prefill-cost",
         "fleetgate-prefill-greedy",
         "fleetgate-rendezvous",
+        "fleetgate-flat-bound",
     }
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fleetgate.cli import main
+from fleetgate.router.app import pipeline_for
 from fleetgate.router.config import (
     ConfigError,
     RouterConfig,
@@ -22,6 +23,7 @@ from fleetgate.router.config import (
     parse_config,
     with_backends,
 )
+from fleetgate.router.scheduling.plugins import PrefixAffinityScorer
 
 
 @pytest.mark.parametrize(
@@ -185,6 +187,27 @@ def test_load_bound_follows_the_router_replica_count(
 def test_load_bound_rejects_negative() -> None:
     with pytest.raises(ValueError, match="load_bound"):
         parse_config({"pools": [], "scheduling": {"load_bound": -0.1}})
+
+
+def test_the_router_builds_its_affinity_scorer_from_the_scheduling_section() -> None:
+    def scorer(scheduling: dict[str, object]) -> PrefixAffinityScorer:
+        pipeline = pipeline_for(parse_config({"pools": [], "scheduling": scheduling}).scheduling)
+        found = [w.scorer for w in pipeline.scorers if isinstance(w.scorer, PrefixAffinityScorer)]
+        assert len(found) == 1
+        return found[0]
+
+    default = scorer({})
+    assert (default.load_bound, default.bound_tokens, default.cold_choices) == (1.0, 2048, None)
+    replicas = scorer({"router_replicas": 2, "load_bound_tokens": None})
+    assert (replicas.load_bound, replicas.bound_tokens, replicas.cold_choices) == (0.25, None, 1)
+
+
+def test_load_bound_tokens_default_null_and_bad_values() -> None:
+    assert parse_config({"pools": []}).scheduling.load_bound_tokens == 2048
+    flat = {"pools": [], "scheduling": {"load_bound_tokens": None}}
+    assert parse_config(flat).scheduling.load_bound_tokens is None
+    with pytest.raises(ValueError, match="load_bound_tokens"):
+        parse_config({"pools": [], "scheduling": {"load_bound_tokens": 0}})
 
 
 @pytest.mark.parametrize("bad", [0, -1, "some", 1.5])

@@ -483,3 +483,43 @@ def test_cold_choices_none_lets_the_least_loaded_near_cheapest_endpoint_win() ->
     assert d.pick == EndpointId("idle") and d.reason == "cold"
     d = default_pipeline(cold_choices=1).schedule(req(**DOC), eps, random.Random(0))
     assert d.pick == EndpointId("target") and d.reason == "cold"
+
+
+# ------------------------------------------------------------ hit-weighted load bound
+
+
+def test_bound_scales_with_the_prompt_tokens_a_spill_would_prefill_again() -> None:
+    scorer = PrefixAffinityScorer(load_bound=1.0, bound_tokens=2048)
+    r = req(**DOC)  # 3000 tokens in 100 chunks
+    eps = [
+        view("doc", match=100),  # saves all 3000 tokens against "none": the full bound
+        view("half", match=34),  # saves 1020 tokens: about half of it
+        view("none"),  # holds nothing: bound 0
+    ]
+    b = scorer.bounds(r, eps)
+    assert b[EndpointId("doc")] == 1.0 and b[EndpointId("none")] == 0.0
+    assert b[EndpointId("half")] == pytest.approx(1020 / 2048)
+    # a prefix every endpoint holds (a shared system prompt) saves nothing anywhere
+    shared = [view("a", match=10), view("b", match=10)]
+    assert set(scorer.bounds(r, shared).values()) == {0.0}
+    # unset: the flat bound for every endpoint
+    flat = PrefixAffinityScorer(load_bound=1.0).bounds(r, eps)
+    assert set(flat.values()) == {1.0}
+
+
+@pytest.mark.parametrize(
+    ("match", "keeps"),
+    [
+        (100, True),  # a 3000-token document: staying at 1.75x the mean beats a re-prefill
+        (10, False),  # 300 tokens of history: spill to the idle engines
+    ],
+)
+def test_a_loaded_engine_keeps_a_long_prefix_but_not_a_short_one(match: int, keeps: bool) -> None:
+    # mean work 0.4: "warm" at 1.75x the mean, over a flat bound of 0.25, under 1.0
+    eps = [view("warm", match=match, work=0.7, rank=1), view("a", work=0.3), view("b", work=0.2)]
+    scorer = PrefixAffinityScorer(load_bound=1.0, slack_requests=0, bound_tokens=2048)
+    assert scorer.eligible(req(**DOC), eps)[EndpointId("warm")] is keeps
+    d = default_pipeline(load_bound=1.0, bound_tokens=2048).schedule(
+        req(**DOC), eps, random.Random(0)
+    )
+    assert (d.pick == EndpointId("warm")) is keeps

@@ -195,6 +195,7 @@ def default_pipeline(
     cold_choices: int | None = 1,
     prefill_slack: float | None = 0.25,
     prefill_slack_tokens: int = 512,
+    bound_tokens: int | None = None,
 ) -> Pipeline:
     """The registered in-tree plugins, in order (one place to read them all).
 
@@ -217,6 +218,7 @@ def default_pipeline(
                     cold_choices,
                     prefill_slack,
                     prefill_slack_tokens,
+                    bound_tokens,
                 ),
                 weights.prefix,
             ),

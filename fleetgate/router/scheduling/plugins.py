@@ -231,8 +231,13 @@ class PrefixAffinityScorer:
       one engine.
     * Eligible means all of:
 
-      - bounded load: work at most ``(1 + load_bound) x`` the pool mean (plus
-        ``slack_requests``);
+      - bounded load: work at most ``(1 + bound) x`` the pool mean (plus
+        ``slack_requests``), where ``bound`` is ``load_bound`` scaled by what this
+        endpoint's cache saves (:meth:`bounds`, when ``bound_tokens`` is set): a
+        spill costs a second prefill of the prompt part only this endpoint holds,
+        so a 3000-token document may keep its engine up to the full bound while a
+        conversation whose few hundred history tokens are the only difference
+        spills near the mean;
       - no queueing: not a full batch (work >= ``queue_work``) while another
         endpoint has a free slot;
       - prefill cost (:func:`prefill_cost`, when ``prefill_slack`` is not None): at
@@ -256,6 +261,9 @@ class PrefixAffinityScorer:
     prefill_slack: float | None = 0.25
     """Relative slack of the prefill-cost rule; None turns the rule off."""
     prefill_slack_tokens: int = 512
+    bound_tokens: int | None = None
+    """Saved prompt tokens at which an endpoint gets the full ``load_bound``; fewer
+    scale it down linearly (:meth:`bounds`). None: ``load_bound`` everywhere."""
     name: str = "prefix-affinity"
 
     def score(
@@ -291,10 +299,10 @@ class PrefixAffinityScorer:
     ) -> dict[EndpointId, bool]:
         """Which endpoints may get affinity credit (the three rules in the class doc)."""
         mean = sum(e.load.work for e in endpoints) / len(endpoints)
-        bound, slack = self.load_bound, self.slack_requests
+        bounds, slack = self.bounds(request, endpoints), self.slack_requests
         room = min(e.load.work for e in endpoints) < self.queue_work
         ok = {
-            e.id: not over_bound(e, mean, bound, slack)
+            e.id: not over_bound(e, mean, bounds[e.id], slack)
             and not (room and e.load.work >= self.queue_work)
             for e in endpoints
         }
@@ -303,6 +311,25 @@ class PrefixAffinityScorer:
             limit = (1.0 + self.prefill_slack) * min(costs.values()) + self.prefill_slack_tokens
             ok = {eid: fine and costs[eid] <= limit for eid, fine in ok.items()}
         return ok
+
+    def bounds(
+        self, request: RequestView, endpoints: Sequence[EndpointView]
+    ) -> dict[EndpointId, float]:
+        """Each endpoint's load bound: ``load_bound x min(1, saved / bound_tokens)``.
+
+        ``saved`` = prompt tokens this endpoint holds beyond the endpoint that holds
+        the least of this prompt, i.e. the prefill a spill would repeat. A system
+        prompt every engine holds saves nothing against the others, so it earns no
+        extra load; a long document only one engine holds earns the full bound.
+        """
+        if not self.bound_tokens:
+            return {e.id: self.load_bound for e in endpoints}
+        uncached = {e.id: uncached_tokens(request, e.prefix_match) for e in endpoints}
+        most = max(uncached.values())
+        return {
+            eid: self.load_bound * min(1.0, (most - u) / self.bound_tokens)
+            for eid, u in uncached.items()
+        }
 
 
 #: The score every endpoint gets when speed should not steer (see EngineSpeedScorer).
