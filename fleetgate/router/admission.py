@@ -1,37 +1,33 @@
-"""Priority admission at run time: the queue, the event-driven drain, preemption.
+"""Admission: when, and on which endpoint, a request (or its continuation) may run.
 
-This is the I/O half of ``fleetgate/router/priority/`` (whose package
-docstring gives the wiring steps followed here). One :class:`PriorityRuntime`
-per router app (built in ``app.build_router`` when the YAML has a
-``priority:`` section) owns:
+The serve loop asks ``await admission.admit(req)`` before every attempt and gets
+an :class:`~fleetgate.router.state.Endpoint` (reserved for the request:
+``Request.reserve``) or a :class:`Refusal`. After the attempt it calls
+``release(req)``; when the request is over, ``forget(req)``; to try again
+elsewhere (an engine failure, a preemption), ``park(req, cause)`` and then
+``admit`` again. Two implementations:
 
-* the :class:`~fleetgate.router.priority.queue.AdmissionQueue` (pool = model);
-* the running jobs (the in-flight set preemption chooses victims from);
-* one drain scheduler: :meth:`PriorityRuntime.kick` coalesces events into one
-  :func:`~fleetgate.router.priority.policy.drain` call on the next loop turn.
-  Events: a request arrived (only when it had to queue), a request's segment
-  ended, a scrape landed / a probe changed health / models changed (the
-  poller's ``on_change`` hook), and ONE timer armed at the earlier of
-  ``queue.next_expiry()`` and the next moment a queued request crosses its
-  class's preemption threshold. Nothing polls.
+* :class:`ImmediateAdmission` (the router YAML has no ``priority:`` section):
+  every admission runs the scheduling pipeline at once over the endpoints the
+  request has not failed on; nothing queues and nothing is preempted.
+* :class:`ClassQueueAdmission` (a ``priority:`` section): a request is placed at
+  once while its pool is not saturated (hot path: one saturation check plus the
+  pipeline); otherwise it waits in the
+  :class:`~fleetgate.router.priority.queue.AdmissionQueue` (strict class order,
+  weighted fair queueing among tenants) and one event-driven drain dispatches,
+  sheds and preempts (:func:`~fleetgate.router.priority.policy.drain`). Drain
+  events: a request had to queue, an attempt ended, the poller saw a change, and
+  ONE timer armed at the next queue expiry or preemption threshold. Nothing
+  polls. A preemption cancels the victim's running attempt while it awaits the
+  engine, never while it writes to the client (``Request.sending``).
 
-Hot path: a request whose pool has nothing queued and at least one available
-endpoint (:func:`~fleetgate.router.priority.saturation.pool_saturation`) is
-placed at once, without the queue or a drain (one saturation check plus the
-usual scheduling pipeline).
+Both decide eligibility with the pipeline's own hard filters
+(``Pipeline.eligible``) and place with the same pipeline (:class:`Placer`).
 
-Accounting invariant: a dispatch decided here reserves its endpoint at once
-(``Endpoint.dispatch``), so two drains on consecutive loop turns never
-overfill an endpoint before the request's task runs; the reservation is
-released exactly once, by the segment that used it or by :meth:`forget`.
-
-Settings (router YAML ``priority:``): every field of
-:class:`~fleetgate.router.priority.config.PriorityConfig`, plus
-``preemption: false`` (alias of ``preemption_enabled``, the ablation switch) and
-``engine_priority`` (:class:`EnginePriority`: whether an endpoint is sent the
-engine's own priority field; vLLM rejects a non-zero ``priority`` unless it
-runs ``--scheduling-policy priority``, which the emulator and operator-made
-vLLM do by default, engines.md section 2).
+Accounting invariant: a placement reserves its endpoint at once, so two
+drains on consecutive loop turns never overfill an endpoint before the
+request's attempt runs; the reservation is released exactly once
+(``Request.release`` is idempotent).
 """
 
 from __future__ import annotations
@@ -39,200 +35,173 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection
+from typing import Protocol
 
-from prometheus_client import Counter as PromCounter
-from prometheus_client import Gauge, Histogram
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from fleetgate.router.config import ConfigError
-from fleetgate.router.priority.config import PriorityClass, PriorityConfig
+from fleetgate.router.config import RouterConfig
+from fleetgate.router.metrics import ClassMetrics, RouterMetrics
+from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.priority.policy import Dispatch, Preempt, drain
 from fleetgate.router.priority.preemption import InFlight as VictimView
 from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
-from fleetgate.router.priority.saturation import EndpointView, pool_saturation
-from fleetgate.router.scheduling.pipeline import NoEndpointError
-from fleetgate.router.scheduling.plugins import uncached_tokens
-from fleetgate.router.scheduling.types import EndpointId, RequestView
-from fleetgate.router.state import Endpoint
+from fleetgate.router.priority.saturation import SaturationView, pool_saturation
+from fleetgate.router.request import Request
+from fleetgate.router.scheduling.pipeline import NoEndpointError, Pipeline
+from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.router.state import Endpoint, Fleet
 
-if TYPE_CHECKING:
-    from fleetgate.router.metrics import RouterMetrics
-    from fleetgate.router.proxy import Services
-
-log = logging.getLogger("fleetgate.router.priority")
-
-_WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
-
-
-class EnginePriority(BaseModel):
-    """Which endpoints get the engine's own priority field (``priority.engine_priority``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    default: bool = True
-    pools: dict[str, bool] = Field(default_factory=dict)
-    endpoints: dict[str, bool] = Field(default_factory=dict)
-
-    def enabled(self, pool: str, endpoint: str) -> bool:
-        if endpoint in self.endpoints:
-            return self.endpoints[endpoint]
-        return self.pools.get(pool, self.default)
+log = logging.getLogger("fleetgate.router.admission")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class PrioritySettings:
-    config: PriorityConfig
-    engine_priority: EnginePriority
+class Refusal:
+    """Admission will not place the request: the client gets ``status``."""
+
+    status: int
+    message: str
+    retry_after: float | None = None
+    shed: bool = False
+    """True when the class queue refused or expired it (counted as a shed)."""
 
 
-def parse_priority(raw: Mapping[str, Any] | None) -> PrioritySettings | None:
-    """The YAML ``priority:`` section, validated; None when absent (priority off)."""
-    if raw is None:
+class Admission(Protocol):
+    preempts: bool
+    """Whether a running attempt may be cut short to make room (needs the splicer)."""
+
+    async def admit(self, req: Request) -> Endpoint | Refusal:
+        """Place the request (reserving the endpoint), or refuse it."""
+        ...
+
+    def release(self, req: Request) -> None:
+        """The request's attempt ended: its endpoint's reservation is given back."""
+        ...
+
+    def park(self, req: Request, cause: str) -> None:
+        """The attempt was cut short (``preempted`` or ``engine_failure``): admit again."""
+        ...
+
+    def forget(self, req: Request) -> None:
+        """The request is over (any outcome, the client gone included)."""
+        ...
+
+    def on_fleet_change(self) -> None:
+        """The poller saw a scrape, a health or a model-list change."""
+        ...
+
+
+class Placer:
+    """The scheduling pipeline over the endpoints a request may use; reserves its pick."""
+
+    def __init__(
+        self, fleet: Fleet, pipeline: Pipeline, metrics: RouterMetrics, rng: random.Random
+    ) -> None:
+        self.fleet = fleet
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self.rng = rng
+
+    def eligible(self, req: Request, now: float) -> list[Endpoint]:
+        """Endpoints that can serve ``req`` (pipeline hard filters), preferring the ones
+        it has not failed on, and for a text-only chat resume the ones that continue a
+        partial assistant message (with no such engine, any: documented risk)."""
+        views = self.pipeline.eligible(req.view, self.fleet.views((), [], now))
+        out = [self.fleet.endpoints[v.id] for v in views]
+        if req.failed:
+            out = [e for e in out if e.id not in req.failed] or out
+        if req.needs_final_message and req.parked_at is not None:
+            out = [e for e in out if e.adapter.continues_final_message] or out
+        return out
+
+    def pick(self, req: Request, allowed: Collection[str], now: float) -> Endpoint | None:
+        """The pipeline's best endpoint among ``allowed`` (None: the filters left none)."""
+        views = [v for v in self.fleet.views(req.chain, req.order, now) if v.id in allowed]
+        try:
+            decision = self.pipeline.schedule(req.view, views, self.rng)
+        except NoEndpointError:
+            return None
+        self.metrics.child(
+            self.metrics.decisions, req.model, decision.reason, decision.decided_by
+        ).inc()
+        for eid in decision.ranking:
+            if eid in allowed:
+                return self.fleet.endpoints[eid]
         return None
-    data = dict(raw)
-    engine = data.pop("engine_priority", None)
-    if "preemption" in data:
-        if "preemption_enabled" in data:
-            raise ConfigError("priority: give 'preemption' or 'preemption_enabled', not both")
-        data["preemption_enabled"] = data.pop("preemption")
-    try:
-        cfg = PriorityConfig.model_validate(data)
-        ep = EnginePriority.model_validate(engine if engine is not None else {})
-    except ValidationError as e:
-        where = "; ".join(
-            "priority." + ".".join(str(p) for p in err["loc"]) + f": {err['msg']}"
-            if err["loc"]
-            else f"priority: {err['msg']}"
-            for err in e.errors()
-        )
-        raise ConfigError(where) from None
-    return PrioritySettings(cfg, ep)
+
+    def reserve(self, req: Request, e: Endpoint) -> Endpoint:
+        matched = self.fleet.index.match(e.id, req.chain) if req.chain else 0
+        req.reserve(e, matched)
+        return e
 
 
-class PriorityMetrics:
-    """The priority metrics (docs/router.md), registered in the app's registry."""
+Clock = Callable[[], float]
 
-    def __init__(self, metrics: RouterMetrics, config: PriorityConfig) -> None:
-        r = metrics.registry
-        self.m = metrics
+
+class ImmediateAdmission:
+    """Place every request at once; an engine failure is placed again elsewhere."""
+
+    preempts = False
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        placer: Placer,
+        classes: ClassMetrics,
+        clock: Clock,
+    ) -> None:
         self.config = config
-        mc = ["model", "class"]
-        self.depth = Gauge(
-            "fleetgate_queue_depth", "Requests waiting in the admission queue (incl. parked).",
-            mc, registry=r,
-        )  # fmt: skip
-        self.wait = Histogram(
-            "fleetgate_queue_wait_seconds",
-            "Arrival to first dispatch (0 when placed at once).",
-            mc, buckets=_WAIT, registry=r,
-        )  # fmt: skip
-        self.dispatches = PromCounter(
-            "fleetgate_dispatches", "Requests (and resumes) sent to an engine.", mc, registry=r
-        )
-        self.preemptions = PromCounter(
-            "fleetgate_preemptions", "In-flight requests preempted (class of the victim).",
-            mc, registry=r,
-        )  # fmt: skip
-        self.resumes = PromCounter(
-            "fleetgate_resumes",
-            "Parked requests dispatched again as a continuation (cause preempted|engine_failure).",
-            ["model", "class", "cause"], registry=r,
-        )  # fmt: skip
-        self.resume_latency = Histogram(
-            "fleetgate_resume_latency_seconds",
-            "Park to the first continuation token.",
-            mc, buckets=_WAIT, registry=r,
-        )  # fmt: skip
-        self.sheds = PromCounter(
-            "fleetgate_sheds",
-            "Requests refused by the admission queue (queue full or queue timeout).",
-            ["model", "class", "status"], registry=r,
-        )  # fmt: skip
-        self.ttft_objective = PromCounter(
-            "fleetgate_ttft_objective",
-            "Requests that got a first token (met = within the class TTFT objective) or failed.",
-            ["model", "class", "met"], registry=r,
-        )  # fmt: skip
-        self.refed = PromCounter(
-            "fleetgate_resume_refed_tokens",
-            "Generated tokens sent back to an engine as prompt by continuations "
-            "(re-prefilled unless the engine still caches them).",
-            mc, registry=r,
-        )  # fmt: skip
-        self._models: set[str] = set()
+        self.placer = placer
+        self.classes = classes
+        self.clock = clock
 
-    def precreate(self, models: Sequence[str]) -> None:
-        """Series at 0 for every configured class of every (new) model."""
-        for model in models:
-            if model in self._models:
-                continue
-            self._models.add(model)
-            for c in self.config.classes:
-                lv = (model, c.name)
-                self.m.child(self.depth, *lv).set(0)
-                self.m.child(self.wait, *lv)
-                self.m.child(self.dispatches, *lv)
-                self.m.child(self.preemptions, *lv)
-                self.m.child(self.refed, *lv)
-                self.m.child(self.resume_latency, *lv)
-                for cause in ("preempted", "engine_failure"):
-                    self.m.child(self.resumes, *lv, cause)
-                self.m.child(self.sheds, *lv, str(c.reject_status()))
-                for met in ("true", "false"):
-                    self.m.child(self.ttft_objective, *lv, met)
+    async def admit(self, req: Request) -> Endpoint | Refusal:
+        now = self.clock()
+        retry_after = self.config.limits.retry_after_s
+        able = [e.id for e in self.placer.eligible(req, now) if e.id not in req.failed]
+        if not able:
+            cause = f" ({req.last_cause})" if req.failures else ""
+            what = "could serve the request" if req.failures else f"serves model `{req.model}`"
+            return Refusal(503, f"no healthy endpoint {what}{cause}", retry_after)
+        e = self.placer.pick(req, able, now)
+        if e is None:
+            return Refusal(503, f"no endpoint serves model `{req.model}`", retry_after)
+        if not req.dispatched_once:
+            self.classes.m.child(self.classes.wait, req.model, req.cls.name).observe(0.0)
+        return self.placer.reserve(req, e)
+
+    def release(self, req: Request) -> None:
+        req.release()
+
+    def park(self, req: Request, cause: str) -> None:
+        req.parked_at = self.clock()
+        req.park_cause = cause
+
+    def forget(self, req: Request) -> None:
+        req.release()
+
+    def on_fleet_change(self) -> None:
+        self.classes.precreate(self.placer.fleet.models(healthy_only=False, now=self.clock()))
 
 
-@dataclasses.dataclass(eq=False)
-class Job:
-    """One request under priority control (the queue payload and the victim record)."""
-
-    request_id: str
-    cls: PriorityClass
-    tenant: str
-    model: str
-    arrival: float
-    view: RequestView
-    chain: tuple[int, ...]
-    order: list[EndpointId]
-    kv_tokens: int
-    resumable: bool
-    waiter: asyncio.Future[Endpoint | Shed[Job]] | None = None
-    holding: Endpoint | None = None
-    """The endpoint reserved for this job and not yet released."""
-    prefill: int = 0
-    """Uncached prompt tokens counted in ``holding``'s prefill backlog until the
-    segment's first token (``PriorityRuntime.prefilled``)."""
-    segment: asyncio.Task[str] | None = None
-    sending: bool = False
-    preempt_pending: bool = False
-    preemptions: int = 0
-    resumes: int = 0
-    generated: int = 0
-    started_at: float = 0.0
-    parked_at: float | None = None
-    park_cause: str = ""
-    queued: bool = False
-    dispatched_once: bool = False
-    failed: set[str] = dataclasses.field(default_factory=set)
-    chat: bool = False
-    needs_final_message: bool = False
-    """Parked chat answer without token ids: resume it where the engine continues a
-    partial assistant message (``EngineAdapter.continues_final_message``)."""
-
-
-class PriorityRuntime:
+class ClassQueueAdmission:
     """Queue, drain scheduling and preemption for one router app (module docstring)."""
 
-    def __init__(self, services: Services, settings: PrioritySettings) -> None:
-        self.s = services
-        self.cfg = settings.config
-        self.engine_priority = settings.engine_priority
-        self.queue: AdmissionQueue[Job] = AdmissionQueue(self.cfg)
-        self.metrics = PriorityMetrics(services.metrics, self.cfg)
-        self.running: dict[str, Job] = {}
+    def __init__(
+        self,
+        cfg: PriorityConfig,
+        placer: Placer,
+        classes: ClassMetrics,
+        clock: Clock,
+    ) -> None:
+        self.cfg = cfg
+        self.placer = placer
+        self.fleet = placer.fleet
+        self.classes = classes
+        self.clock = clock
+        self.preempts = cfg.preemption_enabled
+        self.queue: AdmissionQueue[Request] = AdmissionQueue(cfg)
+        self.running: dict[str, Request] = {}
         self.preempting_for: dict[str, str] = {}
         """waiting request id -> victim request id, while that preemption is in progress."""
         self._queued: Counter[str] = Counter()
@@ -243,37 +212,92 @@ class PriorityRuntime:
         self.unknown_slot_limit: set[str] = set()
         """Endpoints warned about: no configured capacity and none in their metrics."""
 
-    # -- events ------------------------------------------------------------
+    # -- the Admission protocol ------------------------------------------------
+
+    async def admit(self, req: Request) -> Endpoint | Refusal:
+        # The waiter exists before the request can be queued: a drain resolves it.
+        req.waiter = asyncio.get_running_loop().create_future()
+        try:
+            got = None if req.queued else self._offer(req)
+            if got is None:
+                got = await req.waiter
+        finally:
+            req.waiter = None
+        if isinstance(got, Shed):
+            return Refusal(got.status, got.message, got.retry_after_s, shed=True)
+        self.running[req.id] = req
+        return got
+
+    def release(self, req: Request) -> None:
+        req.release()
+        self.running.pop(req.id, None)
+        self.kick()  # capacity freed: an event for the drain
+
+    def park(self, req: Request, cause: str) -> None:
+        """Re-queue a preempted / engine-died request (its original arrival kept)."""
+        now = self.clock()
+        req.parked_at = now
+        req.park_cause = cause
+        req.preempt_pending = False
+        for waiting, victim in list(self.preempting_for.items()):
+            if victim == req.id:
+                del self.preempting_for[waiting]
+        self.queue.park(req.id, req.cls, req.tenant, req.arrival, now, req, pool=req.model)
+        self._enqueued(req)
+        self.kick()
+
+    def forget(self, req: Request) -> None:
+        if req.queued and self.queue.remove(req.id) is not None:
+            self._dequeued(req)
+        self.preempting_for.pop(req.id, None)
+        self.release(req)
 
     def on_fleet_change(self) -> None:
-        """Poller hook: a scrape landed, health or the model list changed."""
-        self.metrics.precreate(self.s.fleet.models(healthy_only=False, now=self.s.clock()))
+        self.classes.precreate(self.fleet.models(healthy_only=False, now=self.clock()))
         self._warn_unknown_slot_limits()
         self.kick()
 
-    def _warn_unknown_slot_limits(self) -> None:
-        """Once per endpoint: its slot limit is neither configured nor scraped.
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
-        vLLM does not export ``--max-num-seqs``; without the backend's
-        ``capacity`` (Kubernetes discovery takes it from the InferenceService)
-        saturation sees such an engine as free until its own queue shows
-        waiting requests, so urgent work can queue inside the engine behind
-        lower classes (measured on priority-storm: critical attainment 64%
-        without capacity, 100% with it).
-        """
-        for e in self.s.fleet:
-            if e.id in self.unknown_slot_limit or e.capacity_hint is not None:
-                continue
-            snap = e.snapshot
-            if snap is not None and snap.max_running is None:
-                self.unknown_slot_limit.add(e.id)
-                log.warning(
-                    "endpoint %s (%s) reports no concurrent-sequence limit and its backend "
-                    "sets no capacity: priority saturation will only see its own queue; set "
-                    "capacity to the engine's --max-num-seqs",
-                    e.id,
-                    e.engine,
-                )
+    # -- placing ---------------------------------------------------------------
+
+    def _offer(self, req: Request) -> Endpoint | Shed[Request] | None:
+        """Place at once (hot path), refuse (class full), or queue (None: await the waiter)."""
+        now = self.clock()
+        self.classes.precreate((req.model,))
+        if not self._queued[req.model]:
+            sat = pool_saturation(self.views(req, now), self.cfg.saturation)
+            if not sat.saturated:
+                e = self.placer.pick(req, sat.available, now)
+                if e is not None:
+                    self.classes.m.child(self.classes.wait, req.model, req.cls.name).observe(0.0)
+                    return self.placer.reserve(req, e)
+        got = self.queue.offer(req.id, req.cls, req.tenant, now, req, cost=1.0, pool=req.model)
+        if isinstance(got, Shed):
+            self._count_shed(got)
+            return got
+        self._enqueued(req)
+        self.kick()
+        return None
+
+    def views(self, req: Request, now: float) -> list[SaturationView]:
+        """Saturation inputs of every endpoint that may serve ``req``."""
+        return [self.fleet.saturation_view(e, now) for e in self.placer.eligible(req, now)]
+
+    def _request_preempt(self, req: Request) -> bool:
+        """Stop the request's running attempt (closing its upstream); False if none runs."""
+        seg = req.segment
+        if seg is None or seg.done() or req.preempt_pending:
+            return False
+        req.preempt_pending = True
+        if not req.sending:
+            seg.cancel()
+        return True
+
+    # -- drain -----------------------------------------------------------------
 
     def kick(self) -> None:
         """Run one drain on the next loop turn (events coalesce; nothing queued: no-op)."""
@@ -281,99 +305,24 @@ class PriorityRuntime:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._drain_now)
 
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    # -- admission -----------------------------------------------------------
-
-    def admit(self, job: Job) -> Endpoint | Shed[Job] | None:
-        """Place at once (hot path), refuse (class full), or queue (None: await ``job.waiter``)."""
-        now = self.s.clock()
-        self.metrics.precreate((job.model,))
-        if not self._queued[job.model]:
-            views = self.views(job, now)
-            sat = pool_saturation(views, self.cfg.saturation)
-            if not sat.saturated:
-                eid = self.pick(job, sat.available, now)
-                self.metrics.m.child(self.metrics.wait, job.model, job.cls.name).observe(0.0)
-                return self._reserve(job, eid)
-        got = self.queue.offer(
-            job.request_id, job.cls, job.tenant, now, job, cost=1.0, pool=job.model
-        )
-        if isinstance(got, Shed):
-            self._count_shed(got)
-            return got
-        self._enqueued(job)
-        self.kick()
-        return None
-
-    def park(self, job: Job, cause: str) -> None:
-        """Re-queue a preempted / engine-died job (its original arrival kept)."""
-        now = self.s.clock()
-        job.parked_at = now
-        job.park_cause = cause
-        job.preempt_pending = False
-        for waiting, victim in list(self.preempting_for.items()):
-            if victim == job.request_id:
-                del self.preempting_for[waiting]
-        self.queue.park(job.request_id, job.cls, job.tenant, job.arrival, now, job, pool=job.model)
-        self._enqueued(job)
-        self.kick()
-
-    def forget(self, job: Job) -> None:
-        """The job's request is over (any outcome, incl. client gone)."""
-        if job.queued and self.queue.remove(job.request_id) is not None:
-            self._dequeued(job)
-        self.preempting_for.pop(job.request_id, None)
-        self.release(job)
-        self.running.pop(job.request_id, None)
-        self.kick()
-
-    def prefilled(self, job: Job) -> None:
-        """The job's current segment produced its first token (or ended): its prompt
-        no longer counts in its endpoint's prefill backlog. Idempotent."""
-        if job.prefill and job.holding is not None:
-            job.holding.prefilled(job.prefill)
-        job.prefill = 0
-
-    def release(self, job: Job) -> None:
-        self.prefilled(job)
-        e = job.holding
-        if e is not None:
-            job.holding = None
-            e.finish(job.kv_tokens, held_tokens=job.view.prompt_tokens + job.generated)
-
-    def request_preempt(self, job: Job) -> bool:
-        """Stop the job's current segment (closing its upstream); False if it is not running."""
-        seg = job.segment
-        if seg is None or seg.done() or job.preempt_pending:
-            return False
-        job.preempt_pending = True
-        if not job.sending:
-            seg.cancel()
-        return True
-
-    # -- drain -----------------------------------------------------------------
-
     def _drain_now(self) -> None:
         self._scheduled = False
         if not self._queued:
             self._arm(None)
             return
         self.drains += 1
-        now = self.s.clock()
-        cache: dict[int, list[EndpointView]] = {}
+        now = self.clock()
+        cache: dict[int, list[SaturationView]] = {}
 
-        def views_for(item: QueueItem[Job]) -> list[EndpointView]:
+        def views_for(item: QueueItem[Request]) -> list[SaturationView]:
             key = id(item.payload)
             if key not in cache:
                 cache[key] = self.views(item.payload, now)
             return cache[key]
 
-        def pick(item: QueueItem[Job], available: tuple[str, ...]) -> str:
-            return self.pick(item.payload, available, now)
+        def pick(item: QueueItem[Request], available: tuple[str, ...]) -> str:
+            e = self.placer.pick(item.payload, available, now)
+            return e.id if e is not None else available[0]
 
         actions = drain(
             self.queue,
@@ -391,25 +340,26 @@ class PriorityRuntime:
                 self._count_shed(a)
                 _resolve(a.item.payload, a)
             elif isinstance(a, Dispatch):
-                job = a.item.payload
-                self._dequeued(job)
-                self.preempting_for.pop(job.request_id, None)
-                if job.waiter is None or job.waiter.done():
+                req = a.item.payload
+                self._dequeued(req)
+                self.preempting_for.pop(req.id, None)
+                if req.waiter is None or req.waiter.done():
                     continue
-                if not job.dispatched_once:
-                    self.metrics.m.child(self.metrics.wait, job.model, job.cls.name).observe(
-                        now - job.arrival
+                if not req.dispatched_once:
+                    self.classes.m.child(self.classes.wait, req.model, req.cls.name).observe(
+                        now - req.arrival
                     )
-                _resolve(job, self._reserve(job, a.endpoint))
+                e = self.fleet.endpoints[EndpointId(a.endpoint)]
+                _resolve(req, self.placer.reserve(req, e))
             elif isinstance(a, Preempt):
                 victim = self.running.get(a.victim.request_id)
-                if victim is not None and self.request_preempt(victim):
-                    self.preempting_for[a.for_item.request_id] = victim.request_id
+                if victim is not None and self._request_preempt(victim):
+                    self.preempting_for[a.for_item.request_id] = victim.id
                     victim.preemptions += 1
-                    log.info("preempt %s for %s: %s", victim.request_id, a.for_item.request_id,
-                             a.reason)  # fmt: skip
-                    self.metrics.m.child(
-                        self.metrics.preemptions, victim.model, victim.cls.name
+                    waiting = a.for_item.payload
+                    log.info("preempt %s for %s: %s", victim.label, waiting.label, a.reason)
+                    self.classes.m.child(
+                        self.classes.preemptions, victim.model, victim.cls.name
                     ).inc()
         self._arm(now)
 
@@ -434,7 +384,7 @@ class PriorityRuntime:
             self._timer = None
         self._timer_at = at
         if at is not None:
-            delay = max(0.0, at - self.s.clock()) + 1e-4
+            delay = max(0.0, at - self.clock()) + 1e-4
             self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
@@ -444,132 +394,70 @@ class PriorityRuntime:
 
     # -- helpers ---------------------------------------------------------------
 
-    def eligible(self, job: Job, now: float) -> list[Endpoint]:
-        out = [
-            e for e in self.s.fleet if e.healthy and not e.is_ejected(now) and job.model in e.models
-        ]
-        if job.failed:
-            kept = [e for e in out if e.id not in job.failed]
-            out = kept or out
-        if job.needs_final_message and job.parked_at is not None:
-            # elsewhere the partial assistant message would be answered as a new turn;
-            # with no such engine in the pool, resume anyway (documented risk)
-            able = [e for e in out if e.adapter.continues_final_message]
-            out = able or out
-        return out
-
-    def views(self, job: Job, now: float) -> list[EndpointView]:
-        """Saturation inputs per eligible endpoint: the last scrape plus the router's counts.
-
-        The scraped ``waiting`` is corrected by what the router saw end since the
-        scrape: requests of ours that were in flight then and have finished since
-        can no longer wait in the engine, so ``waiting - (at_scrape - in_flight)``
-        (floored at 0). Without it one scrape that caught a request between
-        arrival and its first step kept the endpoint "over" until the next
-        scrape (measured: p99 +330 ms in bench_router_overhead at concurrency 1).
-
-        The scraped KV use is corrected the same way, where the engine reports its
-        pool size: plus the estimated need (prompt + max output) of what the
-        router dispatched since, minus what the requests that ended since held
-        (prompt + generated). A preempted victim's blocks therefore count as free
-        at once, instead of the endpoint staying "over" until the next scrape and
-        the still-waiting request preempting a second victim meanwhile.
-        """
-        out = []
-        for e in self.eligible(job, now):
-            snap, c = e.snapshot, e.counts
-            at_scrape = c.in_flight - c.dispatched_since_scrape + c.finished_since_scrape
-            waiting = snap.waiting if snap else None
-            if waiting:
-                waiting = max(0, waiting - max(0, at_scrape - c.in_flight))
-            kv = snap.kv_usage if snap else None
-            if kv is not None and snap is not None and snap.blocks_total and snap.block_size:
-                delta = c.dispatched_tokens_since_scrape - c.freed_tokens_since_scrape
-                kv = min(1.0, max(0.0, kv + delta / (snap.blocks_total * snap.block_size)))
-            out.append(
-                EndpointView(
-                    endpoint=e.id,
-                    kv_usage=kv,
-                    waiting=waiting,
-                    running=snap.running if snap else None,
-                    in_flight=c.in_flight,
-                    scrape_age_s=max(0.0, now - snap.scraped_at) if snap else None,
-                    max_running=(snap.max_running if snap else None) or e.capacity_hint,
-                    in_flight_at_scrape=at_scrape if snap else None,
-                )
-            )
-        return out
-
-    def pick(self, job: Job, available: Sequence[str], now: float) -> str:
-        """The scheduling pipeline (prefix affinity, load) over ``available`` only."""
-        allowed = set(available)
-        views = [v for v in self.s.fleet.views(job.chain, job.order, now) if v.id in allowed]
-        try:
-            # the class level is the request's urgency for the scorers (engine speed)
-            view = job.view
-            if view.priority != job.cls.level:
-                view = dataclasses.replace(view, priority=job.cls.level)
-            decision = self.s.pipeline.schedule(view, views, self.s.rng)
-        except NoEndpointError:
-            return available[0]
-        self.s.metrics.child(
-            self.s.metrics.decisions, job.model, decision.reason, decision.decided_by
-        ).inc()
-        for eid in decision.ranking:
-            if eid in allowed:
-                return eid
-        return available[0]
-
-    def _reserve(self, job: Job, eid: str) -> Endpoint:
-        e = self.s.fleet.endpoints[EndpointId(eid)]
-        self.release(job)
-        matched = self.s.fleet.index.match(e.id, job.chain) if job.chain else 0
-        job.prefill = uncached_tokens(job.view, matched)
-        e.dispatch(job.kv_tokens, job.prefill)
-        job.holding = e
-        return e
-
     def _victims(self) -> list[VictimView]:
         # A chat answer streaming from an engine that returns no token ids could only
         # resume from text (``chat-assistant-prefix``), whose seam is not exact: it is
         # never chosen as a victim (an engine failure still resumes it that way).
         return [
             VictimView(
-                request_id=j.request_id,
-                endpoint=j.holding.id if j.holding is not None else "",
-                class_name=j.cls.name,
-                level=j.cls.level,
-                prompt_tokens=j.view.prompt_tokens,
-                generated_tokens=j.generated,
-                preemptions=j.preemptions,
-                started_at=j.started_at,
-                resumable=j.resumable
-                and not j.preempt_pending
-                and j.holding is not None
-                and (not j.chat or j.holding.adapter.returns_token_ids),
+                request_id=r.id,
+                endpoint=r.holding.id if r.holding is not None else "",
+                class_name=r.cls.name,
+                level=r.cls.level,
+                prompt_tokens=r.view.prompt_tokens,
+                generated_tokens=r.generated,
+                preemptions=r.preemptions,
+                started_at=r.started_at,
+                resumable=r.resumable
+                and not r.preempt_pending
+                and r.holding is not None
+                and (r.kind != "chat" or r.holding.adapter.returns_token_ids),
             )
-            for j in self.running.values()
+            for r in self.running.values()
         ]
 
-    def _enqueued(self, job: Job) -> None:
-        job.queued = True
-        self._queued[job.model] += 1
-        self.metrics.m.child(self.metrics.depth, job.model, job.cls.name).inc()
+    def _warn_unknown_slot_limits(self) -> None:
+        """Once per endpoint: its slot limit is neither configured nor scraped.
 
-    def _dequeued(self, job: Job) -> None:
-        if not job.queued:
+        vLLM does not export ``--max-num-seqs``; without the backend's ``capacity``
+        (Kubernetes discovery takes it from the InferenceService) saturation sees
+        such an engine as free until its own queue shows waiting requests, so urgent
+        work can queue inside the engine behind lower classes (measured on
+        priority-storm: critical attainment 64% without capacity, 100% with it).
+        """
+        for e in self.fleet:
+            if e.id in self.unknown_slot_limit or e.capacity_hint is not None:
+                continue
+            snap = e.snapshot
+            if snap is not None and snap.max_running is None:
+                self.unknown_slot_limit.add(e.id)
+                log.warning(
+                    "endpoint %s (%s) reports no concurrent-sequence limit and its backend "
+                    "sets no capacity: priority saturation will only see its own queue; set "
+                    "capacity to the engine's --max-num-seqs",
+                    e.id,
+                    e.engine,
+                )
+
+    def _enqueued(self, req: Request) -> None:
+        req.queued = True
+        self._queued[req.model] += 1
+        self.classes.m.child(self.classes.depth, req.model, req.cls.name).inc()
+
+    def _dequeued(self, req: Request) -> None:
+        if not req.queued:
             return
-        job.queued = False
-        self._queued[job.model] -= 1
-        if self._queued[job.model] <= 0:
-            del self._queued[job.model]
-        self.metrics.m.child(self.metrics.depth, job.model, job.cls.name).dec()
+        req.queued = False
+        self._queued[req.model] -= 1
+        if self._queued[req.model] <= 0:
+            del self._queued[req.model]
+        self.classes.m.child(self.classes.depth, req.model, req.cls.name).dec()
 
-    def _count_shed(self, shed: Shed[Job]) -> None:
-        job = shed.item.payload
-        self.metrics.m.child(self.metrics.sheds, job.model, job.cls.name, str(shed.status)).inc()
+    def _count_shed(self, shed: Shed[Request]) -> None:
+        req = shed.item.payload
+        self.classes.m.child(self.classes.sheds, req.model, req.cls.name, str(shed.status)).inc()
 
 
-def _resolve(job: Job, value: Endpoint | Shed[Job]) -> None:
-    if job.waiter is not None and not job.waiter.done():
-        job.waiter.set_result(value)
+def _resolve(req: Request, value: Endpoint | Shed[Request]) -> None:
+    if req.waiter is not None and not req.waiter.done():
+        req.waiter.set_result(value)

@@ -28,19 +28,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetgate.engines import get_adapter
-from fleetgate.router.admission import PriorityRuntime, parse_priority
+from fleetgate.router.admission import Admission, ClassQueueAdmission, ImmediateAdmission, Placer
+from fleetgate.router.asgi import RequestHandler
 from fleetgate.router.client import make_client
 from fleetgate.router.config import ConfigError, RouterConfig, Scheduling
-from fleetgate.router.dispatch import Admission, ImmediateAdmission, InFlightTable
 from fleetgate.router.errors import error_body
-from fleetgate.router.metrics import RouterMetrics
+from fleetgate.router.exchange import Exchange
+from fleetgate.router.metrics import ClassMetrics, RouterMetrics
 from fleetgate.router.poller import Poller
-from fleetgate.router.proxy import ProxyEndpoint, Services
-from fleetgate.router.resume import PriorityPath
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.pipeline import Pipeline, PipelineWeights, default_pipeline
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.router.serve import ServeLoop
+from fleetgate.router.services import Services, random_request_id
 from fleetgate.router.state import Endpoint, Fleet
 from fleetgate.router.upstream import HttpxUpstream, RawUpstream, Upstream
 
@@ -102,7 +103,7 @@ def build_router(
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
-    admission: Admission | None = None,
+    new_id: Callable[[], str] = random_request_id,
     start_background: bool = True,
 ) -> Starlette:
     """The router app.
@@ -147,18 +148,21 @@ def build_router(
         pipeline=pipeline,
         upstream=upstream,
         metrics=metrics,
-        admission=admission or ImmediateAdmission(),
-        inflight=InFlightTable(),
+        classes=ClassMetrics(metrics, config.classes),
         clock=clock,
         rng=rng or random.Random(sched.seed),
+        new_id=new_id,
     )
+    placer = Placer(fleet, pipeline, metrics, services.rng)
+    admission: Admission
+    queue: ClassQueueAdmission | None = None
+    if config.priority is not None:
+        admission = queue = ClassQueueAdmission(config.priority, placer, services.classes, clock)
+    else:
+        admission = ImmediateAdmission(config, placer, services.classes, clock)
+    serve_loop = ServeLoop(services, admission, Exchange(services, config.engine_priority))
     poller = Poller(fleet, client, config, metrics, clock, raw_gets=transport is None)
-    settings = parse_priority(config.priority)
-    runtime: PriorityRuntime | None = None
-    if settings is not None:
-        runtime = PriorityRuntime(services, settings)
-        services.priority = PriorityPath(services, runtime)
-        poller.on_change = runtime.on_fleet_change
+    poller.on_change = admission.on_fleet_change
 
     async def models(request: Request) -> Response:
         now = clock()
@@ -194,18 +198,15 @@ def build_router(
             yield
         finally:
             await poller.stop()
-            if runtime is not None:
-                runtime.close()
+            if queue is not None:
+                queue.close()
             await upstream.aclose()
             await client.aclose()
 
     routes = [
-        Route("/v1/completions", ProxyEndpoint(services, "/v1/completions"), methods=["POST"]),
-        Route(
-            "/v1/chat/completions",
-            ProxyEndpoint(services, "/v1/chat/completions"),
-            methods=["POST"],
-        ),
+        Route(path, RequestHandler(services, serve_loop, path), methods=["POST"])
+        for path in ("/v1/completions", "/v1/chat/completions")
+    ] + [
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
@@ -213,5 +214,6 @@ def build_router(
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.router = services
+    app.state.admission = admission
     app.state.poller = poller
     return app

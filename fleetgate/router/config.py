@@ -25,9 +25,18 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fleetgate.engines import UnknownEngineError, get_adapter
+from fleetgate.router.k8s_targets import KubernetesDiscoveryConfig
+from fleetgate.router.priority.config import PriorityConfig
 
 
 class _Strict(BaseModel):
@@ -200,8 +209,47 @@ class Limits(_Strict):
 class Discovery(_Strict):
     kind: Literal["static", "kubernetes"] = "static"
     """``static``: only ``pools``; ``kubernetes``: also the engines the operator runs."""
-    kubernetes: dict[str, Any] | None = None
-    """Settings of ``fleetgate.router.discovery_k8s.KubernetesDiscoveryConfig``."""
+    kubernetes: KubernetesDiscoveryConfig = KubernetesDiscoveryConfig()
+    """Where to watch and what to select (used when ``kind`` is ``kubernetes``)."""
+
+
+class EnginePriority(_Strict):
+    """Which endpoints get the engine's own priority field (``priority.engine_priority``).
+
+    vLLM rejects a non-zero ``priority`` unless it runs ``--scheduling-policy
+    priority`` (the emulator and operator-made vLLM do); turn it off per pool or
+    endpoint for engines that run FCFS.
+    """
+
+    default: bool = True
+    pools: dict[str, bool] = Field(default_factory=dict)
+    endpoints: dict[str, bool] = Field(default_factory=dict)
+
+    def enabled(self, pool: str, endpoint: str) -> bool:
+        if endpoint in self.endpoints:
+            return self.endpoints[endpoint]
+        return self.pools.get(pool, self.default)
+
+
+class PrioritySection(PriorityConfig):
+    """The ``priority:`` section: classes, admission queue and preemption.
+
+    Every field of :class:`~fleetgate.router.priority.config.PriorityConfig`, plus
+    ``engine_priority`` and ``preemption`` (alias of ``preemption_enabled``, the
+    ablation switch).
+    """
+
+    engine_priority: EnginePriority = EnginePriority()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preemption_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "preemption" in data:
+            if "preemption_enabled" in data:
+                raise ValueError("give 'preemption' or 'preemption_enabled', not both")
+            data = dict(data)
+            data["preemption_enabled"] = data.pop("preemption")
+        return data
 
 
 class RouterConfig(_Strict):
@@ -214,10 +262,20 @@ class RouterConfig(_Strict):
     timeouts: Timeouts = Timeouts()
     limits: Limits = Limits()
     discovery: Discovery = Discovery()
-    priority: dict[str, Any] | None = None
-    """Priority classes, admission queue and preemption (``fleetgate.router.admission``
-    validates it). Absent: off, and ``x-fleetgate-priority`` is a plain integer level;
-    ``priority: {}`` turns on the default classes (the Helm chart's default)."""
+    priority: PrioritySection | None = None
+    """Admission queue and preemption over priority classes. Absent: requests are
+    admitted at once (no queue, no preemption) but still get a class (the default
+    classes) for their objective, metrics and engine priority; ``priority: {}`` turns
+    the queue on with the default classes (the Helm chart's default)."""
+
+    @property
+    def classes(self) -> PriorityConfig:
+        """The priority classes in force (the default ones without a section)."""
+        return self.priority if self.priority is not None else _DEFAULT_CLASSES
+
+    @property
+    def engine_priority(self) -> EnginePriority:
+        return self.priority.engine_priority if self.priority is not None else EnginePriority()
 
     @property
     def effective_test_mode(self) -> bool:
@@ -243,6 +301,9 @@ class RouterConfig(_Strict):
             host = urlsplit(b.url).hostname or ""
             if not is_loopback_host(host):
                 raise ConfigError(f"test mode: backend {b.url!r} is not a loopback address")
+
+
+_DEFAULT_CLASSES = PriorityConfig()
 
 
 class ConfigError(ValueError):
@@ -286,7 +347,10 @@ def load_config(path: str | Path) -> RouterConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
-    return parse_config(data)
+    try:
+        return parse_config(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def parse_backend_flag(flag: str) -> Backend:

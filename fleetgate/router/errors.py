@@ -1,8 +1,11 @@
-"""OpenAI-style error responses the router itself produces.
+"""How the router answers a client: its own error bodies and the tracked ``send``.
 
 Body shape: ``{"error": {"message", "type", "param", "code"}}`` with ``code``
-the integer status, as vLLM 0.33 does (``engines.md`` §3). A backend's own
-4xx is never rewritten: it passes through byte for byte.
+the integer status, as vLLM 0.33 does. A backend's own 4xx is never
+rewritten: it passes through byte for byte. :class:`ClientSend` remembers
+whether the response has started and ended, so every request gets exactly one
+answer: a started stream that cannot be finished ends with an in-band error
+event and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.types import Send
+from starlette.types import Message, Send
 
 _TYPES = {
     400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
     413: "RequestEntityTooLargeError",
@@ -63,3 +68,43 @@ async def send_error(
         [] if retry_after is None else [(b"retry-after", str(max(0, round(retry_after))).encode())]
     )
     await send_bytes(send, status, error_body(status, message, param), headers=extra)
+
+
+class ClientSend:
+    """``send`` that remembers whether the response started / ended, and its status."""
+
+    __slots__ = ("ended", "send", "started", "status")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+        self.ended = False
+        self.status = 0
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.status = int(message["status"])
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.ended = True
+        await self.send(message)
+
+    async def fail(
+        self, sse: bool, status: int, message: str, *, retry_after: float | None = None
+    ) -> None:
+        """Answer with an error: a JSON error if nothing was sent yet, else finish the
+        started response as cleanly as its format allows (once)."""
+        if not self.started:
+            await send_error(self, status, message, retry_after=retry_after)
+        elif not self.ended:
+            await self.end_with_error(sse, message)
+
+    async def end_with_error(self, sse: bool, message: str) -> None:
+        """The response has started: finish it as cleanly as the format allows."""
+        if sse:
+            event = json.dumps({"error": {"message": message, "type": "BadGatewayError"}})
+            body = f"data: {event}\n\ndata: [DONE]\n\n".encode()
+        else:
+            body = b""
+        self.ended = True
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})

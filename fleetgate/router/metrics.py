@@ -12,17 +12,19 @@ Labels are bounded: ``model`` (served models), ``engine`` (adapter name),
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.state import Fleet
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _ITL = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5)
+_WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
 _SCRAPE = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -256,3 +258,77 @@ class _FleetCollector(Collector):
             if s.prefix_query_tokens is not None:
                 queries.add_metric(lv, s.prefix_query_tokens)
         yield from (healthy, ejected, age, kv, queued, hits, queries, index, speed, backlog)
+
+
+class ClassMetrics:
+    """Per-class metrics (queue, preemption, resume, TTFT objective); every config has
+    classes, so these exist whether or not admission queues."""
+
+    def __init__(self, metrics: RouterMetrics, config: PriorityConfig) -> None:
+        r = metrics.registry
+        self.m = metrics
+        self.config = config
+        mc = ["model", "class"]
+        self.depth = Gauge(
+            "fleetgate_queue_depth", "Requests waiting in the admission queue (incl. parked).",
+            mc, registry=r,
+        )  # fmt: skip
+        self.wait = Histogram(
+            "fleetgate_queue_wait_seconds",
+            "Arrival to first dispatch (0 when placed at once).",
+            mc, buckets=_WAIT, registry=r,
+        )  # fmt: skip
+        self.dispatches = Counter(
+            "fleetgate_dispatches", "Requests (and resumes) sent to an engine.", mc, registry=r
+        )
+        self.preemptions = Counter(
+            "fleetgate_preemptions", "In-flight requests preempted (class of the victim).",
+            mc, registry=r,
+        )  # fmt: skip
+        self.resumes = Counter(
+            "fleetgate_resumes",
+            "Parked requests dispatched again as a continuation (cause preempted|engine_failure).",
+            ["model", "class", "cause"], registry=r,
+        )  # fmt: skip
+        self.resume_latency = Histogram(
+            "fleetgate_resume_latency_seconds",
+            "Park to the first continuation token.",
+            mc, buckets=_WAIT, registry=r,
+        )  # fmt: skip
+        self.sheds = Counter(
+            "fleetgate_sheds",
+            "Requests refused by the admission queue (queue full or queue timeout).",
+            ["model", "class", "status"], registry=r,
+        )  # fmt: skip
+        self.ttft_objective = Counter(
+            "fleetgate_ttft_objective",
+            "Requests that got a first token (met = within the class TTFT objective) or failed.",
+            ["model", "class", "met"], registry=r,
+        )  # fmt: skip
+        self.refed = Counter(
+            "fleetgate_resume_refed_tokens",
+            "Generated tokens sent back to an engine as prompt by continuations "
+            "(re-prefilled unless the engine still caches them).",
+            mc, registry=r,
+        )  # fmt: skip
+        self._models: set[str] = set()
+
+    def precreate(self, models: Sequence[str]) -> None:
+        """Series at 0 for every configured class of every (new) model."""
+        for model in models:
+            if model in self._models:
+                continue
+            self._models.add(model)
+            for c in self.config.classes:
+                lv = (model, c.name)
+                self.m.child(self.depth, *lv).set(0)
+                self.m.child(self.wait, *lv)
+                self.m.child(self.dispatches, *lv)
+                self.m.child(self.preemptions, *lv)
+                self.m.child(self.refed, *lv)
+                self.m.child(self.resume_latency, *lv)
+                for cause in ("preempted", "engine_failure"):
+                    self.m.child(self.resumes, *lv, cause)
+                self.m.child(self.sheds, *lv, str(c.reject_status()))
+                for met in ("true", "false"):
+                    self.m.child(self.ttft_objective, *lv, met)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleetgate.bench import contenders as cmod
-from fleetgate.router.config import Scheduling, parse_config
+from fleetgate.router.config import PrioritySection, Scheduling, parse_config
 
 BACKENDS = [("vllm", "http://127.0.0.1:18100"), ("trtllm", "http://127.0.0.1:18101")]
 
@@ -70,11 +70,12 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     assert config.scheduling.load_bound == c.load_bound
     assert config.scheduling.effective_load_bound() == (c.load_bound or 1.0)
     if c.admission:
-        assert config.priority == {}, "the admission queue on for every workload"
+        assert config.priority == PrioritySection(), "the admission queue on for every workload"
     else:
         assert config.priority is None, "no classes unless the workload sends them"
     with_classes = parse_config(cmod.fleetgate_config(c, BACKENDS, 3, priority_classes=True))
-    assert with_classes.priority == ({} if c.preemption else {"preemption_enabled": False})
+    expected_section = PrioritySection(preemption_enabled=c.preemption)
+    assert with_classes.priority == expected_section
 
 
 @pytest.mark.parametrize(

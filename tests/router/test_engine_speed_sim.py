@@ -66,10 +66,11 @@ async def until_speeds_known(app: Any, c: httpx.AsyncClient, url: str) -> dict[s
     raise AssertionError(f"speeds never learned: {known}")
 
 
-@pytest.mark.parametrize("classes", [False, True], ids=["levels", "classes"])
+@pytest.mark.parametrize("classes", [False, True], ids=["immediate", "class-queue"])
 async def test_router_learns_speeds_and_routes_urgent_to_fast_batch_to_slow(classes: bool) -> None:
-    """Integer levels, or priority classes (critical level 8, batch level -5)."""
-    header = {5: "critical", -5: "batch"} if classes else {5: "5", -5: "-5"}
+    """Class names (critical level 8, batch level -5) mean the same with immediate
+    admission (no ``priority:`` section) and with the class queue."""
+    header = {5: "critical", -5: "batch"}
     async with mixed_rig(classes) as (url, app, engines), httpx.AsyncClient(timeout=30) as c:
         speeds = await until_speeds_known(app, c, url)
         # Well outside the scorer's 15% dead band. Batching and wall-clock noise narrow

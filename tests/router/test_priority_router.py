@@ -34,9 +34,12 @@ import pytest
 from routerkit import router_config, serve
 
 from fleetgate.engines import get_adapter
-from fleetgate.router.admission import parse_priority
 from fleetgate.router.app import build_router
-from fleetgate.router.config import ConfigError
+from fleetgate.router.config import ConfigError, parse_config
+from fleetgate.router.priority.config import PriorityConfig
+from fleetgate.router.priority.continuation import request_kind
+from fleetgate.router.request import Request
+from fleetgate.router.scheduling.types import RequestView
 from fleetgate.sim import EngineSpec, run_fleet
 
 MODEL = "m"
@@ -132,7 +135,7 @@ async def post(
 async def test_critical_burst_preempts_batch_flood_and_batch_output_is_exact(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="fleetgate.router.priority")
+    caplog.set_level(logging.INFO, logger="fleetgate.router.admission")
     async with rig(2) as (url, engines, _), httpx.AsyncClient(timeout=60) as c:
         batch_docs = [
             body(f"batch job {i}: summarise the quarterly report", 40, stream=i % 2 == 0, seed=i)
@@ -330,15 +333,17 @@ async def test_tenant_fairness_through_http() -> None:
 
 def test_priority_section_errors_are_one_line() -> None:
     with pytest.raises(ConfigError, match=r"priority\.classes"):
-        parse_priority({"classes": [{"name": "x", "level": 99}]})
+        parse_config({"priority": {"classes": [{"name": "x", "level": 99}]}})
     with pytest.raises(ConfigError, match="not both"):
-        parse_priority({"preemption": False, "preemption_enabled": True})
-    with pytest.raises(ConfigError, match=r"priority\.engine_priority|priority\.bogus"):
-        parse_priority({"bogus": 1})
-    s = parse_priority({"preemption": False, "engine_priority": {"pools": {"trt": False}}})
-    assert s is not None and not s.config.preemption_enabled
-    assert not s.engine_priority.enabled("trt", "e1") and s.engine_priority.enabled("p", "e1")
-    assert parse_priority(None) is None
+        parse_config({"priority": {"preemption": False, "preemption_enabled": True}})
+    with pytest.raises(ConfigError, match=r"priority\.bogus"):
+        parse_config({"priority": {"bogus": 1}})
+    cfg = parse_config(
+        {"priority": {"preemption": False, "engine_priority": {"pools": {"trt": False}}}}
+    )
+    assert cfg.priority is not None and not cfg.priority.preemption_enabled
+    assert not cfg.engine_priority.enabled("trt", "e1") and cfg.engine_priority.enabled("p", "e1")
+    assert parse_config({}).priority is None
 
 
 def _sse_answer(request: httpx.Request) -> httpx.Response:
@@ -407,7 +412,7 @@ def chat_pieces(raw: bytes) -> list[str]:
 async def test_chat_preempted_resumes_exactly_and_non_resumable_passes_through(
     stream: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="fleetgate.router.priority")
+    caplog.set_level(logging.INFO, logger="fleetgate.router.admission")
     async with rig(1, capacity=1) as (url, engines, _), httpx.AsyncClient(timeout=60) as c:
         chat: dict[str, Any] = {
             "model": MODEL, "messages": [{"role": "user", "content": "tell me a long story"}],
@@ -479,9 +484,9 @@ async def test_unknown_slot_limit_is_warned_once_per_endpoint(
         raw["pools"][0]["backends"][1]["capacity"] = None
         cfg = type(cfg).model_validate(raw)
         app = build_router(cfg)
-        with caplog.at_level(logging.WARNING, logger="fleetgate.router.priority"):
+        with caplog.at_level(logging.WARNING, logger="fleetgate.router.admission"):
             async with serve(app):
-                rt = app.state.router.priority.rt
+                rt = app.state.admission
                 endpoints = list(app.state.router.fleet)
                 for _ in range(200):
                     if all(e.snapshot is not None for e in endpoints) and rt.unknown_slot_limit:
@@ -494,38 +499,49 @@ async def test_unknown_slot_limit_is_warned_once_per_endpoint(
         assert endpoints[1].id in warned[0].getMessage()
 
 
+def make_request(
+    rid: str, *, path: str = "/v1/completions", prompt: int, max_tokens: int, now: float
+) -> Request:
+    """A batch-class request record as the parser would build it, sizes given."""
+    return Request(
+        id=rid,
+        client_id=None,
+        path=path,
+        kind=request_kind(path),
+        body=b"{}",
+        doc={},
+        headers=[],
+        model=MODEL,
+        stream=False,
+        cls=PriorityConfig().get("batch"),
+        tenant="t",
+        arrival=now,
+        chain=(),
+        order=[],
+        view=RequestView(model=MODEL, chunks=1, prompt_tokens=prompt, max_tokens=max_tokens),
+        kv_tokens=prompt + max_tokens,
+        resumable=True,
+    )
+
+
 def test_saturation_counts_a_victims_freed_kv_before_the_next_scrape() -> None:
     """KV over the bound at the scrape; a preempted request's held blocks free it at once."""
     from fleetgate.engines.base import LoadSnapshot
-    from fleetgate.router.admission import Job
-    from fleetgate.router.priority.config import PriorityConfig
     from fleetgate.router.priority.saturation import endpoint_verdict
-    from fleetgate.router.scheduling.types import RequestView
 
     cfg = router_config([("vllm", "http://127.0.0.1:18011")], capacity=64, priority={})
     app = build_router(cfg, transport=httpx.MockTransport(_sse_answer), start_background=False)
     services = app.state.router
-    rt = services.priority.rt
+    rt = app.state.admission
     (e,) = list(services.fleet)
     e.healthy, e.models = True, frozenset({MODEL})
     now = services.clock()
 
-    def job(rid: str, prompt: int, max_tokens: int) -> Job:
-        return Job(
-            request_id=rid,
-            cls=PriorityConfig().get("batch"),
-            tenant="t",
-            model=MODEL,
-            arrival=now,
-            view=RequestView(model=MODEL, chunks=1, prompt_tokens=prompt, max_tokens=max_tokens),
-            chain=(),
-            order=[],
-            kv_tokens=prompt + max_tokens,
-            resumable=True,
-        )
+    def job(rid: str, prompt: int, max_tokens: int) -> Request:
+        return make_request(rid, prompt=prompt, max_tokens=max_tokens, now=now)
 
     victim, newcomer = job("victim", 300, 500), job("new", 100, 100)
-    rt._reserve(victim, e.id)  # running when the engine is scraped
+    rt.placer.reserve(victim, e)  # running when the engine is scraped
     # 100 blocks of 16 tokens, 95% in use
     e.scraped(LoadSnapshot(scraped_at=now, kv_usage=0.95, running=10, waiting=0,
                            block_size=16, blocks_total=100, blocks_free=5))  # fmt: skip
@@ -538,7 +554,7 @@ def test_saturation_counts_a_victims_freed_kv_before_the_next_scrape() -> None:
     (view,) = rt.views(newcomer, now)
     assert view.kv_usage == pytest.approx(0.95 - 400 / 1600)
     assert endpoint_verdict(view, thresholds).verdict == "free"
-    rt._reserve(newcomer, e.id)  # dispatched after the scrape: its estimate counts at once
+    rt.placer.reserve(newcomer, e)  # dispatched after the scrape: its estimate counts at once
     (view,) = rt.views(newcomer, now)
     assert view.kv_usage == pytest.approx(0.95 - 400 / 1600 + 200 / 1600)
     e.scraped(LoadSnapshot(scraped_at=now, kv_usage=0.5, running=10, waiting=0,
@@ -549,9 +565,6 @@ def test_saturation_counts_a_victims_freed_kv_before_the_next_scrape() -> None:
 
 def test_chat_on_an_engine_without_token_ids_is_never_a_victim_and_resumes_where_it_can() -> None:
     """TRT returns no token ids: its chat answers would resume from text (inexact seam)."""
-    from fleetgate.router.admission import Job
-    from fleetgate.router.priority.config import PriorityConfig
-    from fleetgate.router.scheduling.types import RequestView
 
     cfg = router_config(
         [("vllm", "http://127.0.0.1:18011"), ("trtllm", "http://127.0.0.1:18012")],
@@ -560,26 +573,15 @@ def test_chat_on_an_engine_without_token_ids_is_never_a_victim_and_resumes_where
     )
     app = build_router(cfg, transport=httpx.MockTransport(_sse_answer), start_background=False)
     services = app.state.router
-    rt = services.priority.rt
+    rt = app.state.admission
     vllm, trt = list(services.fleet)
     for e in (vllm, trt):
         e.healthy, e.models = True, frozenset({MODEL})
     now = services.clock()
 
-    def job(rid: str, *, chat: bool) -> Job:
-        return Job(
-            request_id=rid,
-            cls=PriorityConfig().get("batch"),
-            tenant="t",
-            model=MODEL,
-            arrival=now,
-            view=RequestView(model=MODEL, chunks=1, prompt_tokens=50, max_tokens=50),
-            chain=(),
-            order=[],
-            kv_tokens=100,
-            resumable=True,
-            chat=chat,
-        )
+    def job(rid: str, *, chat: bool) -> Request:
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        return make_request(rid, path=path, prompt=50, max_tokens=50, now=now)
 
     placed = {
         ("chat", "vllm"): (job("c-v", chat=True), vllm),
@@ -587,8 +589,8 @@ def test_chat_on_an_engine_without_token_ids_is_never_a_victim_and_resumes_where
         ("completions", "trtllm"): (job("p-t", chat=False), trt),
     }
     for j, e in placed.values():
-        rt._reserve(j, e.id)
-        rt.running[j.request_id] = j
+        rt.placer.reserve(j, e)
+        rt.running[j.id] = j
     victims = {v.request_id: v.resumable for v in rt._victims()}
     assert victims == {"c-v": True, "c-t": False, "p-t": True}
 
@@ -596,6 +598,6 @@ def test_chat_on_an_engine_without_token_ids_is_never_a_victim_and_resumes_where
     # assistant message is continued: vLLM, not TensorRT-LLM
     parked = job("dead", chat=True)
     parked.needs_final_message, parked.parked_at = True, now
-    assert [e.id for e in rt.eligible(parked, now)] == [vllm.id]
+    assert [e.id for e in rt.placer.eligible(parked, now)] == [vllm.id]
     parked.needs_final_message = False
-    assert [e.id for e in rt.eligible(parked, now)] == [vllm.id, trt.id]
+    assert [e.id for e in rt.placer.eligible(parked, now)] == [vllm.id, trt.id]

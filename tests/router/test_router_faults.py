@@ -31,7 +31,7 @@ from fleetgate.router.app import build_router
 from fleetgate.router.client import NonLoopbackBackendError, make_client
 from fleetgate.router.config import ConfigError
 from fleetgate.router.poller import metrics_url
-from fleetgate.router.proxy import Services
+from fleetgate.router.services import Services
 
 A, B = "127.0.0.1:18001", "127.0.0.1:18002"
 OK_BODY = {"id": "cmpl-1", "object": "text_completion", "model": "m",
@@ -189,7 +189,7 @@ class BrokenStream(httpx.AsyncByteStream):
 
 
 async def test_stream_broken_before_first_chunk_is_retried() -> None:
-    sse = b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n'
+    sse = b'data: {"choices":[{"index":0,"text":"a","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
     broken = lambda r: httpx.Response(  # noqa: E731
         200, headers={"content-type": "text/event-stream"}, stream=BrokenStream()
     )
@@ -202,7 +202,13 @@ async def test_stream_broken_before_first_chunk_is_retried() -> None:
     async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
         for _ in range(4):
             resp = await post(c, url, {"model": "m", "prompt": "x", "stream": True})
-            assert resp.status_code == 200 and resp.content == sse
+            assert resp.status_code == 200, resp.text
+            # the stream goes through the splicer (resumable): same answer, one [DONE]
+            events = [ln[6:] for ln in resp.text.split("\n") if ln.startswith("data: ")]
+            assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+            assert "error" not in resp.text, resp.text
+            docs = [json.loads(ev) for ev in events[:-1]]
+            assert "".join(d["choices"][0]["text"] for d in docs if d.get("choices")) == "a"
 
 
 @pytest.mark.parametrize(
@@ -279,10 +285,11 @@ async def test_body_passthrough_and_priority_translation() -> None:
     async with serve(rig.app) as url, httpx.AsyncClient() as c:
         await c.post(url + "/v1/completions", content=raw)
         assert rig.bodies[-1] == raw
-        await c.post(url + "/v1/completions", content=raw, headers={"x-fleetgate-priority": "5"})
+        hdr = {"x-fleetgate-priority": "critical"}
+        await c.post(url + "/v1/completions", content=raw, headers=hdr)
         sent = json.loads(rig.bodies[-1])
         assert sent["unknown_field"] == {"keep": [1, 2]}
-        for key, value in get_adapter("vllm").priority_fields(5).items():
+        for key, value in get_adapter("vllm").priority_fields(8).items():
             assert sent[key] == value
 
 
@@ -296,41 +303,6 @@ async def test_total_timeout_gives_504() -> None:
         resp = await post(c, url, {"model": "m", "prompt": "x"})
         assert resp.status_code == 504
         assert error_of(resp)["type"] == "GatewayTimeoutError"
-
-
-class SlowStream(httpx.AsyncByteStream):
-    def __init__(self) -> None:
-        self.closed = asyncio.Event()
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for i in range(1000):
-            yield f'data: {{"choices":[{{"text":"{i}"}}]}}\n\n'.encode()
-            await asyncio.sleep(0.01)
-
-    async def aclose(self) -> None:
-        self.closed.set()
-
-
-async def test_inflight_cancel_closes_upstream() -> None:
-    stream = SlowStream()
-    sse = {"content-type": "text/event-stream"}
-    rig = Rig({A: lambda r: httpx.Response(200, headers=sse, stream=stream)})
-    async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
-        body = {"model": "m", "prompt": "x", "stream": True}
-        async with c.stream("POST", url + "/v1/completions", json=body) as resp:
-            got = b""
-            async for chunk in resp.aiter_raw():
-                got += chunk
-                if got.count(b"data:") >= 3 and len(rig.services.inflight):
-                    (item,) = rig.services.inflight.all()
-                    assert item.endpoint == A
-                    assert item.cancel("preempted")
-            assert got.count(b"data:") < 100
-            assert got.endswith(b"data: [DONE]\n\n")  # ended cleanly, in-band error first
-            assert b"preempted" in got
-        await asyncio.wait_for(stream.closed.wait(), 2)
-        assert len(rig.services.inflight) == 0
-        assert rig.endpoint(A).counts.in_flight == 0
 
 
 async def test_test_mode_refuses_non_loopback() -> None:

@@ -5,7 +5,9 @@ objective, shedding, queue limits, preemption rights) configured in the router
 YAML under ``priority:`` (see :class:`PriorityConfig`). Every request belongs to
 exactly one class, resolved by :func:`resolve_class`:
 
-1. the ``x-fleetgate-priority`` header, a class name (case-insensitive);
+1. the ``x-fleetgate-priority`` header: a class name (case-insensitive), or a
+   value of :attr:`PriorityConfig.body_priority_map` (the only way an integer
+   means a class: ``{"5": "critical"}``);
 2. else the OpenAI-style ``priority`` body field, looked up in
    :attr:`PriorityConfig.body_priority_map` (keys are the field's value as a
    string, so ``3`` and ``"3"`` are the same key) and, failing that, as a class
@@ -234,6 +236,9 @@ def resolve_class(
         key = header.strip().lower()
         if key in names:
             return names[key]
+        mapped = config.body_priority_map.get(header.strip())
+        if mapped is not None:
+            return names[mapped]
         raise UnknownPriorityClass(
             f"unknown priority class {header.strip()!r} in header {PRIORITY_HEADER}; "
             f"known classes: {', '.join(sorted(names))}",

@@ -32,8 +32,8 @@ from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.priority.preemption import InFlight, Waiting, choose_victim
 from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
 from fleetgate.router.priority.saturation import (
-    EndpointView,
     SaturationThresholds,
+    SaturationView,
     pool_saturation,
 )
 
@@ -62,7 +62,7 @@ def drain(
     *,
     config: PriorityConfig,
     thresholds: SaturationThresholds | None = None,
-    views_for: Callable[[QueueItem[T]], Sequence[EndpointView]],
+    views_for: Callable[[QueueItem[T]], Sequence[SaturationView]],
     pick: Callable[[QueueItem[T], tuple[str, ...]], str],
     in_flight: Sequence[InFlight],
     preempting_for: Collection[str] = (),
@@ -78,7 +78,7 @@ def drain(
     actions: list[Action[T]] = list(queue.expire(now))
     extra: Counter[str] = Counter()
 
-    def adjusted(item: QueueItem[T]) -> list[EndpointView]:
+    def adjusted(item: QueueItem[T]) -> list[SaturationView]:
         return [
             dataclasses.replace(v, in_flight=v.in_flight + extra[v.endpoint])
             for v in views_for(item)

@@ -56,7 +56,7 @@ class SaturationThresholds(BaseModel):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class EndpointView:
+class SaturationView:
     """What the saturation check needs to know about one eligible endpoint."""
 
     endpoint: str
@@ -101,7 +101,7 @@ class PoolSaturation:
         return tuple(v.endpoint for v in self.verdicts if v.available)
 
 
-def endpoint_verdict(view: EndpointView, t: SaturationThresholds) -> EndpointVerdict:
+def endpoint_verdict(view: SaturationView, t: SaturationThresholds) -> EndpointVerdict:
     """Classify one endpoint (see the module docstring for the rules)."""
     if t.max_in_flight is not None and view.in_flight >= t.max_in_flight:
         return EndpointVerdict(view.endpoint, "over", f"in_flight {view.in_flight} >= cap")
@@ -134,7 +134,7 @@ def endpoint_verdict(view: EndpointView, t: SaturationThresholds) -> EndpointVer
     return EndpointVerdict(view.endpoint, "free", "under all bounds")
 
 
-def pool_saturation(views: Sequence[EndpointView], t: SaturationThresholds) -> PoolSaturation:
+def pool_saturation(views: Sequence[SaturationView], t: SaturationThresholds) -> PoolSaturation:
     """Saturated iff no eligible endpoint is available (an empty pool is saturated)."""
     verdicts = tuple(endpoint_verdict(v, t) for v in views)
     return PoolSaturation(

@@ -74,6 +74,24 @@ class Pipeline:
         if len(set(names)) != len(names):
             raise ValueError(f"plugin names must be unique: {names}")
 
+    def eligible(
+        self, request: RequestView, endpoints: Sequence[EndpointView]
+    ) -> list[EndpointView]:
+        """The endpoints that may serve ``request`` at all: the hard filters only.
+
+        Admission asks this before it decides whether a pool is saturated, so the
+        router has one definition of "can serve" (healthy, not ejected, serves the
+        model); soft filters and scores come later, in :meth:`schedule`.
+        """
+        candidates = list(endpoints)
+        for f in self.filters:
+            if f.soft:
+                continue
+            candidates = f.filter(request, candidates)
+            if not candidates:
+                break
+        return candidates
+
     def schedule(
         self, request: RequestView, endpoints: Sequence[EndpointView], rng: random.Random
     ) -> Decision:

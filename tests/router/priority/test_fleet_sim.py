@@ -26,7 +26,7 @@ from fleetgate.router.priority.continuation import build_continuation, upstream_
 from fleetgate.router.priority.policy import Dispatch, Preempt, drain
 from fleetgate.router.priority.preemption import InFlight
 from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
-from fleetgate.router.priority.saturation import EndpointView, SaturationThresholds
+from fleetgate.router.priority.saturation import SaturationThresholds, SaturationView
 from fleetgate.router.priority.splice import DONE, StreamSplicer, encode_json
 
 DT = 0.05
@@ -187,7 +187,7 @@ def run_fleet(preemption: bool, scrape_every: int = 1) -> tuple[dict[str, Req], 
         if tick % scrape_every == 0:
             scraped = {e: (now, len(jobs[e]), len(jobs[e])) for e in ENDPOINTS}
         views = [
-            EndpointView(
+            SaturationView(
                 e,
                 kv_usage=scraped[e][1] / SLOTS * 0.5,
                 waiting=0,
@@ -215,8 +215,8 @@ def run_fleet(preemption: bool, scrape_every: int = 1) -> tuple[dict[str, Req], 
         ]
 
         def views_for(
-            item: QueueItem[Req], views: list[EndpointView] = views
-        ) -> list[EndpointView]:
+            item: QueueItem[Req], views: list[SaturationView] = views
+        ) -> list[SaturationView]:
             return views
 
         def pick(item: QueueItem[Req], available: tuple[str, ...]) -> str:

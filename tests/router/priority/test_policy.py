@@ -10,14 +10,16 @@ from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.priority.policy import Dispatch, Preempt, drain
 from fleetgate.router.priority.preemption import InFlight
 from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
-from fleetgate.router.priority.saturation import EndpointView, SaturationThresholds
+from fleetgate.router.priority.saturation import SaturationThresholds, SaturationView
 
 CFG = PriorityConfig()
 T = SaturationThresholds()
 
 
-def _views(*in_flight: int, max_running: int = 2) -> list[EndpointView]:
-    return [EndpointView(f"e{i}", 0.1, 0, n, n, 0.0, max_running) for i, n in enumerate(in_flight)]
+def _views(*in_flight: int, max_running: int = 2) -> list[SaturationView]:
+    return [
+        SaturationView(f"e{i}", 0.1, 0, n, n, 0.0, max_running) for i, n in enumerate(in_flight)
+    ]
 
 
 def _first(item: QueueItem[str], available: tuple[str, ...]) -> str:
@@ -27,7 +29,7 @@ def _first(item: QueueItem[str], available: tuple[str, ...]) -> str:
 def _run(
     q: AdmissionQueue[str],
     now: float,
-    views: Sequence[EndpointView],
+    views: Sequence[SaturationView],
     in_flight: Sequence[InFlight] = (),
     preempting_for: tuple[str, ...] = (),
 ) -> list[object]:

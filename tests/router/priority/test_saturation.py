@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from fleetgate.router.priority.saturation import (
-    EndpointView,
     SaturationThresholds,
+    SaturationView,
     endpoint_verdict,
     pool_saturation,
 )
@@ -17,7 +17,7 @@ from fleetgate.router.priority.saturation import (
 T = SaturationThresholds(kv_usage_max=0.8, waiting_max=0, max_scrape_age_s=1.0)
 
 
-def _view(**kw: Any) -> EndpointView:
+def _view(**kw: Any) -> SaturationView:
     base: dict[str, Any] = {
         "endpoint": "e",
         "kv_usage": 0.1,
@@ -28,7 +28,7 @@ def _view(**kw: Any) -> EndpointView:
         "max_running": 4,
     }
     base.update(kw)
-    return EndpointView(**base)
+    return SaturationView(**base)
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def _view(**kw: Any) -> EndpointView:
         ),
     ],
 )
-def test_endpoint_verdict(view: EndpointView, verdict: str, reason: str) -> None:
+def test_endpoint_verdict(view: SaturationView, verdict: str, reason: str) -> None:
     got = endpoint_verdict(view, T)
     assert got.verdict == verdict
     assert reason in got.reason
@@ -110,7 +110,7 @@ def test_in_flight_cap_and_floor_and_waiting_bound_are_configurable() -> None:
     ],
 )
 def test_pool_saturation(
-    views: list[EndpointView], saturated: bool, available: tuple[str, ...]
+    views: list[SaturationView], saturated: bool, available: tuple[str, ...]
 ) -> None:
     got = pool_saturation(views, T)
     assert got.saturated is saturated

@@ -1,0 +1,341 @@
+"""One upstream attempt: send the request to an endpoint and classify what happened.
+
+:meth:`Exchange.run` sends the request (or its continuation) to the endpoint
+admission placed it on and returns a typed :class:`Result`; nothing outside
+this module looks at upstream status codes or error bodies. The answer goes to
+the client in one of two ways:
+
+* **raw relay** (the splicer is off for this request): the engine's bytes
+  unchanged, chunk by chunk as they arrive (no re-framing, no buffering). The
+  response is held until the first body chunk, so an attempt that fails
+  before it can still be placed elsewhere;
+* **splicer** (a resumable answer: every stream, and with a preempting
+  admission every answer): every upstream byte goes through the request's
+  :class:`~fleetgate.router.priority.splice.StreamSplicer`, which renders the
+  client's one seamless stream (or, for a non-streaming client, the JSON body
+  the serve loop sends at the end) out of all attempts. A preemption takes
+  effect only between two client writes (``Request.sending``).
+
+Outcomes: ``COMPLETE`` (the splicer saw the end; the serve loop finishes the
+answer), ``ANSWERED`` (the client has the whole answer: a raw relay, or the
+engine's own 4xx passed through byte for byte), ``PREEMPTED``, ``FAILED``
+(connect error, timeout, 5xx, overload, broken stream: the endpoint's failure
+count and ejection are updated here) and ``FATAL`` (the answer cannot be
+continued anywhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+from typing import Any
+
+from fleetgate.router.config import EnginePriority
+from fleetgate.router.errors import ClientSend, send_bytes
+from fleetgate.router.priority.config import engine_priority_body
+from fleetgate.router.priority.continuation import (
+    ContinuationError,
+    build_continuation,
+    upstream_body,
+)
+from fleetgate.router.request import HOP_HEADERS, Headers, Request
+from fleetgate.router.services import Services
+from fleetgate.router.state import Endpoint
+from fleetgate.router.upstream import UpstreamError, UpstreamResponse
+
+log = logging.getLogger("fleetgate.router")
+
+_SKIP_RESPONSE = HOP_HEADERS | {b"date", b"server", b"x-request-id"}
+_SSE = b"text/event-stream; charset=utf-8"
+_ERROR_BODY_LIMIT = 1 << 20
+
+
+class Outcome(enum.Enum):
+    COMPLETE = "complete"
+    ANSWERED = "answered"
+    PREEMPTED = "preempted"
+    FAILED = "failed"
+    FATAL = "fatal"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Result:
+    outcome: Outcome
+    cause: str = ""
+    """FAILED: connect | timeout | status_5xx | overload | stream_broken;
+    FATAL: continuation_error | continuation_rejected."""
+
+
+class _Preempted(Exception):
+    pass
+
+
+class Exchange:
+    def __init__(self, services: Services, engine_priority: EnginePriority) -> None:
+        self.s = services
+        self.engine_priority = engine_priority
+
+    async def run(self, req: Request, e: Endpoint, send: ClientSend) -> Result:
+        s = self.s
+        gauge = s.metrics.child(s.metrics.in_flight, e.id, e.engine)
+        gauge.inc()
+        try:
+            try:
+                path, body = self._body(req, e)
+            except ContinuationError as err:
+                log.warning("request %s: cannot continue: %s", req.label, err)
+                return Result(Outcome.FATAL, "continuation_error")
+            req.segments += 1
+            rid = req.id if req.segments == 1 else f"{req.id}-{req.segments}"
+            headers = [*req.headers, (b"x-request-id", rid.encode())]
+            predicted = s.fleet.index.match(e.id, req.chain) if req.chain else 0
+            try:
+                resp = await s.upstream.send(e.url, path, body, headers)
+            except UpstreamError as err:
+                return self._failed(e, err.cause)
+            try:
+                if resp.status >= 400:
+                    return await self._engine_error(req, send, e, resp)
+                e.record_success()
+                if req.chain:
+                    s.fleet.index.record(e.id, req.chain)
+                if req.splicer is not None:
+                    return await self._splice(req, send, e, resp, predicted)
+                return await self._relay(req, send, e, resp, predicted)
+            finally:
+                await resp.aclose()
+        finally:
+            gauge.dec()
+
+    # -- the body sent upstream --------------------------------------------------
+
+    def _body(self, req: Request, e: Endpoint) -> tuple[str, bytes]:
+        sp = req.splicer
+        fields: dict[str, Any] = {}
+        if req.cls.level != 0 and self.engine_priority.enabled(e.pool, e.id):
+            fields = e.adapter.priority_fields(req.cls.level)
+        path = req.path
+        if sp is None:
+            if not fields and "priority" not in req.doc:
+                return path, req.body  # byte for byte
+            doc = req.doc
+        elif req.segments == 0:
+            doc = upstream_body(req.doc, return_token_ids=e.adapter.returns_token_ids)
+        else:
+            plan = build_continuation(
+                req.doc,
+                req.kind,
+                sp.delivered(),
+                accepts_token_ids=e.adapter.accepts_token_ids_prompt,
+                return_token_ids=e.adapter.returns_token_ids,
+            )
+            sp.begin_continuation(plan.mode, seam_prefix=plan.seam_prefix)
+            doc, path = plan.body, plan.path
+        return path, json.dumps(engine_priority_body(doc, fields)).encode()
+
+    # -- outcomes ------------------------------------------------------------------
+
+    def _failed(self, e: Endpoint, cause: str) -> Result:
+        s = self.s
+        s.metrics.child(s.metrics.upstream_errors, e.id, e.engine, cause).inc()
+        if e.record_failure(s.clock(), s.ejection):
+            s.metrics.child(s.metrics.ejections, e.id, e.engine).inc()
+            log.warning("endpoint %s ejected after repeated failures", e.id)
+        return Result(Outcome.FAILED, cause)
+
+    async def _engine_error(
+        self, req: Request, send: ClientSend, e: Endpoint, resp: UpstreamResponse
+    ) -> Result:
+        """The one place an engine's error status becomes an outcome."""
+        try:
+            data = await resp.read()
+        except UpstreamError:
+            return self._failed(e, "stream_broken")
+        status = resp.status
+        try:
+            kind = e.adapter.classify_error(status, data[:_ERROR_BODY_LIMIT]).kind
+        except Exception:  # an adapter must never turn a backend error into a router 500
+            kind = "server" if status >= 500 else "client"
+        ctype = resp.content_type() or b"application/json"
+        headers = self._headers(req, e, resp, ctype=False)
+        if kind == "client":
+            e.record_success()
+            if not send.started and req.segments == 1:
+                await send_bytes(send, status, data, content_type=ctype, headers=headers)
+                return Result(Outcome.ANSWERED)
+            return Result(Outcome.FATAL, "continuation_rejected")
+        req.last_response = (status, ctype, headers, data)
+        return self._failed(e, "overload" if kind == "overload" else "status_5xx")
+
+    # -- raw relay ------------------------------------------------------------------
+
+    async def _relay(
+        self, req: Request, send: ClientSend, e: Endpoint, resp: UpstreamResponse, predicted: int
+    ) -> Result:
+        s = self.s
+        if not (req.stream and resp.content_type().startswith(b"text/event-stream")):
+            try:
+                data = await resp.read()
+            except UpstreamError as err:
+                return self._failed(e, err.cause)
+            ctype = resp.content_type() or b"application/json"
+            headers = self._headers(req, e, resp, ctype=False)
+            await send_bytes(send, resp.status, data, content_type=ctype, headers=headers)
+            self.first_token(req, e)
+            self._e2e(req, e)
+            self._usage(e, data, predicted)
+            return Result(Outcome.ANSWERED)
+        chunks = resp.chunks()
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = b""
+        except UpstreamError:
+            return self._failed(e, "stream_broken")
+        headers = self._headers(req, e, resp, ctype=True)
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        self.first_token(req, e)
+        t = s.clock()
+        itl = s.metrics.child(s.metrics.itl, req.model, e.engine, req.cls.name)
+        usage_chunk = first if b'"usage"' in first else b""
+        try:
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                now = s.clock()
+                itl.observe(now - t)
+                t = now
+                if b'"usage"' in chunk:
+                    usage_chunk = chunk
+        except UpstreamError as err:
+            return self._failed(e, err.cause)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self._e2e(req, e)
+        for line in usage_chunk.split(b"\n"):
+            if line.startswith(b"data:") and b'"usage"' in line:
+                self._usage(e, line[5:], predicted)
+        return Result(Outcome.ANSWERED)
+
+    def _headers(
+        self, req: Request, e: Endpoint, resp: UpstreamResponse, *, ctype: bool
+    ) -> Headers:
+        out = [
+            (k, v)
+            for k, v in resp.headers
+            if k.lower() not in _SKIP_RESPONSE and (ctype or k.lower() != b"content-type")
+        ]
+        out.append((b"x-fleetgate-endpoint", e.id.encode()))
+        out.append((b"x-request-id", req.label.encode("latin-1", "replace")))
+        return out
+
+    # -- splicer ----------------------------------------------------------------------
+
+    async def _splice(
+        self, req: Request, send: ClientSend, e: Endpoint, resp: UpstreamResponse, predicted: int
+    ) -> Result:
+        s, sp = self.s, req.splicer
+        assert sp is not None
+        sp.upstream_usage = None
+        itl = s.metrics.child(s.metrics.itl, req.model, e.engine, req.cls.name)
+        try:
+            async for chunk in resp.chunks():
+                out = sp.feed(chunk)
+                req.generated = sp.tokens
+                if (
+                    req.first_token_at is None or req.parked_at is not None
+                ) and sp.tokens > req.tokens_at_park:
+                    self.first_token(req, e)  # TTFT / resume latency: once per attempt
+                if out and req.stream:
+                    await self._write(req, send, out, e, itl)
+        except UpstreamError as err:
+            return self._failed(e, err.cause)
+        except _Preempted:
+            return Result(Outcome.PREEMPTED)
+        if sp.upstream_usage is not None:
+            s.metrics.record_usage(
+                e.id, e.engine, sp.upstream_usage, s.config.scheduling, predicted
+            )
+        if sp.finished:
+            return Result(Outcome.COMPLETE)
+        return self._failed(e, "stream_broken")
+
+    async def _write(
+        self, req: Request, send: ClientSend, data: bytes, e: Endpoint, itl: Any
+    ) -> None:
+        """Write stream bytes; a preemption requested meanwhile takes effect after."""
+        req.sending = True
+        try:
+            if not send.started:
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": self.answer_headers(req, e.id)})  # fmt: skip
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            now = self.s.clock()
+            if req.last_send:
+                itl.observe(now - req.last_send)
+            req.last_send = now
+        finally:
+            req.sending = False
+        if req.preempt_pending:
+            raise _Preempted
+
+    @staticmethod
+    def answer_headers(req: Request, endpoint: str, *, sse: bool = True) -> Headers:
+        """Headers of an answer the router renders itself (the splicer's)."""
+        h = [(b"x-fleetgate-endpoint", endpoint.encode()),
+             (b"x-request-id", req.label.encode("latin-1", "replace"))]  # fmt: skip
+        return [(b"content-type", _SSE), *h] if sse else h
+
+    # -- per-request metrics ------------------------------------------------------------
+
+    def first_token(self, req: Request, e: Endpoint) -> None:
+        s = self.s
+        req.prefilled()
+        now = s.clock()
+        if req.parked_at is not None:
+            s.metrics.child(s.classes.resume_latency, req.model, req.cls.name).observe(
+                now - req.parked_at
+            )
+            req.parked_at = None
+        if req.first_token_at is None:
+            req.first_token_at = now
+            if req.stream:
+                s.metrics.child(s.metrics.ttft, req.model, e.engine, req.cls.name).observe(
+                    now - req.arrival
+                )
+            self.objective(req, met=now - req.arrival <= req.cls.ttft_objective_s)
+
+    def objective(self, req: Request, *, met: bool) -> None:
+        if req.objective_counted:
+            return
+        req.objective_counted = True
+        s = self.s
+        s.metrics.child(
+            s.classes.ttft_objective, req.model, req.cls.name, "true" if met else "false"
+        ).inc()
+
+    def _e2e(self, req: Request, e: Endpoint) -> None:
+        s = self.s
+        stream = "true" if req.stream else "false"
+        s.metrics.child(s.metrics.e2e, req.model, e.engine, stream, req.cls.name).observe(
+            s.clock() - req.arrival
+        )
+
+    def e2e(self, req: Request) -> None:
+        e = self.s.fleet.endpoints.get(req.endpoint)  # type: ignore[call-overload]
+        if e is not None:
+            self._e2e(req, e)
+
+    def _usage(self, e: Endpoint, data: bytes, predicted_chunks: int) -> None:
+        """Closed loop: predicted versus actual cached prompt tokens, per endpoint."""
+        if b'"usage"' not in data:
+            return
+        try:
+            usage = json.loads(data).get("usage")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(usage, dict):
+            self.s.metrics.record_usage(
+                e.id, e.engine, usage, self.s.config.scheduling, predicted_chunks
+            )
