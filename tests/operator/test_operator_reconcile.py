@@ -203,6 +203,14 @@ def test_name_the_children_cannot_carry_is_invalid_spec_not_apply_failed(kube: F
     assert kube.of_kind("Deployment") == [] and kube.of_kind("Service") == []
 
 
+def test_node_selector_key_kubernetes_refuses_is_invalid_spec(kube: FakeKube) -> None:
+    # The one name rule CEL cannot afford (map keys): caught here, before any apply.
+    outcome = _reconciler(kube).reconcile(_isvc(kube, scheduling={"nodeSelector": {"a b": "c"}}))
+    assert outcome is not None and outcome.reason == "InvalidSpec" and outcome.writes == ()
+    degraded = {c["type"]: c for c in _current(kube)["status"]["conditions"]}["Degraded"]
+    assert "nodeSelector: every key must be a label key" in degraded["message"]
+
+
 def test_api_refusal_becomes_apply_failed(kube: FakeKube) -> None:
     kube.refuse["Deployment"] = KubeError(422, 'Deployment.apps "svc" is invalid: bad quantity')
     outcome = _reconciler(kube).reconcile(_isvc(kube))
