@@ -168,6 +168,11 @@ def render_crd() -> dict[str, Any]:
                             "type": "object",
                             "description": (v1alpha1.InferenceService.__doc__ or "").strip(),
                             "required": ["spec"],
+                            # Root-level rules may read metadata.name (and nothing
+                            # else of metadata): the one place to check it.
+                            "x-kubernetes-validations": [
+                                {"rule": v1alpha1.NAME_RULE, "message": v1alpha1.NAME_MESSAGE}
+                            ],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

@@ -27,9 +27,10 @@ Pure: no I/O, no Kubernetes client imports.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from fleetgate.engines.trtllm import TrtllmSettings
@@ -62,6 +63,7 @@ __all__ = [
     "StorageSpec",
     "Toleration",
     "cel",
+    "check_name",
 ]
 
 GROUP = "fleetgate.dev"
@@ -85,6 +87,95 @@ def cel(*rules: tuple[str, str]) -> dict[str, Any]:
     return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
 
 
+# Kubernetes' own name formats, for every field the operator copies into a child
+# object (docs/operator.md "Names and limits"). Written without backslashes so the
+# same text is a valid CEL string literal, an RE2 (API server) and a Rust regex
+# (pydantic). The API server would refuse a child carrying a value outside these
+# formats at apply time (ApplyFailed); these rules refuse the InferenceService instead.
+_DNS_LABEL_PART = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+#: RFC 1035 label: Service names on Kubernetes < 1.36 (and so metadata.name).
+DNS1035_LABEL = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+#: RFC 1123 subdomain: Secret, PVC, PriorityClass, RuntimeClass names.
+DNS1123_SUBDOMAIN = f"^{_DNS_LABEL_PART}([.]{_DNS_LABEL_PART})*$"
+#: A label value (also a node-affinity value and a toleration value); <= 63 chars.
+LABEL_VALUE = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+#: A label key / qualified name: optional DNS-subdomain prefix, then <= 63 chars.
+QUALIFIED_NAME = (
+    f"^({_DNS_LABEL_PART}([.]{_DNS_LABEL_PART})*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
+)
+#: An extended resource such as ``nvidia.com/gpu``: a domain is required.
+EXTENDED_RESOURCE = (
+    f"^{_DNS_LABEL_PART}([.]{_DNS_LABEL_PART})*/[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
+)
+#: A Secret or ConfigMap key.
+CONFIG_KEY = "^[-._a-zA-Z0-9]+$"
+#: metadata.name: it names the Service (RFC 1035 label before Kubernetes 1.36) and is
+#: the ``app.kubernetes.io/instance`` label value (<= 63 chars).
+NAME_MAX_LENGTH = 63
+NAME_MESSAGE = (
+    "metadata.name must be at most 63 characters of a-z, 0-9 and '-', start with a "
+    "letter and end with a letter or digit: it names the engines' Service and is a "
+    "label value"
+)
+NAME_RULE = (
+    f"size(self.metadata.name) <= {NAME_MAX_LENGTH} && "
+    f"self.metadata.name.matches('{DNS1035_LABEL}')"
+)
+
+_SUBDOMAIN_MESSAGE = (
+    "must be a Kubernetes object name: lowercase a-z, 0-9, '-' and '.', starting and "
+    "ending with a letter or digit, at most 253 characters"
+)
+_LABEL_VALUE_MESSAGE = (
+    "must be a Kubernetes label value: at most 63 characters of A-Z, a-z, 0-9, '-', "
+    "'_' and '.', starting and ending with a letter or digit"
+)
+
+
+def _matching(regex: str, message: str) -> Callable[[str], str]:
+    compiled = re.compile(regex)
+
+    def check(value: str) -> str:
+        if not compiled.match(value):
+            raise ValueError(message)
+        return value
+
+    return check
+
+
+def check_name(name: str) -> str | None:
+    """Why ``name`` cannot be an InferenceService's metadata.name, or None if it can.
+
+    The pydantic mirror of the CRD's root rule (:data:`NAME_RULE`), for objects
+    created before that rule existed.
+    """
+    if len(name) > NAME_MAX_LENGTH or not re.match(DNS1035_LABEL, name):
+        return f"{NAME_MESSAGE} (got {len(name)} characters: {name[:80]!r})"
+    return None
+
+
+#: The name of an object in the namespace (Secret, PVC) or cluster (classes).
+ObjectName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=253,
+        json_schema_extra=cel((f"self.matches('{DNS1123_SUBDOMAIN}')", _SUBDOMAIN_MESSAGE)),
+    ),
+    AfterValidator(_matching(DNS1123_SUBDOMAIN, _SUBDOMAIN_MESSAGE)),
+]
+#: A label value (non-empty here).
+LabelValue = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=63,
+        json_schema_extra=cel((f"self.matches('{LABEL_VALUE}')", _LABEL_VALUE_MESSAGE)),
+    ),
+    AfterValidator(_matching(LABEL_VALUE, _LABEL_VALUE_MESSAGE)),
+]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         frozen=True,
@@ -105,19 +196,52 @@ def _default_of(model: type[_Model]) -> dict[str, Any]:
     return {"default": model().model_dump(mode="json", by_alias=True, exclude_none=True)}
 
 
+_KEY_MESSAGE = "must be a Secret key: a-z, A-Z, 0-9, '-', '_' and '.'"
+_PVC_URI = f"^pvc://{DNS1123_SUBDOMAIN.strip('^$')}(/|$)"
+_PVC_URI_MESSAGE = (
+    "model.uri pvc://CLAIM/PATH: CLAIM must be a PersistentVolumeClaim name (lowercase "
+    "a-z, 0-9, '-' and '.', starting and ending with a letter or digit)"
+)
+_IMAGE_MESSAGE = "engine.image must not start or end with whitespace"
+_RESOURCE_MESSAGE = (
+    "gpu.resourceName must be an extended resource such as nvidia.com/gpu: a DNS "
+    "domain (not kubernetes.io), '/', then at most 63 characters of A-Z, a-z, 0-9, "
+    "'-', '_' and '.'"
+)
+_SUB_PATH_MESSAGE = "storage.modelCache.pvc.subPath must be a relative path without '..'"
+_NODE_SELECTOR_MESSAGE = (
+    "scheduling.nodeSelector: every key must be a label key (optional DNS prefix and "
+    "'/', then at most 63 characters of A-Z, a-z, 0-9, '-', '_' and '.')"
+)
+
+
 class SecretKeyRef(_Model):
     """A key in a Secret in the InferenceService's namespace."""
 
-    name: str = Field(min_length=1, max_length=253)
+    name: ObjectName
     """Secret name."""
-    key: str = Field(default="token", min_length=1, max_length=253)
+    key: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=253,
+            json_schema_extra=cel((f"self.matches('{CONFIG_KEY}')", _KEY_MESSAGE)),
+        ),
+        AfterValidator(_matching(CONFIG_KEY, _KEY_MESSAGE)),
+    ] = "token"
     """Key inside the Secret whose value is the credential."""
 
 
 class ModelSpec(_Model):
     """Which weights to serve and under which name."""
 
-    uri: str = Field(pattern=MODEL_URI_PATTERN, max_length=1024)
+    uri: str = Field(
+        pattern=MODEL_URI_PATTERN,
+        max_length=1024,
+        json_schema_extra=cel(
+            (f"!self.startsWith('pvc://') || self.matches('{_PVC_URI}')", _PVC_URI_MESSAGE)
+        ),
+    )
     """Where the weights come from. ``hf://ORG/NAME`` (Hugging Face hub id, downloaded
     into the model cache), ``pvc://CLAIM/PATH`` (a PersistentVolumeClaim already holding
     the weights, mounted read-only) or ``s3://BUCKET/PATH`` (handed to the engine as is;
@@ -128,6 +252,12 @@ class ModelSpec(_Model):
     """Hub revision (branch, tag or commit) for ``hf://`` models."""
     auth_secret_ref: SecretKeyRef | None = None
     """Credential for a gated or private model, exposed to the engine as ``HF_TOKEN``."""
+
+    @model_validator(mode="after")
+    def _pvc_claim_is_a_name(self) -> ModelSpec:
+        if self.uri.startswith("pvc://") and not re.match(_PVC_URI, self.uri):
+            raise ValueError(_PVC_URI_MESSAGE)
+        return self
 
 
 class EnvVar(_Model):
@@ -161,7 +291,11 @@ class EngineSpec(_Model):
 
     type: EngineType
     """Which engine serves the model: ``vllm`` or ``tensorrt-llm`` (trtllm-serve)."""
-    image: str = Field(min_length=1, max_length=1024)
+    image: str = Field(
+        min_length=1,
+        max_length=1024,
+        json_schema_extra=cel(("self == self.trim()", _IMAGE_MESSAGE)),
+    )
     """Engine container image, e.g. ``vllm/vllm-openai:v0.32.0``."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """When the kubelet pulls the image."""
@@ -178,6 +312,8 @@ class EngineSpec(_Model):
 
     @model_validator(mode="after")
     def _settings_match_engine(self) -> EngineSpec:
+        if self.image != self.image.strip():
+            raise ValueError(_IMAGE_MESSAGE)
         if self.vllm is not None and self.type != "vllm":
             raise ValueError("engine.vllm settings are set but engine.type is not 'vllm'")
         if self.tensorrt_llm is not None and self.type != "tensorrt-llm":
@@ -202,51 +338,148 @@ class GpuSpec(_Model):
     count: int = Field(default=1, ge=0, le=64)
     """GPUs per replica; must equal parallelism.tensor x parallelism.pipeline. 0 runs the
     engine on CPU (tests, CPU builds of vLLM)."""
-    product: str | None = Field(default=None, min_length=1, max_length=63)
+    product: LabelValue | None = None
     """Required GPU model, matched against the node label ``nvidia.com/gpu.product``
     (e.g. ``NVIDIA-H100-80GB-HBM3``). Unset: any GPU node."""
-    resource_name: str = Field(default="nvidia.com/gpu", min_length=1, max_length=253)
+    resource_name: str = Field(
+        default="nvidia.com/gpu",
+        min_length=1,
+        max_length=128,
+        json_schema_extra=cel(
+            (
+                f"self.matches('{EXTENDED_RESOURCE}') && !self.contains('kubernetes.io/')",
+                _RESOURCE_MESSAGE,
+            )
+        ),
+    )
     """Extended resource that counts GPUs on nodes."""
+
+    @model_validator(mode="after")
+    def _extended_resource(self) -> GpuSpec:
+        name = self.resource_name
+        if not re.match(EXTENDED_RESOURCE, name) or "kubernetes.io/" in name:
+            raise ValueError(_RESOURCE_MESSAGE)
+        return self
+
+
+_TOLERATION_RULES: tuple[tuple[str, str], ...] = (
+    (
+        f"!has(self.key) || self.key == '' || self.key.matches('{QUALIFIED_NAME}')",
+        "toleration key must be a label key (optional DNS prefix and '/', then at most "
+        "63 characters of A-Z, a-z, 0-9, '-', '_' and '.')",
+    ),
+    (
+        "(has(self.key) && self.key != '') || self.operator == 'Exists'",
+        "a toleration without a key must have operator Exists (it then tolerates every taint)",
+    ),
+    (
+        "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+        "a toleration with operator Exists must not have a value",
+    ),
+    (
+        "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+        "toleration tolerationSeconds is only allowed with effect NoExecute",
+    ),
+)
 
 
 class Toleration(_Model):
     """A Kubernetes toleration."""
 
-    key: str | None = None
+    model_config = ConfigDict(json_schema_extra=cel(*_TOLERATION_RULES))
+
+    key: str | None = Field(default=None, max_length=317)
     """Taint key; empty with operator Exists matches every taint."""
     operator: Literal["Exists", "Equal"] = "Equal"
     """``Exists`` ignores value; ``Equal`` compares it."""
-    value: str | None = None
+    value: (
+        Annotated[
+            str,
+            Field(
+                max_length=63,
+                json_schema_extra=cel((f"self.matches('{LABEL_VALUE}')", _LABEL_VALUE_MESSAGE)),
+            ),
+            AfterValidator(_matching(LABEL_VALUE, _LABEL_VALUE_MESSAGE)),
+        ]
+        | None
+    ) = None
     """Taint value for ``Equal``."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to tolerate; empty means all effects."""
     toleration_seconds: int | None = Field(default=None, ge=0)
     """How long a NoExecute taint is tolerated."""
 
+    @model_validator(mode="after")
+    def _valid_for_kubernetes(self) -> Toleration:
+        if self.key and not re.match(QUALIFIED_NAME, self.key):
+            raise ValueError(_TOLERATION_RULES[0][1])
+        if not self.key and self.operator != "Exists":
+            raise ValueError(_TOLERATION_RULES[1][1])
+        if self.operator == "Exists" and self.value:
+            raise ValueError(_TOLERATION_RULES[2][1])
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(_TOLERATION_RULES[3][1])
+        return self
+
 
 class SchedulingSpec(_Model):
     """Where engine pods may run."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    """Node labels a node must carry."""
+    node_selector: dict[
+        str,
+        Annotated[
+            str,
+            Field(
+                max_length=63,
+                json_schema_extra=cel((f"self.matches('{LABEL_VALUE}')", _LABEL_VALUE_MESSAGE)),
+            ),
+            AfterValidator(_matching(LABEL_VALUE, _LABEL_VALUE_MESSAGE)),
+        ],
+    ] = Field(default_factory=dict, max_length=64)
+    """Node labels a node must carry. Values are checked at admission; keys (label keys)
+    by the operator, because CEL cannot read map keys within the API server's cost
+    budget (a bad key shows as ``InvalidSpec``)."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64)
     """Taints the pods tolerate (a toleration for the GPU resource taint is always added
     when GPUs are requested)."""
     affinity: dict[str, Any] | None = None
     """A Kubernetes ``Affinity``; the GPU product rule is ANDed into its node affinity."""
-    priority_class_name: str | None = Field(default=None, max_length=253)
+    priority_class_name: ObjectName | None = None
     """PriorityClass of the engine pods."""
-    runtime_class_name: str | None = Field(default=None, max_length=253)
+    runtime_class_name: ObjectName | None = None
     """RuntimeClass of the engine pods (e.g. ``nvidia``)."""
+
+    @model_validator(mode="after")
+    def _node_selector_is_labels(self) -> SchedulingSpec:
+        for key in self.node_selector:
+            if len(key) > 317 or not re.match(QUALIFIED_NAME, key):
+                raise ValueError(f"{_NODE_SELECTOR_MESSAGE}: {key[:80]!r}")
+        return self
 
 
 class PvcCache(_Model):
     """Keep downloaded weights on a PersistentVolumeClaim shared by all replicas."""
 
-    claim_name: str = Field(min_length=1, max_length=253)
+    claim_name: ObjectName
     """An existing PVC (ReadWriteMany when replicas > 1)."""
-    sub_path: str | None = Field(default=None, max_length=1024)
-    """Directory inside the volume."""
+    sub_path: str | None = Field(
+        default=None,
+        max_length=1024,
+        json_schema_extra=cel(
+            (
+                "!self.startsWith('/') && !self.split('/').exists(p, p == '..')",
+                _SUB_PATH_MESSAGE,
+            )
+        ),
+    )
+    """Directory inside the volume (relative, without '..')."""
+
+    @model_validator(mode="after")
+    def _relative_sub_path(self) -> PvcCache:
+        sub = self.sub_path
+        if sub is not None and (sub.startswith("/") or ".." in sub.split("/")):
+            raise ValueError(_SUB_PATH_MESSAGE)
+        return self
 
 
 class EmptyDirCache(_Model):

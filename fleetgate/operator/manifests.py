@@ -81,6 +81,8 @@ PART_OF = "fleetgate"
 COMPONENT = "engine"
 
 _LABEL_BAD = re.compile(r"[^A-Za-z0-9._-]+")
+_LABEL_MAX = 63
+_LABEL_HASH = 8
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,11 +130,18 @@ class Children:
 def label_value(text: str) -> str:
     """``text`` made into a valid label value (<= 63 chars, [A-Za-z0-9._-], alnum ends).
 
-    Served names like ``meta-llama/Llama-3.1-8B`` are not valid label values; the
-    exact name is kept in the ``fleetgate.dev/served-model`` annotation.
+    Served names like ``meta-llama/Llama-3.1-8B`` are not valid label values: each run
+    of other characters becomes ``_``. A result longer than 63 characters keeps its
+    first 54 and ends in ``-`` + 8 hex digits of the SHA-256 of ``text``, so two long
+    names that share a prefix still get different labels, and the same name always
+    gets the same one. The exact name is kept in the ``fleetgate.dev/served-model``
+    annotation.
     """
-    value = _LABEL_BAD.sub("_", text)[:63]
-    return value.strip("._-")
+    value = _LABEL_BAD.sub("_", text).strip("._-")
+    if len(value) <= _LABEL_MAX:
+        return value
+    digest = hashlib.sha256(text.encode()).hexdigest()[:_LABEL_HASH]
+    return f"{value[: _LABEL_MAX - _LABEL_HASH - 1].rstrip('._-')}-{digest}"
 
 
 def selector_labels(name: str) -> dict[str, str]:

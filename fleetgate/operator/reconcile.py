@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fleetgate.api.v1alpha1 import GROUP, KIND, VERSION, InferenceServiceSpec
+from fleetgate.api.v1alpha1 import GROUP, KIND, VERSION, InferenceServiceSpec, check_name
 from fleetgate.engines.base import EngineError
 from fleetgate.operator import diff, manifests, status
 from fleetgate.operator.kube import KubeApi, KubeError, NotFound
@@ -190,6 +190,11 @@ class Reconciler:
         )
         rep = dataclasses.replace
         writes: list[str] = []
+        bad_name = check_name(name)  # created before the CRD refused such names
+        if bad_name is not None:
+            return self._report(
+                body, rep(base, failure_reason="InvalidSpec", failure_message=bad_name), writes
+            )
         try:
             spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
         except ValidationError as e:

@@ -512,11 +512,27 @@ def test_builders_are_deterministic(engine: str) -> None:
         pytest.param("llama-3.1-8b", "llama-3.1-8b", id="valid"),
         pytest.param("meta-llama/Llama-3.1-8B", "meta-llama_Llama-3.1-8B", id="slash"),
         pytest.param("/weird name/", "weird_name", id="edges"),
-        pytest.param("x" * 80, "x" * 63, id="too-long"),
+        pytest.param("x" * 80, "x" * 54 + "-d929cdee", id="too-long"),
+        pytest.param("o/" + "x" * 61, "o_" + "x" * 61, id="exactly-63"),
     ],
 )
 def test_label_value(text: str, value: str) -> None:
     assert manifests.label_value(text) == value
+
+
+def test_long_served_names_keep_distinct_model_labels() -> None:
+    # Cut to 63 characters, two served names sharing a long prefix got one label
+    # value, so a selector on fleetgate.dev/model mixed two models' pods.
+    prefix = "org/" + "a-very-long-fine-tuned-model-name-" * 2
+    one, two = manifests.label_value(prefix + "v1"), manifests.label_value(prefix + "v2")
+    assert one != two
+    for value in (one, two):
+        assert len(value) == 63 and value[0].isalnum() and value[-1].isalnum()
+    assert manifests.label_value(prefix + "v1") == one, "stable across reconciles"
+    children = _build(_spec(model={"uri": "hf://org/model", "name": prefix + "v1"}))
+    assert _deployment(children)["metadata"]["labels"]["fleetgate.dev/model"] == one
+    pod_meta = _deployment(children)["spec"]["template"]["metadata"]
+    assert pod_meta["annotations"]["fleetgate.dev/served-model"] == prefix + "v1"
 
 
 def test_service_url() -> None:

@@ -186,6 +186,31 @@ def test_invalid_spec_becomes_degraded_not_an_exception(kube: FakeKube) -> None:
     assert kube.writes() == [], "the same invalid spec is reported once, not retried in a loop"
 
 
+def test_name_the_children_cannot_carry_is_invalid_spec_not_apply_failed(kube: FakeKube) -> None:
+    # Created before the CRD refused such names (issue 14: 70 characters failed at
+    # apply, "labels must be no more than 63 bytes"): say why once, write no child.
+    long_name = "a" * 70
+    body = _isvc(kube)
+    del kube.objects[("InferenceService", "ns", "svc")]
+    body["metadata"]["name"] = long_name
+    outcome = _reconciler(kube).reconcile(kube.put(body))
+    assert outcome is not None and outcome.reason == "InvalidSpec" and outcome.writes == ()
+    st = kube.objects[("InferenceService", "ns", long_name)]["status"]
+    degraded = {c["type"]: c for c in st["conditions"]}["Degraded"]
+    assert degraded["reason"] == "InvalidSpec"
+    assert "metadata.name must be at most 63 characters" in degraded["message"]
+    assert "got 70 characters" in degraded["message"]
+    assert kube.of_kind("Deployment") == [] and kube.of_kind("Service") == []
+
+
+def test_node_selector_key_kubernetes_refuses_is_invalid_spec(kube: FakeKube) -> None:
+    # The one name rule CEL cannot afford (map keys): caught here, before any apply.
+    outcome = _reconciler(kube).reconcile(_isvc(kube, scheduling={"nodeSelector": {"a b": "c"}}))
+    assert outcome is not None and outcome.reason == "InvalidSpec" and outcome.writes == ()
+    degraded = {c["type"]: c for c in _current(kube)["status"]["conditions"]}["Degraded"]
+    assert "nodeSelector: every key must be a label key" in degraded["message"]
+
+
 def test_api_refusal_becomes_apply_failed(kube: FakeKube) -> None:
     kube.refuse["Deployment"] = KubeError(422, 'Deployment.apps "svc" is invalid: bad quantity')
     outcome = _reconciler(kube).reconcile(_isvc(kube))
