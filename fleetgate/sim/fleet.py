@@ -37,10 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleetgate.engines import get_adapter
 from fleetgate.sim.core import tokenizer as core_tokenizer
 from fleetgate.sim.core.api import EngineModel
-from fleetgate.sim.driver import EngineDriver
 from fleetgate.sim.generation import EngineOptions, SimEngine
-from fleetgate.sim.vllm_app import VllmApp
-from fleetgate.sim.vllm_metrics import VllmMetrics
+from fleetgate.sim.trtllm import build_trtllm
+from fleetgate.sim.vllm import build_vllm
 
 __all__ = [
     "EngineSpec",
@@ -80,7 +79,7 @@ class EngineSpec(BaseModel):
     enable_prompt_tokens_details: bool = True
     version: str | None = Field(default=None, min_length=1)
     """Reported by ``/version`` (and in vLLM's ``system_fingerprint``); default
-    ``0.33.0`` for vLLM (engines.md), ``1.2.0`` for TensorRT-LLM."""
+    ``0.33.0`` for vLLM, ``1.2.0`` for TensorRT-LLM."""
     max_num_queued_reqs: int | None = Field(default=None, ge=0)
     """vLLM admission control (503 when this many requests already wait)."""
     seed: int | None = None
@@ -205,12 +204,9 @@ def build_engine(
     )
     adapter = get_adapter(spec.kind)
     if spec.kind == "vllm":
-        metrics = VllmMetrics(options, model, created)
-        driver = EngineDriver(model, time_scale=time_scale, on_step=metrics.on_step)
-        engine = SimEngine(options, SharedTokenizer(), driver, metrics)
-        return engine, VllmApp(engine, metrics, adapter.error_body, int(created))
-    from fleetgate.sim.trtllm_app import build_trtllm
-
+        return build_vllm(
+            options, model, SharedTokenizer(), time_scale, adapter.error_body, created
+        )
     return build_trtllm(options, model, SharedTokenizer(), time_scale, adapter.error_body)
 
 

@@ -29,7 +29,7 @@ from fleetgate.engines.vllm import ADAPTER as VLLM
 from fleetgate.sim.core.api import SimRequest
 from fleetgate.sim.core.timing import build_engine_model
 from fleetgate.sim.generation import EngineOptions, GenRequest
-from fleetgate.sim.trtllm_app import TrtllmMetrics
+from fleetgate.sim.trtllm.metrics import TrtllmMetrics
 
 FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
 DATA = Path(__file__).parent / "data"
