@@ -2,6 +2,7 @@
 
 Modules:
 
+* :mod:`~.versions`: the supported release lines and what each accepts;
 * :mod:`~.settings`: :class:`TrtllmSettings`, the CRD's ``spec.engine.trtllm``;
 * :mod:`~.launch`: the trtllm-serve command line and the ``--extra_llm_api_options`` YAML;
 * :mod:`~.sources`: the three metrics sources, in order of preference;
@@ -59,10 +60,22 @@ from fleetgate.engines.trtllm.adapter import ADAPTER, TrtllmAdapter
 from fleetgate.engines.trtllm.launch import CONFIG_FILE, llm_api_options_yaml
 from fleetgate.engines.trtllm.settings import TrtllmSettings
 from fleetgate.engines.trtllm.sources import ITERATION_STATS, PROMETHEUS, TRITON
+from fleetgate.engines.trtllm.versions import (
+    LINES,
+    EngineVersionError,
+    TrtllmRelease,
+    release_for,
+    resolve_version,
+)
 
 __all__ = [
     "ADAPTER",
     "CONFIG_FILE",
+    "LINES",
+    "EngineVersionError",
+    "TrtllmRelease",
+    "release_for",
+    "resolve_version",
     "ITERATION_STATS",
     "PROMETHEUS",
     "TRITON",

@@ -23,12 +23,21 @@ from fleetgate.engines.trtllm.prometheus import parse_prometheus
 from fleetgate.engines.trtllm.settings import TrtllmSettings
 from fleetgate.engines.trtllm.sources import ITERATION_STATS, PROMETHEUS, TRITON
 from fleetgate.engines.trtllm.triton import parse_triton
+from fleetgate.engines.trtllm.versions import TrtllmRelease, release_for
 
 __all__ = ["ADAPTER", "TrtllmAdapter"]
 
 
 class TrtllmAdapter:
-    """The :class:`~fleetgate.engines.base.EngineAdapter` for TensorRT-LLM's trtllm-serve."""
+    """The :class:`~fleetgate.engines.base.EngineAdapter` for TensorRT-LLM's trtllm-serve.
+
+    The registry's ``ADAPTER`` is not bound to a release: its request fields are main's
+    and :meth:`container` takes the release from the launch spec. A caller that knows an
+    endpoint's release (the operator's ``fleetgate.dev/engine-version`` annotation) uses
+    :meth:`for_version`, whose :meth:`priority_fields` are empty where the release's
+    request models have no ``priority`` and whose :attr:`metrics_sources` start with the
+    source that release publishes load on.
+    """
 
     name = "trtllm"
     aliases: tuple[str, ...] = ("tensorrt-llm", "tensorrt_llm", "trt-llm")
@@ -45,6 +54,18 @@ class TrtllmAdapter:
     #: partial assistant message (vLLM's ``continue_final_message``): it would answer
     #: it as a new turn, so a chat that must resume from text goes to an engine that can.
     continues_final_message = False
+
+    def __init__(self, release: TrtllmRelease | None = None) -> None:
+        self.release = release
+        if release is not None and release.load_source == "iteration-stats":
+            self.metrics_sources = (ITERATION_STATS, TRITON)
+        elif release is not None:
+            # The collector drains the iteration-stats queue: never poll it as well.
+            self.metrics_sources = (PROMETHEUS, TRITON)
+
+    def for_version(self, version: str) -> TrtllmAdapter:
+        """This adapter bound to the release line of ``version`` (``1.0.0``, ``main``...)."""
+        return TrtllmAdapter(release_for(version))
 
     def parse_metrics(
         self, source: MetricsSource, body: bytes, now: float, previous: LoadSnapshot | None
@@ -64,8 +85,11 @@ class TrtllmAdapter:
     def priority_fields(self, level: int) -> dict[str, Any]:
         """``{"priority": 0.5 + level / (2 * LEVEL_MAX)}``: higher first, default 0.5.
 
-        The level is clamped to [LEVEL_MIN, LEVEL_MAX] and the value to [0, 1].
+        The level is clamped to [LEVEL_MIN, LEVEL_MAX] and the value to [0, 1]. Empty for
+        a release whose request models forbid ``priority`` (1.0, 1.1/1.2: a 400).
         """
+        if self.release is not None and not self.release.request_priority:
+            return {}
         value = 0.5 + clamp_level(level) / (2 * LEVEL_MAX)
         return {"priority": min(1.0, max(0.0, value))}
 
@@ -81,7 +105,7 @@ class TrtllmAdapter:
 
     def container(self, launch: LaunchSpec) -> ContainerPlan:
         """``trtllm-serve <model> ...`` plus the LLM-API options YAML as a config file."""
-        return container_plan(launch)
+        return container_plan(launch, self.release if launch.engine_version is None else None)
 
 
 ADAPTER = TrtllmAdapter()
