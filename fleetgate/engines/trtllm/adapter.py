@@ -43,7 +43,7 @@ class TrtllmAdapter:
     aliases: tuple[str, ...] = ("tensorrt-llm", "tensorrt_llm", "trt-llm")
     default_block_size = 32
     settings_model: type[BaseModel] = TrtllmSettings
-    metrics_sources = (PROMETHEUS, ITERATION_STATS, TRITON)
+    metrics_sources: tuple[MetricsSource, ...] = (PROMETHEUS, ITERATION_STATS, TRITON)
     #: trtllm-serve's ``CompletionRequest.prompt`` is
     #: ``Union[List[int], List[List[int]], str, List[str]]`` (serve/openai_protocol.py).
     accepts_token_ids_prompt = True
