@@ -54,7 +54,8 @@ __all__ = [
 ]
 
 VLLM_VERSION = "0.33.0"
-TRTLLM_VERSION = "1.2.0"
+#: TensorRT-LLM main: the release whose request models accept ``priority``.
+TRTLLM_VERSION = "main"
 
 ModelFactory = Callable[[str, str, Mapping[str, Any], int], EngineModel]
 """``(engine kind, profile name, overrides, seed) -> EngineModel``."""
@@ -79,7 +80,9 @@ class EngineSpec(BaseModel):
     enable_prompt_tokens_details: bool = True
     version: str | None = Field(default=None, min_length=1)
     """Reported by ``/version`` (and in vLLM's ``system_fingerprint``); default
-    ``0.33.0`` for vLLM, ``1.2.0`` for TensorRT-LLM."""
+    ``0.33.0`` for vLLM, ``main`` for TensorRT-LLM. For TensorRT-LLM it also selects
+    the emulated release (``1.0.0``, ``1.2.0rc3``, ``main``...): request validation,
+    ``/metrics`` semantics and the ``trtllm_*`` families follow that release."""
     max_num_queued_reqs: int | None = Field(default=None, ge=0)
     """vLLM admission control (503 when this many requests already wait)."""
     seed: int | None = None

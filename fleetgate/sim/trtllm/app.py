@@ -49,7 +49,7 @@ from fleetgate.sim.generation import (
     generate,
 )
 from fleetgate.sim.trtllm.metrics import TrtllmMetrics
-from fleetgate.sim.trtllm.protocol import ChatCompletionRequest, CompletionRequest
+from fleetgate.sim.trtllm.protocol import request_model
 from fleetgate.sim.trtllm.requests import DEFAULT_PRIORITY, HttpError, gen_request
 
 __all__ = ["TrtllmApp", "build_trtllm"]
@@ -78,6 +78,7 @@ class TrtllmApp:
         self.metrics = metrics
         self.error_body = error_body
         self.created = int(time.time())
+        self.release = metrics.release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -159,9 +160,7 @@ class TrtllmApp:
         )
 
     async def _generate(self, chat: bool, body: bytes, receive: Receive, send: Send) -> None:
-        model_cls: type[CompletionRequest | ChatCompletionRequest] = (
-            ChatCompletionRequest if chat else CompletionRequest
-        )
+        model_cls = request_model(chat, self.release.request_priority)
         try:
             data = json.loads(body)
             req = model_cls.model_validate(data)

@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from fleetgate.sim.core.api import EngineModel, FinishReason, StepResult
+from fleetgate.engines.trtllm.versions import release_for
+from fleetgate.sim.core.api import EngineModel, EngineStats, FinishReason, StepResult
 from fleetgate.sim.generation import EngineOptions, GenRequest
 from fleetgate.sim.metrics_common import HistogramState, counter, gauge, histogram
 
@@ -55,6 +56,12 @@ class TrtllmMetrics(Collector):
         self._live: dict[str, _Live] = {}
         self._iter = 0
         self._prev_alloc = 0
+        self.release = release_for(options.version or "main")
+        # main: JSON /metrics serves a buffer refilled when a request completes
+        self._pending: collections.deque[dict[str, Any]] = collections.deque(maxlen=STATS_QUEUE)
+        # The collector sets the trtllm_* gauges from iteration stats when a request
+        # completes; between completions a scrape sees the last completion's values.
+        self._gauges: EngineStats = model.stats()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -83,6 +90,7 @@ class TrtllmMetrics(Collector):
         live = self._live.pop(request.request_id, None)
         if live is None:
             return
+        self._completed()
         self.success[reason] = self.success.get(reason, 0) + 1
         self.hist["e2e_request_latency_seconds"].observe(now - live.arrival)
         if live.scheduled is not None:
@@ -95,7 +103,15 @@ class TrtllmMetrics(Collector):
 
     def on_abort(self, request: GenRequest, completion_tokens: int, now: float) -> None:
         if self._live.pop(request.request_id, None) is not None:
+            self._completed()
             self.success["abort"] += 1
+
+    def _completed(self) -> None:
+        """A request ended: the points at which the real collector refreshes."""
+        self._gauges = self.model.stats()
+        if self.release.json_metrics == "completion-buffer":
+            self.iterations.extend(self._pending)
+            self._pending.clear()
 
     def on_step(self, now: float, result: StepResult) -> None:
         s = self.model.stats()
@@ -105,7 +121,8 @@ class TrtllmMetrics(Collector):
         alloc_total = s.reused_blocks + s.missed_blocks
         alloc_new, self._prev_alloc = alloc_total - self._prev_alloc, alloc_total
         queried = s.reused_blocks + s.missed_blocks
-        self.iterations.append(
+        queue = self.iterations if self.release.json_metrics == "drain" else self._pending
+        queue.append(
             {
                 "timestamp": time.strftime("%m-%d-%Y %H:%M:%S", time.gmtime()),
                 "iter": self._iter,
@@ -156,7 +173,10 @@ class TrtllmMetrics(Collector):
         return out
 
     def collect(self) -> Iterator[Metric]:
-        s = self.model.stats()
+        if not self.release.prometheus_load_gauges:
+            yield from self._request_families()
+            return
+        s = self._gauges
         base = {"model_name": self.options.model_name, "engine_type": "undefined"}
         c = self.created
 
@@ -200,6 +220,12 @@ class TrtllmMetrics(Collector):
             one(s.prefix_hit_tokens),
             c,
         )
+        yield from self._request_families()
+
+    def _request_families(self) -> Iterator[Metric]:
+        """Per-request families: the only ones before main (1.1.0rc5 exposition)."""
+        base = {"model_name": self.options.model_name, "engine_type": "undefined"}
+        c = self.created
         yield counter(
             "trtllm_request_success",
             "Count of successfully processed requests.",

@@ -55,7 +55,7 @@ def gen_request(engine: SimEngine, req: CompletionRequest | ChatCompletionReques
         request_id=engine.internal_id(uuid.uuid4().hex[:16]),
         prompt_token_ids=tuple(prompt),
         max_tokens=min(max_tokens, room) if max_tokens else min(room, 2048),
-        priority=req.priority if req.priority is not None else DEFAULT_PRIORITY,
+        priority=req.request_priority if req.request_priority is not None else DEFAULT_PRIORITY,
         ignore_eos=req.ignore_eos,
         stop=stop,
         seed=req.seed or 0,
