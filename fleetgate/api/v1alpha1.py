@@ -297,6 +297,13 @@ class EngineSpec(_Model):
         json_schema_extra=cel(("self == self.trim()", _IMAGE_MESSAGE)),
     )
     """Engine container image, e.g. ``vllm/vllm-openai:v0.32.0``."""
+    version: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
+    )
+    """The engine release the image runs (TensorRT-LLM: ``1.0.0``, ``1.2.0rc3``, ``main``).
+    Default: read from the image tag. fleetgate writes only the flags and options that
+    release accepts; when neither this nor the tag names a supported release the service
+    is ``Degraded`` with reason ``UnknownEngineVersion``."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """When the kubelet pulls the image."""
     image_pull_secrets: list[str] = Field(default_factory=list, max_length=16)

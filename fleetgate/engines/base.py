@@ -29,6 +29,10 @@ class EngineError(Exception):
     """Base of the errors raised by adapters (bad exposition, bad settings)."""
 
 
+class EngineVersionError(EngineError):
+    """The engine release of a service cannot be determined or is not supported."""
+
+
 class MetricsParseError(EngineError):
     """A metrics body could not be parsed; the scrape counts as failed, never as idle."""
 
@@ -139,6 +143,11 @@ class LaunchSpec:
     """The adapter's own typed settings (``adapter.settings_model``); None = defaults."""
     extra_args: tuple[str, ...] = ()
     revision: str | None = None
+    image: str | None = None
+    """The engine container image; adapters whose flags differ by release read the
+    release from its tag."""
+    engine_version: str | None = None
+    """The engine release the image runs (``spec.engine.version``); wins over the tag."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -157,6 +166,9 @@ class ContainerPlan:
     config_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """File name -> content, mounted from a ConfigMap at ``config_mount_path``."""
     config_mount_path: str = "/etc/fleetgate"
+    engine_version: str | None = None
+    """The engine release line the plan was written for (e.g. TensorRT-LLM ``1.0``), for
+    adapters whose flags differ by release; published to the router as an annotation."""
 
 
 @runtime_checkable

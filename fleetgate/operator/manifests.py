@@ -51,6 +51,7 @@ __all__ = [
     "LABEL_MODEL",
     "LABEL_POOL",
     "LABEL_ROLE",
+    "ANNOTATION_ENGINE_VERSION",
     "ANNOTATION_WEIGHT",
     "Children",
     "Owner",
@@ -76,6 +77,9 @@ ANNOTATION_WEIGHT = "fleetgate.dev/weight"
 ANNOTATION_SERVED_MODEL = "fleetgate.dev/served-model"
 ANNOTATION_METRICS_PATH = "fleetgate.dev/metrics-path"
 ANNOTATION_CONFIG_HASH = "fleetgate.dev/config-hash"
+#: The engine release line the arguments were written for (only for engines whose
+#: flags and request fields differ by release, e.g. TensorRT-LLM ``1.0``).
+ANNOTATION_ENGINE_VERSION = "fleetgate.dev/engine-version"
 MANAGED_BY = "fleetgate-operator"
 PART_OF = "fleetgate"
 COMPONENT = "engine"
@@ -400,6 +404,8 @@ def launch_spec(name: str, spec: InferenceServiceSpec) -> LaunchSpec:
         settings=_settings(spec),
         extra_args=tuple(spec.engine.extra_args),
         revision=spec.model.revision,
+        image=spec.engine.image,
+        engine_version=spec.engine.version,
     )
 
 
@@ -426,6 +432,8 @@ def build_children(
         ANNOTATION_SERVED_MODEL: served,
         ANNOTATION_METRICS_PATH: plan.metrics_path,
     }
+    if plan.engine_version is not None:
+        discovery_annotations[ANNOTATION_ENGINE_VERSION] = plan.engine_version
     objects: list[dict[str, Any]] = []
     pod_annotations = dict(discovery_annotations)
     if plan.config_files:

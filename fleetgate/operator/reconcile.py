@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetgate.api.v1alpha1 import GROUP, KIND, VERSION, InferenceServiceSpec, check_name
-from fleetgate.engines.base import EngineError
+from fleetgate.engines.base import EngineError, EngineVersionError
 from fleetgate.operator import diff, manifests, status
 from fleetgate.operator.kube import KubeApi, KubeError, NotFound
 from fleetgate.operator.metrics import OperatorMetrics
@@ -171,7 +171,11 @@ class Reconciler:
         with self._lock(namespace, name):
             outcome = self._reconcile(body)
         self._metrics.duration.observe(max(0.0, self._monotonic() - started))
-        result = {"InvalidSpec": "invalid", "ApplyFailed": "error"}.get(outcome.reason, "ok")
+        result = {
+            "InvalidSpec": "invalid",
+            "UnknownEngineVersion": "invalid",
+            "ApplyFailed": "error",
+        }.get(outcome.reason, "ok")
         self._metrics.reconciles.labels(result=result).inc()
         if outcome.reason in status.DEGRADED_REASONS:
             self._metrics.errors.labels(reason=outcome.reason).inc()
@@ -215,7 +219,8 @@ class Reconciler:
                 ),
             )
         except EngineError as e:
-            obs = rep(base, failure_reason="InvalidSpec", failure_message=str(e))
+            reason = "UnknownEngineVersion" if isinstance(e, EngineVersionError) else "InvalidSpec"
+            obs = rep(base, failure_reason=reason, failure_message=str(e))
             return self._report(body, obs, writes)
         except KubeError as e:
             obs = rep(base, failure_reason="ApplyFailed", failure_message=f"discovery: {e.message}")

@@ -9,6 +9,8 @@ ai-dynamo/dynamo#8170, #11131). So every engine pod is diagnosed
 reason                     when
 =========================  ========================================================
 InvalidSpec                the spec or the engine adapter refused it (never retried)
+UnknownEngineVersion       the engine release is neither in spec.engine.version nor
+                           in the image tag, or is not supported (never retried)
 ApplyFailed                the API server refused a child (message has its answer)
 NameConflict               a child's name is taken by an object we do not own
 InsufficientGPU            a pod is unschedulable for lack of the GPU resource
@@ -56,6 +58,7 @@ __all__ = [
 
 DEGRADED_REASONS = (
     "InvalidSpec",
+    "UnknownEngineVersion",
     "ApplyFailed",
     "NameConflict",
     "InsufficientGPU",

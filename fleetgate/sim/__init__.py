@@ -2,16 +2,17 @@
 
 Layers (each module's docstring has the details and invariants):
 
-* ``core/`` (pure, owned by sim-core): tokenizer, text generation, scheduler +
+* ``core/`` (pure): tokenizer, text generation, scheduler +
   KV-cache models and step-time profiles behind ``core.api.EngineModel``.
 * :mod:`~fleetgate.sim.driver`: one asyncio task per engine steps its model and
   sleeps the modelled time (``time_scale``); woken by new requests, never polls.
 * :mod:`~fleetgate.sim.generation`: a request's token stream (stop strings,
   abort-on-close) and the per-request observer hooks the metrics use.
-* :mod:`~fleetgate.sim.vllm_app` / :mod:`~fleetgate.sim.trtllm_app`: raw ASGI
-  apps reproducing each server's wire format (vLLM checked against the real
-  0.32 recordings), with :mod:`~fleetgate.sim.vllm_metrics` and the
-  TensorRT-LLM metrics; error bodies come from ``fleetgate.engines`` adapters.
+* :mod:`~fleetgate.sim.vllm` / :mod:`~fleetgate.sim.trtllm`: one package per
+  engine with the same modules (``app``: raw ASGI app and builder, ``protocol``:
+  request models, ``requests``: semantics after validation, ``metrics``: the
+  engine's metrics endpoints) reproducing each server's wire format (vLLM checked
+  against a real 0.32); error bodies come from ``fleetgate.engines`` adapters.
 * :mod:`~fleetgate.sim.fleet`: :func:`run_fleet` (the Python API) and the
   ``--fleet`` file model; :mod:`~fleetgate.sim.cli`: ``fleetgate sim``.
 

@@ -37,10 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleetgate.engines import get_adapter
 from fleetgate.sim.core import tokenizer as core_tokenizer
 from fleetgate.sim.core.api import EngineModel
-from fleetgate.sim.driver import EngineDriver
 from fleetgate.sim.generation import EngineOptions, SimEngine
-from fleetgate.sim.vllm_app import VllmApp
-from fleetgate.sim.vllm_metrics import VllmMetrics
+from fleetgate.sim.trtllm import build_trtllm
+from fleetgate.sim.vllm import build_vllm
 
 __all__ = [
     "EngineSpec",
@@ -55,7 +54,8 @@ __all__ = [
 ]
 
 VLLM_VERSION = "0.33.0"
-TRTLLM_VERSION = "1.2.0"
+#: TensorRT-LLM main: the release whose request models accept ``priority``.
+TRTLLM_VERSION = "main"
 
 ModelFactory = Callable[[str, str, Mapping[str, Any], int], EngineModel]
 """``(engine kind, profile name, overrides, seed) -> EngineModel``."""
@@ -80,7 +80,9 @@ class EngineSpec(BaseModel):
     enable_prompt_tokens_details: bool = True
     version: str | None = Field(default=None, min_length=1)
     """Reported by ``/version`` (and in vLLM's ``system_fingerprint``); default
-    ``0.33.0`` for vLLM (engines.md), ``1.2.0`` for TensorRT-LLM."""
+    ``0.33.0`` for vLLM, ``main`` for TensorRT-LLM. For TensorRT-LLM it also selects
+    the emulated release (``1.0.0``, ``1.2.0rc3``, ``main``...): request validation,
+    ``/metrics`` semantics and the ``trtllm_*`` families follow that release."""
     max_num_queued_reqs: int | None = Field(default=None, ge=0)
     """vLLM admission control (503 when this many requests already wait)."""
     seed: int | None = None
@@ -205,12 +207,9 @@ def build_engine(
     )
     adapter = get_adapter(spec.kind)
     if spec.kind == "vllm":
-        metrics = VllmMetrics(options, model, created)
-        driver = EngineDriver(model, time_scale=time_scale, on_step=metrics.on_step)
-        engine = SimEngine(options, SharedTokenizer(), driver, metrics)
-        return engine, VllmApp(engine, metrics, adapter.error_body, int(created))
-    from fleetgate.sim.trtllm_app import build_trtllm
-
+        return build_vllm(
+            options, model, SharedTokenizer(), time_scale, adapter.error_body, created
+        )
     return build_trtllm(options, model, SharedTokenizer(), time_scale, adapter.error_body)
 
 

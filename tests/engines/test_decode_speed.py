@@ -29,7 +29,7 @@ from fleetgate.engines.vllm import ADAPTER as VLLM
 from fleetgate.sim.core.api import SimRequest
 from fleetgate.sim.core.timing import build_engine_model
 from fleetgate.sim.generation import EngineOptions, GenRequest
-from fleetgate.sim.trtllm_app import TrtllmMetrics
+from fleetgate.sim.trtllm.metrics import TrtllmMetrics
 
 FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
 DATA = Path(__file__).parent / "data"
@@ -170,7 +170,7 @@ def test_vllm_bad_pair_raises(body: bytes, fragment: str) -> None:
 # ---------------------------------------------------------------- TensorRT-LLM
 
 
-def emulator_metrics() -> TrtllmMetrics:
+def emulator_metrics(version: str = "main") -> TrtllmMetrics:
     model = build_engine_model("trtllm", "test", {"jitter": 0.0}, seed=0)
     stats = model.stats()
     options = EngineOptions(
@@ -181,6 +181,7 @@ def emulator_metrics() -> TrtllmMetrics:
         block_size=model.block_size,
         num_gpu_blocks=stats.blocks_total,
         max_num_seqs=stats.max_running,
+        version=version,
     )
     return TrtllmMetrics(options, model, created=1000.0)
 
@@ -221,8 +222,9 @@ def test_trtllm_iteration_stats_documented_shape() -> None:
 
 def test_trtllm_iteration_stats_from_the_emulator_give_its_decode_step_time() -> None:
     """Run the emulator's TRT model to completion; the adapter's mean must be the truth:
-    the step durations weighted by the decode (non-first) tokens each step produced."""
-    metrics = emulator_metrics()
+    the step durations weighted by the decode (non-first) tokens each step produced.
+    1.0 serves the drained iteration-stats queue (main refills it only on completions)."""
+    metrics = emulator_metrics("1.0.0")
     model = metrics.model
     for i in range(3):
         model.add_request(

@@ -182,7 +182,7 @@ def _options(plan_files: Any) -> dict[str, Any]:
 
 
 def test_container_defaults() -> None:
-    plan = ADAPTER.container(LaunchSpec("/models/llama", "llama", 8000))
+    plan = ADAPTER.container(LaunchSpec("/models/llama", "llama", 8000, engine_version="main"))
     assert plan.command == ("trtllm-serve",)
     assert plan.args[0] == "/models/llama"
     assert _arg(plan.args, "--host") == "0.0.0.0"
@@ -267,13 +267,15 @@ def test_container_defaults() -> None:
 def test_container_settings(
     settings: TrtllmSettings, flags: dict[str, str], options: dict[str, Any]
 ) -> None:
-    plan = ADAPTER.container(LaunchSpec("/m", "m", 8000, settings=settings))
+    plan = ADAPTER.container(LaunchSpec("/m", "m", 8000, settings=settings, engine_version="main"))
     for flag, value in flags.items():
         assert _arg(plan.args, flag) == value
     got = _options(plan.config_files)
     for key, value in options.items():
         assert got[key] == value
-    assert got["enable_iter_perf_stats"] is True and got["return_perf_metrics"] is True
+    # enable_iter_perf_stats is a PyTorch-backend option only (tests/engines/trtllm_contract.py)
+    assert got.get("enable_iter_perf_stats") is (True if settings.backend == "pytorch" else None)
+    assert got["return_perf_metrics"] is True
 
 
 def test_container_parallelism_revision_extra_args_last() -> None:
@@ -285,6 +287,7 @@ def test_container_parallelism_revision_extra_args_last() -> None:
         pipeline_parallel=2,
         extra_args=("--trust_remote_code", "--ep_size", "4"),
         revision="v1.2",
+        engine_version="main",
     )
     plan = ADAPTER.container(launch)
     assert plan.args[0] == "org/model"
@@ -296,7 +299,7 @@ def test_container_parallelism_revision_extra_args_last() -> None:
 
 
 def test_container_model_named_like_a_subcommand_gets_explicit_serve() -> None:
-    plan = ADAPTER.container(LaunchSpec("grpc", "m", 8000))
+    plan = ADAPTER.container(LaunchSpec("grpc", "m", 8000, engine_version="main"))
     assert plan.args[:2] == ("serve", "grpc")
 
 

@@ -18,6 +18,8 @@ from fleetgate.engines.base import EngineError
 from fleetgate.operator import manifests
 from fleetgate.operator.options import OperatorOptions
 
+#: The example's image: TensorRT-LLM's release is read from the tag.
+TRT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.0.0"
 OWNER = manifests.Owner(name="svc", namespace="ns", uid="uid-123")
 KWOK = {"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"}
 
@@ -25,7 +27,7 @@ KWOK = {"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effe
 def _spec(kind: str = "vllm", /, **overrides: Any) -> InferenceServiceSpec:
     data: dict[str, Any] = {
         "model": {"uri": "hf://org/model", "name": "org/Model-7B"},
-        "engine": {"type": kind, "image": f"{kind}:1"},
+        "engine": {"type": kind, "image": TRT_IMAGE if kind == "tensorrt-llm" else f"{kind}:1"},
     }
     data.update(overrides)
     return InferenceServiceSpec.model_validate(data)
@@ -148,7 +150,7 @@ def test_engine_args_come_from_the_adapter(
 ) -> None:
     spec = _spec(
         engine,
-        engine={"type": engine, "image": "img:1", "extraArgs": ["--x-extra", "1"], **settings},
+        engine={"type": engine, "image": "img:1.0.0", "extraArgs": ["--x-extra", "1"], **settings},
         parallelism={"tensor": 2},
         gpu={"count": 2},
     )
@@ -159,7 +161,7 @@ def test_engine_args_come_from_the_adapter(
     for seq in expected_args:
         assert "\x00".join(seq) in joined, (seq, args)
     assert args[-2:] == ["--x-extra", "1"], "extra args are appended last"
-    assert container["image"] == "img:1"
+    assert container["image"] == "img:1.0.0"
     assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
 
 
@@ -470,13 +472,13 @@ def test_pdb() -> None:
 
 
 def test_trtllm_config_map_is_mounted_and_hashed() -> None:
-    a = _build(_spec("tensorrt-llm", engine={"type": "tensorrt-llm", "image": "i"}))
+    a = _build(_spec("tensorrt-llm", engine={"type": "tensorrt-llm", "image": TRT_IMAGE}))
     b = _build(
         _spec(
             "tensorrt-llm",
             engine={
                 "type": "tensorrt-llm",
-                "image": "i",
+                "image": TRT_IMAGE,
                 "tensorrtLlm": {"enableBlockReuse": False},
             },
         )

@@ -42,7 +42,7 @@ def _isvc(kube: FakeKube, engine: str = "vllm", **spec: Any) -> dict[str, Any]:
         "metadata": {"name": "svc", "namespace": "ns", "generation": 1},
         "spec": {
             "model": {"uri": "hf://org/model"},
-            "engine": {"type": engine, "image": "img:1"},
+            "engine": {"type": engine, "image": "img:1.0.0"},
             **spec,
         },
     }
@@ -336,3 +336,22 @@ def test_service_monitor_crd_removed_behind_stale_discovery(kube: FakeKube) -> N
     kube.calls.clear()
     rec.reconcile(_current(kube))
     assert ("apply", "ServiceMonitor", "svc") not in kube.calls, "remembered until the recheck"
+
+
+def test_unknown_trtllm_version_is_a_clear_condition(kube: FakeKube) -> None:
+    """Issue 17: the release comes from spec.engine.version or the image tag, else a
+    Degraded condition says how to fix it; nothing is applied meanwhile."""
+    rec = _reconciler(kube)
+    body = _isvc(kube, "tensorrt-llm")
+    body["spec"]["engine"]["image"] = "registry.local/trt:latest"
+    outcome = rec.reconcile(body)
+    assert outcome is not None and outcome.reason == "UnknownEngineVersion"
+    degraded = {c["type"]: c for c in _current(kube)["status"]["conditions"]}["Degraded"]
+    assert degraded["status"] == "True" and degraded["reason"] == "UnknownEngineVersion"
+    assert "spec.engine.version" in degraded["message"] and "'latest'" in degraded["message"]
+    assert kube.of_kind("Deployment") == []
+    _edit_spec(kube, engine={"type": "tensorrt-llm", "image": "trt:latest", "version": "1.0.0"})
+    outcome = rec.reconcile(_current(kube))
+    assert outcome is not None and outcome.reason != "UnknownEngineVersion"
+    (svc,) = kube.of_kind("Service")
+    assert svc["metadata"]["annotations"]["fleetgate.dev/engine-version"] == "1.0"

@@ -1,8 +1,8 @@
-"""vLLM's ``/metrics`` for one emulated engine (engines.md §1, fixtures ``*.prom.txt``).
+"""vLLM's ``/metrics`` for one emulated engine (vLLM 0.32's exposition).
 
 Family names, HELP texts, types, label names (``model_name``, ``engine``), the
 pre-created ``finished_reason`` values, bucket boundaries and family order follow
-the real vLLM 0.32 exposition in ``/work/shared/fixtures/vllm-0.32-cpu/``.
+the real vLLM 0.32 exposition (``tests/conformance/test_metrics.py`` checks them).
 
 Sources of values:
 
@@ -13,7 +13,7 @@ Sources of values:
 * ``iteration_tokens_total``: per-step deltas of prompt+generation tokens.
 
 A client abort is **not** counted in ``request_success{finished_reason="abort"}``
-and not in ``e2e_request_latency`` (fixture README quirk 5), but its TTFT was.
+and not in ``e2e_request_latency`` (as real vLLM 0.32 does), but its TTFT was.
 The phase histograms use the instant the model first scheduled the request
 (``TokenEvent.scheduled_at``), as vLLM's ``RequestStateStats`` do, observed
 when a request finishes: queue = scheduled - arrival, prefill = first token -
@@ -375,7 +375,7 @@ class VllmMetrics(Collector):
 
     def _cache_config_labels(self, s: EngineStats) -> dict[str, str]:
         """The 37 labels of vLLM 0.32's ``vllm:cache_config_info`` (every ``CacheConfig``
-        field plus ``engine``; fixture ``metrics_a_after_start.prom.txt``).
+        field plus ``engine``, as in a real 0.32 exposition after start).
 
         Values follow the emulated config where it has one (block size and count, the
         override when ``--num-gpu-blocks`` was given, prefix caching, the KV size in

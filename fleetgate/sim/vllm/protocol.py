@@ -1,7 +1,7 @@
 """vLLM's OpenAI request models, lenient and strict exactly where vLLM 0.32 is.
 
-Behaviour pinned by the real recordings in
-``/work/shared/fixtures/vllm-0.32-cpu/`` (README "Quirks" 1-2):
+Behaviour as recorded from a real vLLM 0.32 server (and re-checked by
+``tests/conformance`` against one, see docs/emulator-fidelity.md):
 
 * unknown fields are accepted (``extra="allow"``), a missing ``model`` means the
   served model, ``priority: "5"`` is accepted (pydantic lax mode) while
@@ -15,7 +15,7 @@ Behaviour pinned by the real recordings in
   docs/emulator-fidelity.md: ``'input': '<dict of 2 items>'`` for a chat body of
   two fields without ``messages``);
 * ``max_tokens`` < 1 and prompts over ``max_model_len`` are engine errors
-  (``BadRequestError`` with a plain ``param``), see :mod:`fleetgate.sim.vllm_app`.
+  (``BadRequestError`` with a plain ``param``), see :mod:`fleetgate.sim.vllm.app`.
 
 Pure: parsing and message formatting only; bodies are built by the engine
 adapter's ``error_body`` (``fleetgate.engines``).

@@ -1,17 +1,17 @@
-"""The emulated vLLM OpenAI-compatible server (engines.md §2-3, vLLM 0.32 fixtures).
+"""The emulated vLLM OpenAI-compatible server (vLLM 0.32's wire format).
 
 Routes: ``GET /health`` (200, empty body), ``GET /v1/models``, ``GET /version``,
 ``GET /metrics``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``POST /tokenize``, ``POST /detokenize``. Shapes follow the real recordings in
-``/work/shared/fixtures/vllm-0.32-cpu/`` key for key (including the null
-fields), and error bodies come from the vLLM engine adapter's ``error_body``.
+``POST /tokenize``, ``POST /detokenize``. Shapes follow recordings of a real
+vLLM 0.32 server key for key (including the null fields), and error bodies
+come from the vLLM engine adapter's ``error_body``.
 
 Request handling order: content type / JSON / pydantic validation (400
 ``Bad Request``) -> model name (404) -> ``max_tokens`` >= 1 (400) -> prompt
 length (400) -> ``max_tokens`` <= ``max_model_len`` (400; a smaller value that
 only overflows the context with the prompt is clamped, not refused) -> submit.
 All errors before the first byte are ordinary JSON responses, also with
-``stream: true`` (fixture README quirk 3); errors after the 200 went out are
+``stream: true`` (as real vLLM 0.32 does); errors after the 200 went out are
 sent in-band as ``data: {"error": {...}}`` then ``data: [DONE]``.
 
 Streaming framing: one event per HTTP chunk; ``system_fingerprint`` only on the
@@ -43,9 +43,20 @@ from fleetgate.sim.asgi import (
     send_bytes,
     send_json,
 )
-from fleetgate.sim.generation import Delta, Generation, GenRequest, SimEngine, generate, merge
-from fleetgate.sim.vllm_metrics import CONTENT_TYPE, VllmMetrics
-from fleetgate.sim.vllm_protocol import (
+from fleetgate.sim.core.api import EngineModel
+from fleetgate.sim.driver import EngineDriver
+from fleetgate.sim.generation import (
+    Delta,
+    EngineOptions,
+    Generation,
+    GenRequest,
+    SimEngine,
+    Tokenizer,
+    generate,
+    merge,
+)
+from fleetgate.sim.vllm.metrics import CONTENT_TYPE, VllmMetrics
+from fleetgate.sim.vllm.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -53,7 +64,7 @@ from fleetgate.sim.vllm_protocol import (
     TokenizeRequest,
     parse_body,
 )
-from fleetgate.sim.vllm_requests import (
+from fleetgate.sim.vllm.requests import (
     HttpError,
     check_model,
     choice_requests,
@@ -61,7 +72,7 @@ from fleetgate.sim.vllm_requests import (
     prompt_ids,
     render,
 )
-from fleetgate.sim.vllm_shapes import (
+from fleetgate.sim.vllm.shapes import (
     StreamOptions,
     chat_logprobs,
     completion_logprobs,
@@ -69,11 +80,26 @@ from fleetgate.sim.vllm_shapes import (
     usage,
 )
 
-__all__ = ["VllmApp", "default_fingerprint"]
+__all__ = ["VllmApp", "build_vllm", "default_fingerprint"]
 
 M = TypeVar("M", bound=BaseModel)
 
 ErrorBody = Callable[[int, str, str, str | None], dict[str, Any]]
+
+
+def build_vllm(
+    options: EngineOptions,
+    model: EngineModel,
+    tokenizer: Tokenizer,
+    time_scale: float,
+    error_body: ErrorBody,
+    created: float,
+) -> tuple[SimEngine, VllmApp]:
+    """One emulated vLLM: metrics observer, driver, engine and ASGI app."""
+    metrics = VllmMetrics(options, model, created)
+    driver = EngineDriver(model, time_scale=time_scale, on_step=metrics.on_step)
+    engine = SimEngine(options, tokenizer, driver, metrics)
+    return engine, VllmApp(engine, metrics, error_body, int(created))
 
 
 def default_fingerprint(version: str, model_name: str) -> str:

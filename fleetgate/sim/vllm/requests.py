@@ -1,20 +1,20 @@
 """vLLM request semantics after validation: model name, prompt, limits, priority.
 
-Messages and ``param`` values are vLLM 0.32's own (fixtures ``err_*.json``):
+Messages and ``param`` values are vLLM 0.32's own (recorded from a real server):
 unknown model -> 404 ``NotFoundError``; ``max_tokens`` < 1 and prompts of
 ``max_model_len`` tokens or more -> 400 ``BadRequestError`` (the message shows
 ``max_model_len + 1``, as vLLM truncates tokenisation there).
 
-``max_tokens`` has two limits (fixtures ``max_tokens_over_context_clamped.json``
-and docs/emulator-fidelity.md F1): a value greater than ``max_model_len`` itself
-is refused (400 ``BadRequestError``, ``param: "max_tokens"``, "max_tokens=5000
-cannot be greater than max_model_len=2048. Please request fewer output tokens."),
+``max_tokens`` has two limits (docs/emulator-fidelity.md F1): a value greater
+than ``max_model_len`` itself is refused (400 ``BadRequestError``,
+``param: "max_tokens"``, "max_tokens=5000 cannot be greater than
+max_model_len=2048. Please request fewer output tokens."),
 while a value <= ``max_model_len`` that merely overflows the context together
 with the prompt is clamped to ``max_model_len - prompt_len`` (200). The prompt
 is checked first (vLLM tokenises and validates the prompt before it derives the
 output budget), so an over-long prompt is reported as such whatever
 ``max_tokens`` says. ``X-Vllm-Priority`` overrides the
-body's ``priority`` (engines.md §2); ``X-Request-Id`` names the request.
+body's ``priority``; ``X-Request-Id`` names the request.
 Pure: no I/O; raises :class:`HttpError` that the app turns into a response.
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleetgate.sim.generation import GenRequest, SimEngine
-from fleetgate.sim.vllm_protocol import ChatCompletionRequest, CompletionRequest
+from fleetgate.sim.vllm.protocol import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["HttpError", "check_model", "choice_requests", "gen_request", "prompt_ids", "render"]
 

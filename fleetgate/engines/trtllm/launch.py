@@ -1,0 +1,125 @@
+"""The trtllm-serve container: command line and the LLM-API options YAML, per release.
+
+``trtllm-serve <model> --host --port --backend --tp_size --pp_size [--max_batch_size]
+[--max_num_tokens] [--revision] --extra_llm_api_options FILE`` (the click options of
+``tensorrt_llm/commands/serve.py``); the options file holds ``kv_cache_config``,
+``scheduler_config`` and the metrics switches (``tensorrt_llm/llmapi/llm_args.py``).
+Only what the service's release accepts is written (:mod:`.versions`):
+
+* ``--revision`` only where it exists (main); elsewhere a revision is refused with a
+  clear error rather than a pod that exits with "No such option".
+* ``scheduler_config.waiting_queue_policy`` only where ``SchedulerConfig`` has it (main).
+* ``enable_iter_perf_stats`` is a field of the PyTorch backend's options only: written
+  for ``backend: pytorch`` and never for ``backend: tensorrt``.
+* ``return_perf_metrics`` starts TensorRT-LLM's own metrics collector, a second reader
+  of the iteration-stats queue. It is written only where fleetgate reads load from the
+  collector's ``/prometheus/metrics`` (main), never where the router polls the JSON
+  ``/metrics`` queue (1.0, 1.1/1.2), so one queue never has two readers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from fleetgate.engines._common import validate_launch
+from fleetgate.engines.base import ContainerPlan, LaunchSpec, Probe
+from fleetgate.engines.trtllm.settings import TrtllmSettings
+from fleetgate.engines.trtllm.sources import ITERATION_STATS, PROMETHEUS
+from fleetgate.engines.trtllm.versions import (
+    EngineVersionError,
+    TrtllmRelease,
+    resolve_version,
+)
+
+__all__ = ["CONFIG_FILE", "container_plan", "llm_api_options", "llm_api_options_yaml"]
+
+#: File name of the LLM-API options YAML inside ``ContainerPlan.config_mount_path``.
+CONFIG_FILE = "extra-llm-api-options.yaml"
+
+#: trtllm-serve's subcommands; a model path equal to one needs an explicit ``serve``.
+_SUBCOMMANDS = frozenset(
+    {"serve", "grpc", "disaggregated", "disaggregated_mpi_worker", "mm_embedding_serve"}
+)
+
+
+def container_plan(launch: LaunchSpec, release: TrtllmRelease | None = None) -> ContainerPlan:
+    """``trtllm-serve <model> ...`` plus the LLM-API options YAML as a config file.
+
+    ``release`` defaults to the one the launch spec names (version or image tag);
+    :class:`~.versions.EngineVersionError` when that cannot be told.
+    """
+    validate_launch(launch, TrtllmSettings)
+    if release is None:
+        release = resolve_version(launch.engine_version, launch.image)
+    settings = launch.settings if isinstance(launch.settings, TrtllmSettings) else TrtllmSettings()
+    mount = str(ContainerPlan.__dataclass_fields__["config_mount_path"].default)
+    args: list[str] = ["serve"] if launch.model_path in _SUBCOMMANDS else []
+    args += [
+        launch.model_path,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(launch.port),
+        "--backend",
+        settings.backend,
+        "--tp_size",
+        str(launch.tensor_parallel),
+        "--pp_size",
+        str(launch.pipeline_parallel),
+    ]
+    if settings.max_batch_size is not None:
+        args += ["--max_batch_size", str(settings.max_batch_size)]
+    if settings.max_num_tokens is not None:
+        args += ["--max_num_tokens", str(settings.max_num_tokens)]
+    if launch.revision:
+        if not release.revision_flag:
+            raise EngineVersionError(
+                f"trtllm-serve {release.line} has no --revision option; pin the revision "
+                "by pre-loading the weights (pvc://) or use a newer image"
+            )
+        args += ["--revision", launch.revision]
+    args += ["--extra_llm_api_options", f"{mount}/{CONFIG_FILE}"]
+    args += launch.extra_args
+    health = Probe("/health")
+    source = PROMETHEUS if release.load_source == "prometheus" else ITERATION_STATS
+    return ContainerPlan(
+        command=("trtllm-serve",),
+        args=tuple(args),
+        port=launch.port,
+        startup_probe=health,
+        readiness_probe=health,
+        liveness_probe=health,
+        metrics_path=source.path,
+        needs_shared_memory=True,
+        config_files={CONFIG_FILE: llm_api_options_yaml(settings, release)},
+        config_mount_path=mount,
+        engine_version=release.line,
+    )
+
+
+def llm_api_options(settings: TrtllmSettings, release: TrtllmRelease) -> dict[str, Any]:
+    """The ``--extra_llm_api_options`` mapping for ``release``."""
+    scheduler: dict[str, Any] = {"capacity_scheduler_policy": settings.capacity_scheduler_policy}
+    if release.waiting_queue_policy:
+        scheduler["waiting_queue_policy"] = settings.waiting_queue_policy
+    options: dict[str, Any] = {
+        "kv_cache_config": {
+            "free_gpu_memory_fraction": settings.kv_cache_free_gpu_memory_fraction,
+            "enable_block_reuse": settings.enable_block_reuse,
+            "tokens_per_block": settings.tokens_per_block,
+        },
+        "scheduler_config": scheduler,
+    }
+    if settings.backend == "pytorch":
+        # Iteration stats feed both the JSON /metrics and the collector's gauges.
+        options["enable_iter_perf_stats"] = True
+    if release.load_source == "prometheus":
+        options["return_perf_metrics"] = True
+    return options
+
+
+def llm_api_options_yaml(settings: TrtllmSettings, release: TrtllmRelease) -> str:
+    """:func:`llm_api_options` as YAML."""
+    return yaml.safe_dump(llm_api_options(settings, release), sort_keys=False)

@@ -1,0 +1,74 @@
+"""TensorRT-LLM settings of an ``InferenceService`` (``spec.engine.trtllm``, camelCase).
+
+Each field says which trtllm-serve flag or LLM-API options key it becomes; the
+launch module decides, per TensorRT-LLM version, which of them may be written.
+Pure: pydantic only.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+__all__ = ["TrtllmSettings"]
+
+_MODEL_CONFIG = ConfigDict(
+    frozen=True, extra="forbid", populate_by_name=True, alias_generator=to_camel
+)
+
+
+class TrtllmSettings(BaseModel):
+    """TensorRT-LLM settings as embedded in an ``InferenceService`` spec (camelCase keys).
+
+    ``None`` means "leave trtllm-serve's own default": the flag is not passed.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    backend: Literal["pytorch", "tensorrt"] = Field(
+        default="pytorch",
+        description="trtllm-serve backend; --backend. 'pytorch' is needed for the JSON "
+        "iteration stats and the Prometheus endpoint.",
+    )
+    max_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_536,
+        description="Maximum requests scheduled together; --max_batch_size.",
+    )
+    max_num_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="Maximum batched tokens per iteration; --max_num_tokens.",
+    )
+    kv_cache_free_gpu_memory_fraction: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of free GPU memory given to the KV cache; "
+        "kv_cache_config.free_gpu_memory_fraction.",
+    )
+    capacity_scheduler_policy: Literal["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"] = Field(
+        default="GUARANTEED_NO_EVICT",
+        description="GUARANTEED_NO_EVICT never pauses a started request; MAX_UTILIZATION "
+        "packs more and may pause; scheduler_config.capacity_scheduler_policy.",
+    )
+    enable_block_reuse: bool = Field(
+        default=True,
+        description="KV block reuse across requests (prefix caching); "
+        "kv_cache_config.enable_block_reuse.",
+    )
+    tokens_per_block: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="Tokens per KV block; kv_cache_config.tokens_per_block.",
+    )
+    waiting_queue_policy: Literal["fcfs", "priority"] = Field(
+        default="priority",
+        description="Waiting-queue order; 'priority' honours the request 'priority' field "
+        "(higher is sooner) that the router sets; scheduler_config.waiting_queue_policy.",
+    )
