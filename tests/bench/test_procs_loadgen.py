@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetgate.bench import loadgen, procs
-from fleetgate.bench.workloads import Session, Turn
+from fleetgate_tools.bench import loadgen, procs
+from fleetgate_tools.bench.workloads import Session, Turn
 
 
 def test_free_ports_are_distinct_and_bindable() -> None:
