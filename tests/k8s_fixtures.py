@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 
 from fleetgate_tools.devcluster import BuildError, ClusterConfig, DevCluster, ensure_binaries
-from fleetgate_tools.devcluster.procs import is_running
+from fleetgate_tools.procs import is_running
 
 _BUILD_ERROR = pytest.StashKey[BuildError]()
 

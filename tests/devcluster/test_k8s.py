@@ -40,7 +40,7 @@ from fleetgate_tools.devcluster import (
     GPU_RESOURCE,
     DevCluster,
 )
-from fleetgate_tools.devcluster.procs import listening_addresses
+from fleetgate_tools.procs import listening_addresses
 
 pytestmark = pytest.mark.k8s
 

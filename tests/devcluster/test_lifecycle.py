@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fleetgate_tools.devcluster import ClusterConfig, DevCluster, GpuNodePool, ensure_binaries
-from fleetgate_tools.devcluster.procs import ProcRef, is_running, start_ticks
 from fleetgate_tools.devcluster.state import read_state
+from fleetgate_tools.procs import ProcRef, is_running, start_ticks
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 

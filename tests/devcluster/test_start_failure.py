@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgate_tools.devcluster import procs
+from fleetgate_tools import procs
 from fleetgate_tools.devcluster.bins import STAGE_FILES, TOOLS, BinSet
 from fleetgate_tools.devcluster.cluster import ClusterConfig, DevCluster
 from fleetgate_tools.devcluster.errors import DevClusterError, StartError

@@ -9,8 +9,8 @@ import pytest
 
 from fleetgate_tools.devcluster.apiclient import ApiClient
 from fleetgate_tools.devcluster.errors import StateError
-from fleetgate_tools.devcluster.procs import ProcRef
 from fleetgate_tools.devcluster.state import ClusterState, read_state, write_state
+from fleetgate_tools.procs import ProcRef
 
 STATE = ClusterState(
     api_url="https://127.0.0.1:1234",

@@ -42,8 +42,9 @@ import httpx
 import yaml
 
 from fleetgate.cli import CliError
+from fleetgate_tools import procs
 from fleetgate_tools.bench import contenders as cmod
-from fleetgate_tools.bench import procs, runner, scenarios
+from fleetgate_tools.bench import runner, scenarios
 from fleetgate_tools.bench.infperf import (
     NAME,
     SUMMARY_FILE,
@@ -173,23 +174,9 @@ def find_summary(report_dir: Path) -> Path:
 
 
 def start_offline(argv: Sequence[str], log: Path) -> procs.Proc:
-    """Like :func:`fleetgate_tools.bench.procs.start` (own session, log file, cwd = the
-    log's directory) but with exactly :func:`offline_env`: procs.start would add
-    the parent's environment back (OTLP endpoints, tokens, PYTHONPATH)."""
-    with log.open("wb") as out:
-        try:
-            popen = subprocess.Popen(
-                list(argv),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=offline_env(os.environ),
-                cwd=log.parent,
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise procs.ProcessError(f"{NAME}: cannot start {argv[0]}: {e.strerror or e}") from None
-    return procs.Proc(NAME, popen, log)
+    """:func:`fleetgate_tools.procs.start` with exactly :func:`offline_env`, not
+    our environment plus it (OTLP endpoints, tokens, PYTHONPATH stay out)."""
+    return procs.start(NAME, argv, log, offline_env(os.environ), inherit_env=False)
 
 
 def run_tool(venv: Path, config: dict[str, Any], run_dir: Path, deadline_s: float) -> Path:

@@ -37,8 +37,9 @@ import yaml
 
 from fleetgate.engines import get_adapter
 from fleetgate.engines.base import LoadSnapshot, MetricsSource
+from fleetgate_tools import procs
 from fleetgate_tools.bench import contenders as cmod
-from fleetgate_tools.bench import loadgen, procs
+from fleetgate_tools.bench import loadgen
 from fleetgate_tools.bench.scenarios import MODEL, Scenario, wall_sessions
 from fleetgate_tools.bench.stats import RequestResult
 from fleetgate_tools.bench.summary import EngineWindow, RunRecord

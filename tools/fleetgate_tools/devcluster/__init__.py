@@ -11,7 +11,7 @@ Modules:
 
 * :mod:`~fleetgate_tools.devcluster.bins`: locate/build binaries (``ensure_binaries``);
 * :mod:`~fleetgate_tools.devcluster.manifests`: pure builders (argv, kubeconfig, nodes);
-* :mod:`~fleetgate_tools.devcluster.procs`: spawn/stop by PID, socket inspection;
+* :mod:`~fleetgate_tools.procs`: spawn/stop by PID, socket inspection;
 * :mod:`~fleetgate_tools.devcluster.cluster`: :class:`DevCluster` start/stop orchestration;
 * :mod:`~fleetgate_tools.devcluster.state`: the ``up --detach`` state file;
 * :mod:`~fleetgate_tools.devcluster.cli`: ``fleetgate dev-cluster up|down|which``.

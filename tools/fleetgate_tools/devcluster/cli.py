@@ -22,7 +22,8 @@ from pathlib import Path
 from types import FrameType
 
 from fleetgate.cli import CliError
-from fleetgate_tools.devcluster import bins, procs
+from fleetgate_tools import procs
+from fleetgate_tools.devcluster import bins
 from fleetgate_tools.devcluster.cluster import ClusterConfig, DevCluster
 from fleetgate_tools.devcluster.errors import DevClusterError
 from fleetgate_tools.devcluster.state import (
@@ -156,7 +157,7 @@ def _down(state_path: Path) -> int:
     for ref in reversed(state.procs):
         try:
             outcome[ref.name] = procs.stop(ref)
-        except DevClusterError as e:
+        except procs.StopError as e:
             raise CliError(str(e)) from e
     shutil.rmtree(state.work_dir, ignore_errors=True)
     state_path.unlink(missing_ok=True)

@@ -18,7 +18,7 @@ does so only after it has *seen* kwok's Ready condition, so "no system taint" pr
 scheduler can place pods right now, not merely that kwok has written a condition.
 
 Stopping goes in reverse order by PID (SIGTERM, then SIGKILL, see
-:mod:`fleetgate_tools.devcluster.procs`) and removes the work dir unless ``keep_work_dir``.
+:mod:`fleetgate_tools.procs`) and removes the work dir unless ``keep_work_dir``.
 On a failed start everything already started is stopped and :class:`StartError`
 carries the tail of every component log; the work dir is kept so the logs survive.
 
@@ -44,7 +44,8 @@ from typing import Any
 
 import yaml
 
-from fleetgate_tools.devcluster import manifests, procs
+from fleetgate_tools import procs
+from fleetgate_tools.devcluster import manifests
 from fleetgate_tools.devcluster.apiclient import ApiClient
 from fleetgate_tools.devcluster.bins import BinSet
 from fleetgate_tools.devcluster.errors import DevClusterError, StartError
@@ -225,7 +226,14 @@ class DevCluster:
             self.stop(remove_work_dir=False)
             if isinstance(e, StartError):
                 raise StartError(f"{e}\n{logs}") from e
-            if isinstance(e, (DevClusterError, OSError, ValueError, subprocess.SubprocessError)):
+            expected = (
+                DevClusterError,
+                procs.ProcessError,
+                OSError,
+                ValueError,
+                subprocess.SubprocessError,
+            )
+            if isinstance(e, expected):
                 raise StartError(f"dev cluster failed to start: {e}\n{logs}") from e
             raise
         return self
@@ -322,13 +330,13 @@ class DevCluster:
 
     def _spawn(self, name: str) -> None:
         assert self.layout is not None
-        proc, ref = procs.spawn(
+        child = procs.spawn(
             name,
             self._argv(name),
             self.layout.log(name),
             die_with_parent=self.config.die_with_parent,
         )
-        self._running[name] = _Running(ref, proc)
+        self._running[name] = _Running(child.ref, child.popen)
 
     def _wait(self, what: str, deadline: float, ready: Callable[[], bool]) -> None:
         while True:

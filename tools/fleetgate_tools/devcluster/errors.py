@@ -5,8 +5,10 @@
     DevClusterError            anything the dev cluster cannot do
     +-- BuildError             hack/build-k8s-bins.sh failed or left a binary missing
     +-- StartError             a component exited or never became ready (carries log tails)
-    +-- StopError              a process survived SIGKILL
     +-- StateError             the --detach state file is missing or unreadable
+
+    fleetgate_tools.procs.ProcessError   a program could not be started (start() raises StartError)
+    +-- StopError                        a process survived SIGKILL (re-exported here)
 
 Every message is meant to be read by a human in a failing CI log, so errors that come
 from a child process carry the tail of that process's log file. Callers must never turn
@@ -14,6 +16,10 @@ these into skips: a missing control plane is a failure, not an absent optional f
 """
 
 from __future__ import annotations
+
+from fleetgate_tools.procs import StopError
+
+__all__ = ["BuildError", "DevClusterError", "StartError", "StateError", "StopError"]
 
 
 class DevClusterError(Exception):
@@ -26,10 +32,6 @@ class BuildError(DevClusterError):
 
 class StartError(DevClusterError):
     """A control-plane component died or did not become ready in time."""
-
-
-class StopError(DevClusterError):
-    """A process could not be stopped."""
 
 
 class StateError(DevClusterError):

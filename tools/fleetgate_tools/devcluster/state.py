@@ -1,7 +1,7 @@
 """The state file of a detached dev cluster (``fleetgate dev-cluster up --detach``).
 
 It records what ``down`` needs and nothing else: the API URL, the kubeconfig path, the
-work dir to remove, and one :class:`~fleetgate_tools.devcluster.procs.ProcRef` per component
+work dir to remove, and one :class:`~fleetgate_tools.procs.ProcRef` per component
 in start order. Because a ProcRef carries the kernel start time, ``down`` on a stale
 file (machine rebooted, PIDs reused) signals nothing it did not start.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from fleetgate_tools.devcluster.bins import cache_dir
 from fleetgate_tools.devcluster.errors import StateError
-from fleetgate_tools.devcluster.procs import ProcRef
+from fleetgate_tools.procs import ProcRef
 
 STATE_VERSION = 1
 

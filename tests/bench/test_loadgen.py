@@ -1,57 +1,12 @@
-"""Process helpers and the load generator's deadline accounting."""
+"""The load generator's deadline accounting."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
-from pathlib import Path
 
-import pytest
-
-from fleetgate_tools.bench import loadgen, procs
+from fleetgate_tools.bench import loadgen
 from fleetgate_tools.bench.workloads import Session, Turn
-
-
-def test_free_ports_are_distinct_and_bindable() -> None:
-    ports = procs.free_ports(4)
-    assert len(set(ports)) == 4 and all(1024 <= p < 65536 for p in ports)
-
-
-def test_cpu_seconds_of_a_busy_process_grow() -> None:
-    before = procs.cpu_seconds(os.getpid())
-    assert before is not None
-    end = time.process_time() + 0.2
-    while time.process_time() < end:
-        pass
-    after = procs.cpu_seconds(os.getpid())
-    assert after is not None and after - before >= 0.1
-    assert procs.cpu_seconds(2**22 + 12345) is None
-
-
-def test_start_stop_and_log_tail_on_early_exit(tmp_path: Path) -> None:
-    sleeper = procs.start(
-        "sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "s.log"
-    )
-    assert sleeper.alive()
-    assert sleeper.stop(grace_s=5) is not None
-    assert not sleeper.alive()
-    dying = procs.start(
-        "dying",
-        [sys.executable, "-c", "print('boom: bad flag'); raise SystemExit(3)"],
-        tmp_path / "d.log",
-    )
-    with pytest.raises(procs.ProcessError, match=r"dying exited with code 3 .*boom: bad flag"):
-        procs.wait_until(dying, lambda: False, 10, "ready")
-    waiting = procs.start(
-        "waiting", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "w.log"
-    )
-    try:
-        with pytest.raises(procs.ProcessError, match="waiting not ready after 0 s"):
-            procs.wait_until(waiting, lambda: False, 0.3, "ready")
-    finally:
-        waiting.stop()
 
 
 async def test_requests_in_flight_at_the_deadline_count_as_errors() -> None:
