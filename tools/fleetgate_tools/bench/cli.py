@@ -133,19 +133,6 @@ def resolve(args: argparse.Namespace) -> Settings:
     )
 
 
-def prepare_peers(chosen: list[cmod.Contender], root: Path) -> dict[str, str]:
-    """Install the peers needed; kind -> exact error for those that cannot be."""
-    failed: dict[str, str] = {}
-    for kind in dict.fromkeys(c.kind for c in chosen if c.kind != "fleetgate"):
-        print(f"bench: preparing {kind} {cmod.PEER_VERSIONS[kind]} ...", file=sys.stderr)
-        try:
-            peers.ensure(kind, root)
-        except peers.PeerUnavailable as e:
-            failed[kind] = str(e)
-            print(f"bench: {kind} unavailable: {e}", file=sys.stderr)
-    return failed
-
-
 def summary_dict(s: RunSummary) -> dict[str, Any]:
     return dataclasses.asdict(s)
 
@@ -153,7 +140,7 @@ def summary_dict(s: RunSummary) -> dict[str, Any]:
 def execute(
     settings: Settings, peers_root: Path, work: Path, source: Path | None = None
 ) -> list[tuple[RunRecord, Any]]:
-    unavailable = prepare_peers(settings.contenders, peers_root)
+    unavailable = peers.prepare(settings.contenders, peers_root)
     out: list[tuple[RunRecord, Any]] = []
     total = (
         len(settings.workloads)

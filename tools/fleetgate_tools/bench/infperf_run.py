@@ -44,7 +44,7 @@ import yaml
 from fleetgate.cli import CliError
 from fleetgate_tools import procs
 from fleetgate_tools.bench import contenders as cmod
-from fleetgate_tools.bench import runner, scenarios
+from fleetgate_tools.bench import peers, runner, scenarios
 from fleetgate_tools.bench.infperf import (
     NAME,
     SUMMARY_FILE,
@@ -297,8 +297,6 @@ def build_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetgate_tools.bench.cli import prepare_peers  # cli imports this module
-
     try:
         chosen = cmod.parse_contenders(args.contenders)
     except cmod.UnknownContender as e:
@@ -327,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
         venv = ensure(peers_root, args.python312)
     except PeerUnavailable as e:
         raise CliError(f"{NAME} unavailable: {e}") from None
-    unavailable = prepare_peers(chosen, peers_root)
+    unavailable = peers.prepare(chosen, peers_root)
     work = args.keep or Path(tempfile.mkdtemp(prefix="fleetgate-infperf-"))
     try:
         tok = prepare_tokenizer(args.tokenizer, work / "tokenizer")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleetgate_tools.bench.contenders import PEER_VERSIONS, peer_dir
+from fleetgate_tools.bench.contenders import PEER_VERSIONS, Contender, peer_dir
 
 
 class PeerUnavailable(RuntimeError):
@@ -45,6 +45,19 @@ def ensure(kind: str, root: Path | None = None, timeout_s: float = 900.0) -> Pat
         sys.executable, venv, f"{kind}=={PEER_VERSIONS[kind]}", entry_point(kind, root), timeout_s
     )
     return venv
+
+
+def prepare(chosen: list[Contender], root: Path) -> dict[str, str]:
+    """Install the peers ``chosen`` needs; kind -> exact error for those that cannot be."""
+    failed: dict[str, str] = {}
+    for kind in dict.fromkeys(c.kind for c in chosen if c.kind != "fleetgate"):
+        print(f"bench: preparing {kind} {PEER_VERSIONS[kind]} ...", file=sys.stderr)
+        try:
+            ensure(kind, root)
+        except PeerUnavailable as e:
+            failed[kind] = str(e)
+            print(f"bench: {kind} unavailable: {e}", file=sys.stderr)
+    return failed
 
 
 def install_venv(python: str, venv: Path, spec: str, entry: Path, timeout_s: float) -> None:
