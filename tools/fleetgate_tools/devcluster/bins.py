@@ -1,8 +1,8 @@
 """Locate, and if needed build, the control-plane binaries.
 
 ``hack/build-k8s-bins.sh`` is the only builder (it compiles kube-apiserver,
-kube-controller-manager, kube-scheduler, kubectl, etcd, kwok and helm from Go modules;
-see /work/shared/reference/k8s-test-control-plane.md sections 1, 2, 4 and 5). It caches
+kube-controller-manager, kube-scheduler, kubectl, etcd, kwok and helm from their Go
+modules at pinned versions with the machine's Go). It caches
 per version under ``$FLEETGATE_CACHE/k8s-bins/<versions>/bin`` and copies kwok's stage
 files (kwok >= 0.8 has no built-in stages) to ``<versions>/kwok-stages``.
 

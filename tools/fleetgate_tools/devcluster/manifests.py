@@ -1,7 +1,8 @@
 """Pure builders for the dev cluster: command lines, kubeconfig, fake GPU nodes.
 
-Nothing here starts a process or touches the network; :mod:`fleetgate_tools.devcluster.cluster`
-feeds these builders ports and paths and does the I/O.
+Nothing here starts a process or touches the network;
+:mod:`fleetgate_tools.devcluster.cluster` feeds these builders ports and paths and does
+the I/O.
 
 Loopback network design (every address below is in 127.0.0.0/8, nothing binds 0.0.0.0):
 
@@ -15,8 +16,9 @@ Loopback network design (every address below is in 127.0.0.0/8, nothing binds 0.
 * ``--service-cluster-ip-range`` is 10.96.0.0/24: Service IPs are allocated but never
   dialled (there is no kube-proxy), so they cannot leak traffic.
 
-Flags follow /work/shared/reference/k8s-test-control-plane.md sections 2-4 (envtest and
-kwokctl defaults) with every bind address forced to 127.0.0.1 (section 8).
+Flags follow the defaults of controller-runtime's envtest (etcd, kube-apiserver) and of
+``kwokctl`` (controller manager, scheduler, kwok), with every bind address forced to
+127.0.0.1.
 
 Fake GPU nodes follow kwok's ``virtual-gpu-node.yaml`` example: annotation
 ``kwok.x-k8s.io/node: fake`` (kwok manages only those), taint
