@@ -1,9 +1,12 @@
-"""A minimal JSON client for the dev cluster's API server (stdlib only).
+"""A minimal JSON client for the dev cluster's own API server and components.
 
-The dev cluster only needs a handful of calls while starting (``/readyz``, create nodes,
-read nodes and the default ServiceAccount), so it uses ``urllib`` rather than the
-``kubernetes`` package: starting a cluster never imports a Kubernetes client and the
-module stays usable from ``fleetgate dev-cluster`` without heavy imports.
+The dev cluster needs a handful of calls while starting (``/readyz``, create nodes,
+read nodes and the default ServiceAccount, the components' ``/healthz``), some of them
+before its CA is known. It speaks plain HTTP with httpx, as the router's watch does
+(see "Kubernetes clients" in docs/operator.md), rather than through the official
+``kubernetes`` client: that client warns on every unverified request (and this
+project's pytest turns warnings into errors), and starting a cluster stays free of
+its slow import.
 
 TLS is not verified (the API server self-signs via ``--cert-dir``); the client refuses
 any server that is not on 127.0.0.0/8, so the skipped verification can only ever apply
@@ -14,12 +17,11 @@ to our own loopback API server. Proxy environment variables are ignored (an
 from __future__ import annotations
 
 import ipaddress
-import json
 import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
+
+import httpx
 
 
 class ApiClient:
@@ -37,9 +39,6 @@ class ApiClient:
         self._ssl = ssl.create_default_context()
         self._ssl.check_hostname = False
         self._ssl.verify_mode = ssl.CERT_NONE
-        self._opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self._ssl)
-        )
 
     def request(
         self,
@@ -49,22 +48,19 @@ class ApiClient:
         content_type: str = "application/json",
     ) -> tuple[int, Any]:
         """Return (HTTP status, decoded JSON or text). Connection errors raise OSError."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.server + path, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {self._token}")
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
+        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
         try:
-            with self._opener.open(req, timeout=self._timeout_s) as resp:
-                status, raw = int(resp.status), resp.read()
-        except urllib.error.HTTPError as e:
-            status, raw = int(e.code), e.read()
-        text = raw.decode(errors="replace")
+            # one connection per call, as the callers poll rarely and from several threads
+            with httpx.Client(verify=self._ssl, trust_env=False, timeout=self._timeout_s) as c:
+                resp = c.request(method, self.server + path, headers=headers, json=body)
+        except httpx.TransportError as e:
+            raise OSError(f"{method} {self.server}{path}: {e}") from e
         try:
-            return status, json.loads(text)
+            return resp.status_code, resp.json()
         except ValueError:
-            return status, text
+            return resp.status_code, resp.text
 
     def get(self, path: str) -> tuple[int, Any]:
         return self.request("GET", path)

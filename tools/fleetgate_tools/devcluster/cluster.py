@@ -36,12 +36,12 @@ import shutil
 import subprocess
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import httpx
 import yaml
 
 from fleetgate_tools import procs
@@ -359,9 +359,11 @@ class DevCluster:
     def _etcd_healthy(self) -> bool:
         assert self.ports is not None
         url = f"http://{manifests.LOOPBACK}:{self.ports.etcd_client}/health"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(url, timeout=2) as resp:
-            return bool(json.loads(resp.read()).get("health") == "true")
+        try:
+            resp = httpx.get(url, timeout=2, trust_env=False)
+        except httpx.TransportError as e:
+            raise OSError(f"etcd /health: {e}") from e
+        return bool(resp.json().get("health") == "true")
 
     def _api_ready(self) -> bool:
         status, _ = self.api().get("/readyz")
