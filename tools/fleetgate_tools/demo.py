@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(summary_lines(label, record, s, sc.objective("*"))), flush=True)
     written = plot(runs, args.plot)
     if written is None:
-        print("plot skipped: matplotlib is not installed (pip install 'fleetgate[bench]')")
+        print("plot skipped: matplotlib is not installed (pip install -e ./tools)")
     else:
         print(f"plot: {written}")
     return 0
