@@ -9,10 +9,13 @@ BIN := $(VENV)/bin
 
 .PHONY: venv demo test lint deps-k8s deps-vllm deps-prometheus
 
-$(BIN)/fleetgate: pyproject.toml
+# The runtime package (.) and the development tools (./tools: bench, demo,
+# dev-cluster, dashboards; they add their `fleetgate` subcommands through the
+# `fleetgate.commands` entry points), both editable.
+$(BIN)/fleetgate: pyproject.toml tools/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' -e ./tools
 	touch $@
 
 venv: $(BIN)/fleetgate

@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from fleetgate.bench import report
-from fleetgate.bench.summary import Aggregate
+from fleetgate_tools.bench import report
+from fleetgate_tools.bench.summary import Aggregate
 
 
 def load(path: Path) -> list[Aggregate]:

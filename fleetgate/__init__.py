@@ -2,7 +2,9 @@
 
 Layout (see README): ``api`` (CRD models), ``engines`` (all engine-specific
 knowledge, one module per engine), ``operator`` (kopf), ``router`` (the HTTP
-front door), ``sim`` (engine emulator), ``devcluster`` (the test control plane).
+front door), ``sim`` (engine emulator), ``cli`` (the ``fleetgate`` command).
+The development tools (bench, demo, dev cluster, dashboards) are a separate
+distribution, ``fleetgate_tools`` in ``tools/``, that this package never imports.
 """
 
 __version__ = "0.1.0"

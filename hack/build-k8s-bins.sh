@@ -7,7 +7,7 @@
 #
 # Usage: hack/build-k8s-bins.sh            # builds what is missing, prints the bin dir
 # Env:   FLEETGATE_CACHE (default ~/.cache/fleetgate); K8S_VERSION, ETCD_VERSION,
-#        KWOK_VERSION, HELM_VERSION (fleetgate/devcluster/bins.py passes its pins).
+#        KWOK_VERSION, HELM_VERSION (tools/fleetgate_tools/devcluster/bins.py passes its pins).
 # Measured cold on 2 cores (empty module + build cache): 14m30s wall (docs/dev-cluster.md).
 # Warm (everything present): well under a second, nothing is compiled.
 set -euo pipefail

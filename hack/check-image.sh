@@ -3,7 +3,9 @@
 #  1. hadolint on the Dockerfile;
 #  2. the image's Python install as a plain step: the same two `pip wheel`
 #     stages into a wheel dir, then `pip install --no-index` of fleetgate into
-#     a fresh venv (as the runtime stage does), and the entry points start.
+#     a fresh venv (as the runtime stage does), and the entry points start;
+#  3. the image holds the runtime package only: no fleetgate_tools (the
+#     development tools in tools/), and `fleetgate bench` says so in one line.
 # Not run here: `docker build` itself, the base image, the non-root USER at run
 # time (no Docker engine on these machines; see docs/deploy.md).
 set -euo pipefail
@@ -20,4 +22,10 @@ for cmd in "--version" "router --help" "operator --help" "sim --help"; do
   # shellcheck disable=SC2086
   "$W/venv/bin/fleetgate" $cmd >/dev/null
 done
-echo "image check: hadolint clean; wheel install of fleetgate $version runs router/operator/sim"
+if "$W/venv/bin/python" -c 'import fleetgate_tools' 2>/dev/null; then
+  echo "the image's fleetgate install contains the development tools (fleetgate_tools)" >&2; exit 1
+fi
+if out=$("$W/venv/bin/fleetgate" bench --help 2>&1) || ! grep -q "development tool" <<<"$out"; then
+  echo "fleetgate bench in the image should fail with the development-tool message, got: $out" >&2; exit 1
+fi
+echo "image check: hadolint clean; wheel install of fleetgate $version runs router/operator/sim; no tools"

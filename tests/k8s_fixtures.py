@@ -7,13 +7,13 @@ start a second cluster.
 
 Fixtures:
 
-* ``k8s_cluster`` (session): a started :class:`fleetgate.devcluster.DevCluster` with
+* ``k8s_cluster`` (session): a started :class:`fleetgate_tools.devcluster.DevCluster` with
   ``.kubeconfig`` (Path), ``.api_url``, ``.bin_dir``, ``.token``, ``.kubectl(*args)``,
   ``.kubectl_json(*args)``, ``.apply(*objects)`` and ``.api()`` (a tiny JSON client).
   Four fake GPU nodes are Ready: ``gpu-h100-0/1`` (8 x ``nvidia.com/gpu``, label
   ``nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3``) and ``gpu-a100-0/1`` (4 GPUs,
   ``NVIDIA-A100-SXM4-80GB``). Every node is tainted ``kwok.x-k8s.io/node=fake:NoSchedule``:
-  pods need ``fleetgate.devcluster.FAKE_NODE_TOLERATION``. Pods get 127.0.1.x IPs.
+  pods need ``fleetgate_tools.devcluster.FAKE_NODE_TOLERATION``. Pods get 127.0.1.x IPs.
 * ``k8s_namespace`` (function): a fresh namespace, deleted afterwards, whose
   ``default`` ServiceAccount already exists (so pods can be created immediately). It
   first fails, with the logs, if a cluster component has died.
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetgate.devcluster import BuildError, ClusterConfig, DevCluster, ensure_binaries
-from fleetgate.devcluster.procs import is_running
+from fleetgate_tools.devcluster import BuildError, ClusterConfig, DevCluster, ensure_binaries
+from fleetgate_tools.procs import is_running
 
 _BUILD_ERROR = pytest.StashKey[BuildError]()
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetgate.bench import contenders as cmod
 from fleetgate.router.config import PrioritySection, Scheduling, parse_config
+from fleetgate_tools.bench import contenders as cmod
 
 BACKENDS = [("vllm", "http://127.0.0.1:18100"), ("trtllm", "http://127.0.0.1:18101")]
 
@@ -125,7 +125,7 @@ def test_fleetgate_config_gives_capacities_and_scales_class_times() -> None:
 
 
 def test_scenario_capacity_follows_the_engine_shape() -> None:
-    from fleetgate.bench import scenarios
+    from fleetgate_tools.bench import scenarios
 
     sc = scenarios.make("priority-storm", engines=4, duration_s=1, time_scale=8, seed=0)
     assert sc.capacity("vllm") == scenarios.ENGINE_SHAPES["priority"]["vllm"]["max_num_seqs"]

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetgate.bench import cli as bench_cli
-from fleetgate.bench import infperf, infperf_run, scenarios
-from fleetgate.bench.stats import RequestResult
-from fleetgate.bench.summary import EngineWindow, RunRecord
 from fleetgate.cli import CliError
 from fleetgate.sim.core import tokenizer as simtok
+from fleetgate_tools.bench import cli as bench_cli
+from fleetgate_tools.bench import infperf, infperf_run, scenarios
+from fleetgate_tools.bench.stats import RequestResult
+from fleetgate_tools.bench.summary import EngineWindow, RunRecord
 
 
 def _scenario(**kw: Any) -> scenarios.Scenario:

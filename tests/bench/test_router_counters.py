@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from fleetgate.bench.runner import decision_counts, router_counters
+from fleetgate_tools.bench.runner import decision_counts, router_counters
 
 EXPOSITION = """\
 # HELP fleetgate_preemptions_total In-flight requests cancelled to make room.
@@ -38,7 +38,7 @@ async def test_declared_counter_without_samples_is_zero_and_absent_one_is_missin
 
 
 def test_preempted_ids_come_from_the_routers_preemption_log_lines() -> None:
-    from fleetgate.bench.runner import preempted_ids
+    from fleetgate_tools.bench.runner import preempted_ids
 
     log = (
         "2026-11-29 18:00:01,2 INFO fleetgate.router.priority: preempt batch-3/0 for crit-1/0: "
@@ -54,7 +54,7 @@ def test_preempted_ids_come_from_the_routers_preemption_log_lines() -> None:
 def test_fleetgate_contender_logs_at_info_so_preemptions_are_traceable() -> None:
     from pathlib import Path
 
-    from fleetgate.bench import contenders as cmod
+    from fleetgate_tools.bench import contenders as cmod
 
     argv = cmod.command(
         cmod.CONTENDERS["fleetgate"],
@@ -68,9 +68,9 @@ def test_fleetgate_contender_logs_at_info_so_preemptions_are_traceable() -> None
 
 async def test_twin_replay_covers_every_preempted_request_and_counts_its_mismatch() -> None:
     """Twins replayed straight against an emulated engine (deterministic text)."""
-    from fleetgate.bench import loadgen, scenarios
-    from fleetgate.bench.runner import TWIN_SAMPLE, twin_mismatches
     from fleetgate.sim import EngineSpec, run_fleet
+    from fleetgate_tools.bench import loadgen, scenarios
+    from fleetgate_tools.bench.runner import TWIN_SAMPLE, twin_mismatches
 
     sc = scenarios.make("priority-storm", engines=1, duration_s=3.0, time_scale=1.0, seed=4)
     sessions = [s for s in sc.sessions() if len(s.turns) == 1]

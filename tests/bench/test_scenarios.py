@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fleetgate.bench import scenarios
-from fleetgate.bench.workloads import Session, Turn
 from fleetgate.sim.core.timing import resolve_profile
 from fleetgate.sim.fleet import FleetFile
+from fleetgate_tools.bench import scenarios
+from fleetgate_tools.bench.workloads import Session, Turn
 
 
 @pytest.mark.parametrize("name", sorted(scenarios.LOADS))

@@ -2,8 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from fleetgate.bench.loadgen import require_loopback
-from fleetgate.bench.stats import RequestResult, goodput, imbalance, percentile, summarise_class
+from fleetgate_tools.bench.loadgen import require_loopback
+from fleetgate_tools.bench.stats import (
+    RequestResult,
+    goodput,
+    imbalance,
+    percentile,
+    summarise_class,
+)
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetgate.bench import report
-from fleetgate.bench.stats import RequestResult
-from fleetgate.bench.summary import (
+from fleetgate_tools.bench import report
+from fleetgate_tools.bench.stats import RequestResult
+from fleetgate_tools.bench.summary import (
     EngineWindow,
     RunRecord,
     aggregate,

@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from fleetgate.bench import workloads
-from fleetgate.bench.workloads import Session, Turn, WorkloadParams
+from fleetgate_tools.bench import workloads
+from fleetgate_tools.bench.workloads import Session, Turn, WorkloadParams
 
 
 @pytest.mark.parametrize("name", sorted(workloads.WORKLOADS))

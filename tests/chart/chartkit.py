@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from fleetgate.devcluster import ensure_binaries
+from fleetgate_tools.devcluster import ensure_binaries
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "fleetgate"

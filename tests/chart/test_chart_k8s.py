@@ -14,7 +14,7 @@ import pytest
 from chartkit import CHART, KWOK_TOLERATION, helm, render_text
 
 from fleetgate.api import crd
-from fleetgate.devcluster import DevCluster
+from fleetgate_tools.devcluster import DevCluster
 
 pytestmark = pytest.mark.k8s
 

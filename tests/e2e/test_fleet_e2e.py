@@ -39,7 +39,7 @@ import httpx
 import pytest
 import yaml
 
-from fleetgate.devcluster import DevCluster, ensure_binaries
+from fleetgate_tools.devcluster import DevCluster, ensure_binaries
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(480)]
 

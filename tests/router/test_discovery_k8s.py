@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetgate.devcluster import FAKE_NODE_TOLERATION, DevCluster
 from fleetgate.operator import manifests
 from fleetgate.router import discovery_k8s as d
 from fleetgate.router import k8s_targets as kt
 from fleetgate.router.app import build_router
 from fleetgate.router.config import ConfigError, RouterConfig, is_loopback_host
 from fleetgate.router.scheduling.types import EndpointId
+from fleetgate_tools.devcluster import FAKE_NODE_TOLERATION, DevCluster
 
 REPO = Path(__file__).resolve().parents[2]
 CFG = kt.KubernetesDiscoveryConfig()

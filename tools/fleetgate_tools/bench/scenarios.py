@@ -1,0 +1,206 @@
+"""Benchmark scenarios: a workload, its load level, the emulated fleet (pure).
+
+A scenario fixes everything a contender must not influence: the sessions
+(from the seed), the fleet file for ``fleetgate sim --fleet`` and the TTFT
+objectives. All times in a scenario are *modelled* seconds (what an H100 would
+take, per the emulator's calibrated profiles in ``fleetgate/sim/core/timing.py``).
+The emulator runs ``time_scale`` wall seconds per modelled second so that a
+2-core machine is not the bottleneck; :func:`wall_sessions` stretches the
+arrival schedule and think times by the same factor, and the runner divides
+measured latencies by it again. Router overhead is therefore divided by the
+time scale too: it is reported separately as router CPU seconds.
+
+Fleets: ``vllm-llama8b-h100`` engines (vLLM 0.x model of Llama-3.1-8B on one
+H100) with a reduced KV cache (``num_gpu_blocks``) so that a few long
+documents fill it and routing decides what stays cached, as on a busy real
+fleet. ``mixed`` fleets alternate vLLM and TensorRT-LLM (``trtllm-llama8b-h100``,
+the faster NIM-calibrated profile) engines, vLLM first (5 engines: 3 + 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fleetgate_tools.bench.workloads import Session, WorkloadParams, build
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Load:
+    generator: str
+    """Key of ``workloads.WORKLOADS``."""
+    rate_per_engine: float
+    """Session arrivals per modelled second per engine (near saturation)."""
+    scale: float
+    ttft_objective_s: dict[str, float]
+    """Per priority class, modelled seconds; key ``*`` for any class."""
+    mixed: bool = False
+    shape: str = "docs"
+    """Key of :data:`ENGINE_SHAPES`."""
+
+
+#: Engine settings per fleet shape (emulator override names, vLLM / TRT vocabulary).
+#: ``docs``: ~64k tokens of KV per engine, a dozen 3000-token documents but not
+#: all of them. ``chat``: 16 running sequences and ~16k tokens of KV, so that
+#: a few dozen conversations saturate an engine (cheap to emulate on 2 cores).
+#: ``priority``: 8 running sequences and the engines' priority queues switched
+#: on (``--scheduling-policy priority`` / ``waiting_queue_policy``), as fleetgate
+#: deploys them so that its per-request levels reach the engine schedulers.
+ENGINE_SHAPES: dict[str, dict[str, dict[str, Any]]] = {
+    "docs": {
+        "vllm": {"num_gpu_blocks": 4096, "max_num_seqs": 64, "max_model_len": 16384},
+        "trtllm": {"num_gpu_blocks": 2048, "max_batch_size": 64, "max_model_len": 16384},
+    },
+    "chat": {
+        "vllm": {"num_gpu_blocks": 1024, "max_num_seqs": 16, "max_model_len": 8192},
+        "trtllm": {"num_gpu_blocks": 512, "max_batch_size": 16, "max_model_len": 8192},
+    },
+    "priority": {
+        "vllm": {
+            "num_gpu_blocks": 1024,
+            "max_num_seqs": 8,
+            "max_model_len": 8192,
+            "scheduling_policy": "priority",
+        },
+        "trtllm": {
+            "num_gpu_blocks": 512,
+            "max_batch_size": 8,
+            "max_model_len": 8192,
+            "scheduling_policy": "priority",
+        },
+    },
+}
+
+
+#: name -> load. Base rates (load factor 1) were set from short calibration
+#: runs on 4 engines (docs/bench.md) to sit near the knee of the TTFT curve;
+#: the priority workloads offer about 1.5x what the fleet can serve.
+LOADS: dict[str, Load] = {
+    "chat-multiturn": Load("chat-multiturn", 11.0, 0.5, {"*": 1.0}, shape="chat"),
+    "shared-prefix": Load("shared-prefix", 8.0, 1.0, {"*": 1.0}, shape="docs"),
+    "agentic": Load("agentic", 2.0, 1.0, {"*": 1.0}, shape="docs"),
+    "priority-storm": Load(
+        "priority-storm", 11.0, 0.5, {"critical": 0.5, "batch": 10.0, "*": 2.0}, shape="priority"
+    ),
+    "mixed-traffic": Load(
+        "mixed-traffic",
+        8.0,
+        0.5,
+        {"critical": 0.5, "batch": 10.0, "*": 1.0},
+        mixed=True,
+        shape="priority",
+    ),
+    "mixed-engine": Load(
+        "priority-storm",
+        11.0,
+        0.5,
+        {"critical": 0.5, "batch": 10.0, "*": 2.0},
+        mixed=True,
+        shape="priority",
+    ),
+}
+
+PROFILES = {"vllm": "vllm-llama8b-h100", "trtllm": "trtllm-llama8b-h100"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    load: Load
+    engines: int
+    duration_s: float
+    """Modelled seconds of arrivals."""
+    time_scale: float
+    seed: int
+    load_factor: float = 1.0
+    mixed: bool = False
+
+    @property
+    def rate(self) -> float:
+        return self.load.rate_per_engine * self.engines * self.load_factor
+
+    def params(self) -> WorkloadParams:
+        return WorkloadParams(
+            duration_s=self.duration_s, rate=self.rate, scale=self.load.scale, seed=self.seed
+        )
+
+    def sessions(self) -> list[Session]:
+        return build(self.load.generator, self.params())
+
+    def engine_kinds(self) -> list[str]:
+        if self.mixed or self.load.mixed:
+            return ["vllm" if i % 2 == 0 else "trtllm" for i in range(self.engines)]
+        return ["vllm"] * self.engines
+
+    def capacity(self, kind: str) -> int | None:
+        """An engine's concurrent-sequence limit from its shape (None = profile default)."""
+        shape = ENGINE_SHAPES[self.load.shape][kind]
+        limit = shape.get("max_num_seqs", shape.get("max_batch_size"))
+        return int(limit) if limit is not None else None
+
+    def objective(self, priority_class: str) -> float:
+        o = self.load.ttft_objective_s
+        return o.get(priority_class, o["*"])
+
+    def fleet_file(self, ports: list[int]) -> dict[str, Any]:
+        """``fleetgate sim --fleet`` YAML (as a dict) on the given loopback ports."""
+        kinds = self.engine_kinds()
+        if len(ports) != len(kinds):
+            raise ValueError(f"need {len(kinds)} ports, got {len(ports)}")
+        return {
+            "model": MODEL,
+            "time_scale": self.time_scale,
+            "seed": self.seed,
+            "engines": [
+                {
+                    "kind": k,
+                    "profile": PROFILES[k],
+                    "port": p,
+                    "overrides": dict(ENGINE_SHAPES[self.load.shape][k]),
+                }
+                for k, p in zip(kinds, ports, strict=True)
+            ],
+        }
+
+
+def make(
+    name: str,
+    *,
+    engines: int,
+    duration_s: float,
+    time_scale: float,
+    seed: int,
+    load_factor: float = 1.0,
+    mixed: bool = False,
+) -> Scenario:
+    """``duration_s`` is WALL seconds of arrivals; the scenario holds modelled seconds."""
+    if name not in LOADS:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(LOADS)}")
+    if engines < 1:
+        raise ValueError("--engines must be >= 1")
+    if duration_s <= 0 or time_scale <= 0 or load_factor <= 0:
+        raise ValueError("duration, time scale and load factor must be > 0")
+    return Scenario(
+        name=name,
+        load=LOADS[name],
+        engines=engines,
+        duration_s=duration_s / time_scale,
+        time_scale=time_scale,
+        seed=seed,
+        load_factor=load_factor,
+        mixed=mixed,
+    )
+
+
+def wall_sessions(sessions: list[Session], time_scale: float) -> list[Session]:
+    """Stretch start times and think times from modelled to wall seconds."""
+    return [
+        dataclasses.replace(
+            s,
+            start_s=s.start_s * time_scale,
+            turns=tuple(dataclasses.replace(t, think_s=t.think_s * time_scale) for t in s.turns),
+        )
+        for s in sessions
+    ]

@@ -1,0 +1,165 @@
+"""``fleetgate dev-cluster up|down|which``.
+
+* ``up --kubeconfig FILE`` ensures the binaries (building them if missing), starts the
+  cluster, prints the kubeconfig path, the API URL and start-up timings, then stays in
+  the foreground until Ctrl-C/SIGTERM (or until a component dies: exit 1 with its log).
+  ``--detach`` instead records the component PIDs in a state file and returns; the
+  components then run in their own sessions and survive the command.
+* ``down`` stops a detached cluster by the PIDs in the state file (SIGTERM, SIGKILL),
+  removes its work dir and the state file.
+* ``which TOOL`` prints the path of one built tool (building nothing: it fails with a
+  one-line error if the tool is absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from fleetgate.cli import CliError
+from fleetgate_tools import procs
+from fleetgate_tools.devcluster import bins
+from fleetgate_tools.devcluster.cluster import ClusterConfig, DevCluster
+from fleetgate_tools.devcluster.errors import DevClusterError
+from fleetgate_tools.devcluster.state import (
+    ClusterState,
+    default_state_path,
+    read_state,
+    write_state,
+)
+
+
+def build_parser(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = sub.add_parser("up", help="start a cluster (foreground unless --detach)")
+    up.add_argument(
+        "--kubeconfig", type=Path, required=True, help="write the admin kubeconfig here"
+    )
+    up.add_argument("--detach", action="store_true", help="leave it running and return")
+    up.add_argument("--state", type=Path, default=None, help="state file (default: in the cache)")
+    up.add_argument("--work-dir", type=Path, default=None, help="default: a fresh temp dir")
+    up.add_argument("--timeout", type=float, default=120.0, help="start timeout in seconds")
+    down = sub.add_parser("down", help="stop a cluster started with --detach")
+    down.add_argument("--state", type=Path, default=None, help="state file (default: in the cache)")
+    which = sub.add_parser("which", help="print the path of a built tool")
+    which.add_argument("tool", help=", ".join(bins.TOOLS))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "which":
+        return _which(args.tool)
+    if args.action == "up":
+        return _up(args)
+    if args.action == "down":
+        return _down(args.state or default_state_path())
+    raise CliError(f"unknown action {args.action!r}")
+
+
+def _which(tool: str) -> int:
+    if tool not in bins.TOOLS:
+        raise CliError(f"unknown tool {tool!r}; known: {', '.join(bins.TOOLS)}")
+    path = bins.expected_binset().path(tool)
+    if not path.is_file():
+        raise CliError(f"{tool} is not built yet ({path}); run hack/build-k8s-bins.sh")
+    print(path)
+    return 0
+
+
+def _announce_build(log: Path) -> None:
+    print(f"building the Kubernetes binaries (about 15 min cold); log: {log}", flush=True)
+
+
+def _up(args: argparse.Namespace) -> int:
+    state_path: Path = args.state or default_state_path()
+    if args.detach and state_path.exists():
+        old = read_state(state_path)
+        if any(procs.is_running(p) for p in old.procs):
+            raise CliError(f"a detached cluster is already running ({old.api_url}); run down first")
+    try:
+        binset = bins.ensure_binaries(on_build=_announce_build)
+    except DevClusterError as e:
+        raise CliError(str(e)) from e
+    config = ClusterConfig(
+        kubeconfig_path=args.kubeconfig.resolve(),
+        work_dir=args.work_dir,
+        die_with_parent=not args.detach,
+        start_timeout_s=args.timeout,
+    )
+    cluster = DevCluster(binset, config)
+    try:
+        cluster.start()
+    except DevClusterError as e:
+        print(str(e), file=sys.stderr)
+        raise CliError("dev cluster failed to start (component logs above)") from e
+    timings = ", ".join(f"{k} {v:.1f}s" for k, v in cluster.timings.items())
+    print(f"kubeconfig: {cluster.kubeconfig}")
+    print(f"api: {cluster.api_url}")
+    print(f"nodes: {', '.join(cluster.node_names())}")
+    print(f"work dir: {cluster.work_dir} (component logs in logs/)")
+    print("pids: " + " ".join(f"{r.name}={r.pid}" for r in cluster.refs))
+    print(f"started in: {timings}")
+    sys.stdout.flush()
+    if args.detach:
+        state = ClusterState(
+            api_url=cluster.api_url,
+            kubeconfig=str(cluster.kubeconfig),
+            work_dir=str(cluster.work_dir),
+            procs=tuple(cluster.refs),
+        )
+        write_state(state_path, state)
+        cluster.detach()
+        print(f"detached; state: {state_path} (stop with: fleetgate dev-cluster down)")
+        return 0
+    return _foreground(cluster)
+
+
+def _foreground(cluster: DevCluster) -> int:
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    # SIGINT too: a shell starts background jobs with SIGINT ignored, and then Python
+    # never installs its KeyboardInterrupt handler
+    previous = {sig: signal.signal(sig, on_term) for sig in (signal.SIGTERM, signal.SIGINT)}
+    print("running; Ctrl-C to stop")
+    sys.stdout.flush()
+    code = 0
+    try:
+        while True:
+            dead = cluster.dead_components()
+            if dead:
+                print(
+                    f"component(s) died: {', '.join(dead)}\n{cluster.log_tails()}", file=sys.stderr
+                )
+                code = 1
+                break
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        print("stopping")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        outcome = cluster.stop()
+        print("stopped: " + ", ".join(f"{k} {v}" for k, v in outcome.items()))
+    return code
+
+
+def _down(state_path: Path) -> int:
+    try:
+        state = read_state(state_path)
+    except DevClusterError as e:
+        raise CliError(str(e)) from e
+    outcome = {}
+    for ref in reversed(state.procs):
+        try:
+            outcome[ref.name] = procs.stop(ref)
+        except procs.StopError as e:
+            raise CliError(str(e)) from e
+    shutil.rmtree(state.work_dir, ignore_errors=True)
+    state_path.unlink(missing_ok=True)
+    print("stopped: " + ", ".join(f"{k} {v}" for k, v in outcome.items()))
+    return 0
