@@ -129,9 +129,7 @@ async def stream(client: httpx.AsyncClient, url: str, first: asyncio.Event | Non
     return tokens
 
 
-async def test_sigterm_finishes_in_flight_streams_and_exits_0(
-    engine: str, tmp_path: Path
-) -> None:
+async def test_sigterm_finishes_in_flight_streams_and_exits_0(engine: str, tmp_path: Path) -> None:
     url, proc = start_router(engine, tmp_path, "router")
     try:
         # a fresh connection per stream: what separate clients would have
