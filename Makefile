@@ -7,7 +7,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint deps-k8s deps-vllm deps-prometheus deps-podman image
+.PHONY: venv demo test lint deps-k8s deps-vllm deps-prometheus deps-podman image image-emulator
 
 $(BIN)/fleetgate: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,10 +33,13 @@ deps-podman:
 	bash hack/install-podman.sh
 
 # The operator/router image (docker when an engine is reachable, else podman);
-# its reference is the last line printed. `bash hack/build-image.sh emulator`
-# builds the engine emulator image.
+# its reference is the last line printed.
 image:
 	@bash hack/build-image.sh runtime
+
+# The engine emulator image (`engine.image` for trying fleetgate without GPUs).
+image-emulator:
+	@bash hack/build-image.sh emulator
 
 lint: venv
 	$(BIN)/ruff check .
