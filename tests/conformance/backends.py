@@ -30,6 +30,7 @@ from realvllm import MAX_MODEL_LEN, SERVED_MODEL, free_port
 VLLM_VERSION = "0.32.0"
 #: Emulator options matching realvllm.SERVER_FLAGS (the fixtures' server S1).
 EMULATOR_ARGS: tuple[str, ...] = (
+    "--profile", "test",
     "--model-name", SERVED_MODEL,
     "--max-model-len", str(MAX_MODEL_LEN),
     "--max-num-seqs", "4",

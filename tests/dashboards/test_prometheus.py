@@ -112,7 +112,7 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
         sim = procs.start(
             "sim",
             [*fg, "sim", "--vllm", "2", "--trtllm", "1", "--port", str(sim_port),
-             "--max-num-seqs", "4", "--model", "tiny", "--seed", "3"],
+             "--profile", "test", "--max-num-seqs", "4", "--model", "tiny", "--seed", "3"],
         )  # fmt: skip
         engines: list[tuple[str, str]] = []
         deadline = time.monotonic() + 60

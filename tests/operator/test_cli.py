@@ -235,3 +235,32 @@ def test_connection_info_carries_the_same_credentials() -> None:
         "Bearer",
         True,
     )
+
+
+def test_connection_info_reads_the_in_cluster_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-cluster loader writes "bearer <token>" (lower case): kopf must get the token.
+
+    Found by the image test (tests/image/test_image_operator.py): the operator in a pod
+    sent "Bearer bearer <token>" and every request was 401.
+    """
+    from kubernetes import config as k8s_config
+
+    (tmp_path / "token").write_text("SA-T0KEN")
+    (tmp_path / "ca.crt").write_text("not checked here")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
+    monkeypatch.setattr(
+        k8s_config.incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token")
+    )
+    monkeypatch.setattr(
+        k8s_config.incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt")
+    )
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    info = app.connection_info(app.load_credentials(None))
+    assert (info.server, info.token, info.scheme) == (
+        "https://127.0.0.1:6443",
+        "SA-T0KEN",
+        "Bearer",
+    )
