@@ -63,12 +63,14 @@ def priority_section(**extra: Any) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def rig(
-    n: int, capacity: int = 2, **priority: Any
+    n: int, capacity: int = 2, queue: bool = True, **priority: Any
 ) -> AsyncIterator[tuple[str, list[Any], Any]]:
+    """``queue=False``: the same fleet with immediate admission (no priority section)."""
     specs = [EngineSpec(kind="vllm", overrides=SLOW) for _ in range(n)]
     async with run_fleet(specs, "127.0.0.1", 0, model=MODEL) as fleet:
         backends = [("vllm", e.url) for e in fleet.engines]
-        cfg = router_config(backends, capacity=capacity, priority=priority_section(**priority))
+        sections = {"priority": priority_section(**priority)} if queue else {}
+        cfg = router_config(backends, capacity=capacity, **sections)
         app = build_router(cfg)
         async with serve(app) as url:
             yield url, fleet.engines, app
@@ -220,9 +222,13 @@ async def test_without_preemption_critical_waits_for_batch() -> None:
         assert scrape_sum(text, "fleetgate_preemptions_total") == 0
 
 
+@pytest.mark.parametrize("queue", [True, False], ids=["class-queue", "immediate"])
 @pytest.mark.parametrize("how", ["crash", "driver-stop"])
-async def test_engine_killed_mid_stream_completes_on_the_other_engine(how: str) -> None:
-    async with rig(2) as (url, engines, _), httpx.AsyncClient(timeout=60) as c:
+async def test_engine_killed_mid_stream_completes_on_the_other_engine(
+    how: str, queue: bool
+) -> None:
+    """One serve loop: the answer resumes seamlessly with and without a priority section."""
+    async with rig(2, queue=queue) as (url, engines, _), httpx.AsyncClient(timeout=60) as c:
         doc = body("a long answer that will lose its engine", 60, stream=True, seed=3)
         data = b""
         async with c.stream("POST", url + "/v1/completions", json=doc) as resp:

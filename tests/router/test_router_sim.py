@@ -33,6 +33,24 @@ from fleetgate.router.upstream import NonLoopbackUpstream, RawUpstream, Upstream
 from fleetgate.sim import EngineSpec, run_fleet
 
 MODEL = "m"
+#: Every scenario here runs twice: the serve loop with immediate admission (no
+#: ``priority:`` section) and with the class queue (``priority: {}``).
+ADMISSIONS = {"immediate": {}, "class-queue": {"priority": {}}}
+_admission: dict[str, Any] = {}
+
+
+@pytest.fixture(autouse=True, params=list(ADMISSIONS))
+def admission(request: pytest.FixtureRequest) -> str:
+    _admission.clear()
+    _admission.update(ADMISSIONS[request.param])
+    return str(request.param)
+
+
+def config(backends: Sequence[tuple[str, str]], **cfg: Any) -> Any:
+    """The test router config of this module's current admission."""
+    return router_config(backends, **{**_admission, **cfg})
+
+
 PREFIX = " ".join(f"alpha{i} beta" for i in range(36))  # ~450 chars, ~130 tokens
 
 
@@ -63,7 +81,7 @@ async def rig(
 ) -> AsyncIterator[Rig]:
     async with run_fleet(specs, "127.0.0.1", 0, model=MODEL, time_scale=time_scale) as fleet:
         backends = [(e.kind, e.url) for e in fleet.engines]
-        app = build_router(router_config(backends, **cfg))
+        app = build_router(config(backends, **cfg))
         async with serve(app) as url:
             yield Rig(url, [e.url for e in fleet.engines], app)
 
@@ -246,8 +264,8 @@ async def test_dead_backend_is_retried_and_ejected_raw_client() -> None:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: refused
         async with run_fleet([EngineSpec(kind="vllm")], "127.0.0.1", 0, model=MODEL) as fleet:
-            config = router_config([("vllm", dead), ("vllm", fleet.engines[0].url)])
-            app = build_router(config, start_background=False)
+            cfg = config([("vllm", dead), ("vllm", fleet.engines[0].url)])
+            app = build_router(cfg, start_background=False)
             services = app.state.router
             now = services.clock()
             for e in services.fleet:  # the dead one looks best: it just died after a good scrape
@@ -281,8 +299,8 @@ async def test_two_router_replicas_place_new_prefixes_alike() -> None:
         backends = [(e.kind, e.url) for e in fleet.engines]
         # as the Helm chart configures its replicas
         replicas = {"scheduling": {"router_replicas": 2}}
-        one = build_router(router_config(backends, **replicas))
-        two = build_router(router_config(backends, **replicas))
+        one = build_router(config(backends, **replicas))
+        two = build_router(config(backends, **replicas))
         async with serve(one) as a, serve(two) as b, httpx.AsyncClient(timeout=30) as c:
             placed: dict[int, set[str]] = collections.defaultdict(set)
             for k in range(8):
@@ -365,7 +383,7 @@ async def test_killed_engine_is_ejected_and_requests_retry() -> None:
             health = {"interval_s": 60.0, "eject_base_s": 60.0}
             slow = {"scrape": {"interval_s": 60.0}, "health": health}
             backends = [("vllm", victim), ("vllm", stays.engines[0].url)]
-            app = build_router(router_config(backends, **slow))
+            app = build_router(config(backends, **slow))
             url = await stack.enter_async_context(serve(app))
             # Distinct prefixes until the victim holds at least 3 (where each was served
             # is random: endpoint ids carry ephemeral ports, rendezvous hashes them).
