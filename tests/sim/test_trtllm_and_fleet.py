@@ -221,3 +221,17 @@ def test_listening_socket_is_tcp_so_asyncio_sets_nodelay() -> None:
         assert sock.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded"])
+async def test_trt_refuses_a_body_that_is_not_json(trt: Fleet, ctype: str) -> None:
+    """trtllm-serve (FastAPI) answers 422 and runs nothing for a non-JSON POST."""
+    body = b'{"model": "m", "prompt": "hi", "max_tokens": 2}'
+    async with httpx.AsyncClient(base_url=trt.engines[0].url, timeout=10) as c:
+        resp = await c.post("/v1/completions", content=body, headers={"content-type": ctype})
+        assert resp.status_code == 422, resp.text
+        assert resp.json()["detail"][0]["loc"] == ["body"]
+        for ok_type in (None, "application/json; charset=utf-8"):
+            headers = {} if ok_type is None else {"content-type": ok_type}
+            resp = await c.post("/v1/completions", content=body, headers=headers)
+            assert resp.status_code == 200, resp.text

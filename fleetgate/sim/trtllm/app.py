@@ -33,6 +33,7 @@ from fleetgate.sim.asgi import (
     Send,
     SseWriter,
     dumps,
+    header,
     race_disconnect,
     read_body,
     send_bytes,
@@ -108,6 +109,18 @@ class TrtllmApp:
                 return
             body = await read_body(receive)
             if body is None:
+                return
+            if not _json_media(header(scope, b"content-type")):
+                # trtllm-serve is FastAPI: a body that is not JSON is not parsed, so its
+                # pydantic request model sees bytes (a text/plain POST, which a browser
+                # may send cross-site without a preflight, must not run a generation).
+                detail = {
+                    "type": "model_attributes_type",
+                    "loc": ["body"],
+                    "msg": "Input should be a valid dictionary or object to extract fields from",
+                    "input": body[:200].decode("utf-8", "replace"),
+                }
+                await send_json(send, 422, {"detail": [detail]})
                 return
             try:
                 await self._generate(path == "/v1/chat/completions", body, receive, send)
@@ -300,3 +313,12 @@ class TrtllmApp:
                     {**head, "choices": [], "usage": self._usage(gen, produced, cached)}
                 )
         await sse.done()
+
+
+def _json_media(content_type: str | None) -> bool:
+    """FastAPI's rule: no content type, ``application/json`` or any ``+json`` type."""
+    if content_type is None:
+        return True
+    media = content_type.split(";", 1)[0].strip().lower()
+    main, _, sub = media.partition("/")
+    return main == "application" and (sub == "json" or sub.endswith("+json"))
