@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -212,7 +213,20 @@ def build_router(
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Starlette's own answers (unknown route 404, wrong method 405) as JSON errors."""
+        assert isinstance(exc, HTTPException)
+        return Response(
+            error_body(exc.status_code, str(exc.detail)[:200]),
+            status_code=exc.status_code,
+            media_type="application/json",
+            headers=exc.headers,
+        )
+
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
     app.state.router = services
     app.state.admission = admission
     app.state.poller = poller

@@ -2,13 +2,19 @@
 
 :class:`RequestHandler` is a raw ASGI app on ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (raw, so the router decides exactly when the
-first byte goes to the client). It reads the body within
-``limits.max_body_bytes``, turns it into one
+first byte goes to the client). It refuses oversized headers (431) and bodies
+that are not ``application/json`` (415), reads the body within
+``limits.max_body_bytes``, ``limits.max_bytes_in_flight`` (all bodies held at
+once) and ``timeouts.client_body_s``, turns it into one
 :class:`~fleetgate.router.request.Request` (a bad one is answered here, with
 the OpenAI error envelope), and runs the :class:`~fleetgate.router.serve.ServeLoop`
 in a child task that a client disconnect cancels: the attempt's ``finally``
 closes the upstream response, which closes the connection, so the engine
 aborts the request and frees its KV.
+
+HTTP/1.0 clients get every answer, streams included, as one Content-Length
+response (:class:`~fleetgate.router.errors.BufferedSend`): they cannot read the
+chunked framing uvicorn uses for a stream.
 
 Every request ends in exactly one answer, one ``fleetgate_requests_total``
 count labelled with the status actually sent (499 when the client left first)
@@ -23,7 +29,7 @@ import logging
 
 from starlette.types import Receive, Scope, Send
 
-from fleetgate.router.errors import ClientSend, send_error
+from fleetgate.router.errors import BufferedSend, ClientSend, send_error
 from fleetgate.router.request import ParseSettings, Request, RequestError, parse_request
 from fleetgate.router.serve import ServeLoop
 from fleetgate.router.services import Services
@@ -47,12 +53,20 @@ class RequestHandler:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         s = self.s
         arrival = s.clock()
+        if scope.get("http_version") == "1.0":  # no chunked framing: one whole answer
+            send = BufferedSend(send, s.config.limits.max_body_bytes)
         sent = ClientSend(send)
         model, engine, endpoint = "none", "none", "none"
         status = 0
+        held = [0]
         try:
-            body = await self._read_body(scope, receive, sent)
+            refused = self._check_head(scope)
+            if refused is not None:
+                await send_error(sent, refused[0], refused[1])
+                return
+            body = await self._read_body(scope, receive, sent, held)
             if body is None:
+                status = 499  # unless an answer was sent (413, 408, 503): that status
                 return
             now = s.clock()
             try:
@@ -81,6 +95,7 @@ class RequestHandler:
             log.exception("%s: internal error", self.path)
             await sent.fail(False, 500, f"internal router error: {type(e).__name__}")
         finally:
+            s.body_bytes.give(held[0])
             status = sent.status or status
             s.metrics.child(s.metrics.requests, model, engine, endpoint, str(status)).inc()
             log.info(
@@ -92,27 +107,83 @@ class RequestHandler:
                 (s.clock() - arrival) * 1000,
             )
 
-    async def _read_body(self, scope: Scope, receive: Receive, send: ClientSend) -> bytes | None:
-        """The whole body, or None when it was answered (413) or the client left."""
-        limit = self.s.config.limits.max_body_bytes
+    def _check_head(self, scope: Scope) -> tuple[int, str] | None:
+        """Refuse before reading the body: too many / too large headers (431), a body
+        that is not JSON (415: a browser may POST text/plain cross-site without asking)."""
+        limits = self.s.config.limits
+        headers = scope["headers"]
+        if len(headers) > limits.max_headers:
+            return 431, f"more than {limits.max_headers} request header fields"
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+        ctype: bytes | None = None
+        for k, v in headers:
+            size += len(k) + len(v) + 4
+            if k == b"content-type":
+                ctype = v
+        if size > limits.max_header_bytes:
+            return 431, f"request headers over {limits.max_header_bytes} bytes"
+        media = (ctype or b"").split(b";", 1)[0].strip().lower()
+        if media != b"application/json":
+            got = ctype.decode("latin-1")[:100] if ctype is not None else "none"
+            return 415, f"the request body must be application/json (content-type: {got})"
+        return None
+
+    async def _read_body(
+        self, scope: Scope, receive: Receive, send: ClientSend, held: list[int]
+    ) -> bytes | None:
+        """The whole body, or None when it was answered (413, 408, 503) or the client
+        left. Its bytes are taken from the router's body budget as they arrive
+        (``held[0]``, given back by the caller when the request ends)."""
+        s = self.s
+        limit = s.config.limits.max_body_bytes
+        budget = s.body_bytes
+        declared = 0
         for k, v in scope["headers"]:
-            if k == b"content-length" and v.isdigit() and int(v) > limit:
-                await send_error(send, 413, f"request body over {limit} bytes")
-                return None
+            if k == b"content-length" and v.isdigit():
+                declared = int(v)
+                if declared > limit:
+                    await send_error(send, 413, f"request body over {limit} bytes")
+                    return None
+        if declared and not budget.take(declared):  # reserve what it says it will send
+            return await self._busy(send)
+        held[0] = declared
         chunks: list[bytes] = []
         size = 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return None
-            part = msg.get("body", b"")
-            size += len(part)
-            if size > limit:
-                await send_error(send, 413, f"request body over {limit} bytes")
-                return None
-            chunks.append(part)
-            if not msg.get("more_body", False):
-                return b"".join(chunks)
+        msg = await receive()
+        try:
+            async with asyncio.timeout(
+                s.config.timeouts.client_body_s if msg.get("more_body", False) else None
+            ):
+                while True:
+                    if msg["type"] == "http.disconnect":
+                        return None
+                    part = msg.get("body", b"")
+                    size += len(part)
+                    if size > limit:
+                        await send_error(send, 413, f"request body over {limit} bytes")
+                        return None
+                    if size > held[0]:
+                        if not budget.take(size - held[0]):
+                            return await self._busy(send)
+                        held[0] = size
+                    chunks.append(part)
+                    if not msg.get("more_body", False):
+                        return b"".join(chunks)
+                    msg = await receive()
+        except TimeoutError:
+            await send_error(
+                send, 408, f"request body not received within {s.config.timeouts.client_body_s}s"
+            )
+            return None
+
+    async def _busy(self, send: ClientSend) -> None:
+        await send_error(
+            send,
+            503,
+            "the router holds too many request bodies at once; retry shortly",
+            retry_after=self.s.config.limits.retry_after_s,
+        )
+        return None
 
     async def _watched(self, req: Request, receive: Receive, send: ClientSend) -> int:
         """Serve in a child task; a client disconnect cancels it. Returns 499 then."""

@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from fleetgate.router.app import build_router
+    from fleetgate.router.http_server import guarded_protocol
 
     level = str(args.log_level).upper()
     if level not in logging.getLevelNamesMapping():
@@ -115,11 +116,11 @@ def run(args: argparse.Namespace) -> int:
     server_config = uvicorn.Config(
         app,
         loop=loop,
-        http="httptools",
+        http=guarded_protocol(config),
         lifespan="on",
         access_log=False,
         log_level=level.lower(),
-        timeout_keep_alive=75,
+        timeout_keep_alive=config.timeouts.client_keep_alive_s,
         timeout_graceful_shutdown=args.drain_timeout,
     )
     try:

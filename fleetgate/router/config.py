@@ -189,17 +189,65 @@ class Health(_Strict):
     eject_max_s: float = Field(60.0, gt=0)
 
 
+#: Silent-stream failover per engine kind (``timeouts.stream_idle_s``): the longest gap
+#: between two chunks of a streamed answer once its first chunk came. A healthy engine
+#: sends a token every few to a few hundred milliseconds; the longest legitimate pause
+#: is a running sequence waiting for KV: vLLM preempts by recompute under KV pressure
+#: and resumes the sequence when blocks free up (seconds); TensorRT-LLM's default
+#: scheduler (GUARANTEED_NO_EVICT) never pauses a running request. docs/router-limits.md.
+DEFAULT_STREAM_IDLE_S: dict[str, float] = {"vllm": 15.0, "trtllm": 10.0}
+
+
 class Timeouts(_Strict):
     connect_s: float = Field(2.0, gt=0)
     first_byte_s: float = Field(300.0, gt=0)
     """Headers from the engine (queueing + prefill for a stream)."""
     idle_s: float = Field(120.0, gt=0)
-    """Longest gap between two body chunks."""
+    """Longest gap between two body chunks of an engine's answer before its first
+    chunk, and of answers that are not streams."""
+    stream_idle_s: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_STREAM_IDLE_S))
+    """Per engine kind: longest silence of a streamed answer after its first chunk;
+    past it the attempt fails (``stream_idle``) and a resumable answer resumes on
+    another endpoint. Engines not listed use ``stream_idle_default_s``."""
+    stream_idle_default_s: float = Field(15.0, gt=0)
     total_s: float = Field(1800.0, gt=0)
+    client_header_s: float = Field(10.0, gt=0)
+    """From a new connection (or the first byte of the next request on a keep-alive
+    one) to the end of the request headers; past it: 408 and close (slow-loris)."""
+    client_body_s: float = Field(30.0, gt=0)
+    """From the request headers to the last byte of its body; past it: 408."""
+    client_keep_alive_s: float = Field(75.0, gt=0)
+    """An idle keep-alive client connection is closed after this long."""
+
+    @field_validator("stream_idle_s")
+    @classmethod
+    def _known_engines(cls, value: dict[str, float]) -> dict[str, float]:
+        out = {}
+        for engine, seconds in value.items():
+            try:
+                name = get_adapter(engine).name
+            except UnknownEngineError as e:
+                raise ValueError(str(e.args[0])) from None
+            if not seconds > 0:
+                raise ValueError(f"{engine}: must be > 0 seconds, got {seconds}")
+            out[name] = float(seconds)
+        return {**DEFAULT_STREAM_IDLE_S, **out}
+
+    def stream_idle_for(self, engine: str) -> float:
+        return self.stream_idle_s.get(engine, self.stream_idle_default_s)
 
 
 class Limits(_Strict):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    """One request body; beyond it: 413."""
+    max_bytes_in_flight: int = Field(256 * 1024 * 1024, ge=1024)
+    """All request bodies being read or held by requests in progress, together;
+    a body that would go beyond it: 503 + Retry-After (the chart's memory limit is
+    1 GiB; a parsed body costs about as much again)."""
+    max_headers: int = Field(100, ge=8)
+    """Request header fields; beyond: 431."""
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    """Request line and header fields together, in bytes; beyond: 431."""
     max_attempts: int = Field(3, ge=1)
     """Endpoints tried per request (connect error / 5xx before the first byte)."""
     connections_per_endpoint: int = Field(512, ge=1)

@@ -21,8 +21,11 @@ _TYPES = {
     403: "PermissionDeniedError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
     413: "RequestEntityTooLargeError",
+    415: "UnsupportedMediaTypeError",
     429: "RateLimitError",
+    431: "RequestHeaderFieldsTooLargeError",
     502: "BadGatewayError",
     503: "ServiceUnavailableError",
     504: "GatewayTimeoutError",
@@ -68,6 +71,52 @@ async def send_error(
         [] if retry_after is None else [(b"retry-after", str(max(0, round(retry_after))).encode())]
     )
     await send_bytes(send, status, error_body(status, message, param), headers=extra)
+
+
+class BufferedSend:
+    """``send`` for HTTP/1.0 clients: the whole answer in one Content-Length response.
+
+    An HTTP/1.0 client cannot read chunked framing, which uvicorn uses for every
+    response without a Content-Length (a stream). So the answer is held until it
+    ends and sent at once; its headers get the real length. An answer that grows
+    beyond ``limit`` bytes before it ends is replaced by a 502 (nothing was sent yet).
+    """
+
+    __slots__ = ("body", "limit", "over", "send", "start")
+
+    def __init__(self, send: Send, limit: int) -> None:
+        self.send = send
+        self.limit = limit
+        self.start: Message | None = None
+        self.body: list[bytes] = []
+        self.over = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.start = message
+            return
+        if message["type"] != "http.response.body" or self.start is None or self.over:
+            return
+        self.body.append(message.get("body", b""))
+        done = not message.get("more_body", False)
+        if sum(map(len, self.body)) > self.limit:
+            self.over, self.body = True, []
+            await send_error(
+                self.send, 502, f"answer over {self.limit} bytes: use HTTP/1.1 to stream it"
+            )
+            return
+        if not done:
+            return
+        data = b"".join(self.body)
+        self.body = []
+        headers = [
+            (k, v)
+            for k, v in self.start.get("headers", [])
+            if k.lower() not in (b"content-length", b"transfer-encoding")
+        ]
+        headers.append((b"content-length", str(len(data)).encode()))
+        await self.send({**self.start, "headers": headers})
+        await self.send({"type": "http.response.body", "body": data})
 
 
 class ClientSend:

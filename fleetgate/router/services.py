@@ -19,6 +19,30 @@ def random_request_id() -> str:
     return "fg-" + secrets.token_hex(8)
 
 
+class ByteBudget:
+    """Bytes of request bodies the router holds at once (``limits.max_bytes_in_flight``).
+
+    A body's bytes are taken as they are read and given back when its request ends,
+    so a flood of large bodies is refused (503) before it exhausts the memory that
+    every other client's requests share.
+    """
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used = max(0, self.used - n)
+
+
 @dataclasses.dataclass(eq=False)
 class Services:
     config: RouterConfig
@@ -31,9 +55,11 @@ class Services:
     rng: random.Random
     new_id: Callable[[], str] = random_request_id
     ejection: EjectionPolicy = dataclasses.field(init=False)
+    body_bytes: ByteBudget = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         h = self.config.health
         self.ejection = EjectionPolicy(
             after_failures=h.eject_after_failures, base_s=h.eject_base_s, max_s=h.eject_max_s
         )
+        self.body_bytes = ByteBudget(self.config.limits.max_bytes_in_flight)

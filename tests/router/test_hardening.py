@@ -150,3 +150,118 @@ async def test_queued_requests_get_503_when_the_last_endpoint_goes() -> None:
         gate.set()
         assert (await first).status_code == 200
         assert len(rig.app.state.admission.queue) == 0
+
+
+# -- content type, HTTP/1.0, metrics status, JSON everywhere -----------------------------
+
+
+@pytest.mark.parametrize(
+    "ctype",
+    [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x",
+     "application/jsonx", "text/json"],
+)  # fmt: skip
+async def test_post_routes_require_application_json(ctype: str | None) -> None:
+    rig = Rig({A: ok})
+    headers = {} if ctype is None else {"content-type": ctype}
+    async with serve(rig.app) as url, httpx.AsyncClient() as c:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            resp = await c.post(url + path, content=json.dumps(BODY).encode(), headers=headers)
+            assert resp.status_code == 415, resp.text
+            assert "application/json" in error_of(resp)["message"]
+        for ok_type in ("application/json", "Application/JSON; charset=utf-8"):
+            resp = await c.post(
+                url + "/v1/completions",
+                content=json.dumps(BODY).encode(),
+                headers={"content-type": ok_type},
+            )
+            assert resp.status_code == 200, resp.text
+    assert rig.calls[A] == 2
+    assert requests_total(rig.app, "415") == 2
+
+
+async def raw_http(url: str, request: bytes, *, read_for: float = 5.0) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        await writer.drain()
+        out = b""
+        async with asyncio.timeout(read_for):
+            while chunk := await reader.read(65536):
+                out += chunk
+        return out
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("admission", [{}, {"priority": {}}], ids=["immediate", "class-queue"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_http10_clients_get_content_length_answers(
+    stream: bool, admission: dict[str, Any]
+) -> None:
+    rig = Rig({A: ok}, **admission)
+    body = json.dumps({**BODY, "stream": stream}).encode()
+    async with serve(rig.app) as url:
+        raw = await raw_http(
+            url,
+            b"POST /v1/completions HTTP/1.0\r\nHost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body),
+        )
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    assert lines[0].startswith(b"http/1.1 200"), raw[:300]
+    assert not any(ln.startswith(b"transfer-encoding") for ln in lines), head
+    length = next(int(ln.split(b":")[1]) for ln in lines if ln.startswith(b"content-length"))
+    assert length == len(payload) > 0
+    if stream:
+        assert payload.endswith(b"data: [DONE]\n\n")
+        assert b'"text":"a"' in payload.replace(b" ", b"")
+    else:
+        assert json.loads(payload)["choices"][0]["text"] in ("hi", "ab")  # JSON or spliced SSE
+
+
+async def test_status_label_is_the_status_sent_and_unknown_routes_get_json() -> None:
+    rig = Rig({A: ok})
+    async with serve(rig.app) as url, httpx.AsyncClient() as c:
+        resp = await c.get(url + "/v1/completions")
+        assert resp.status_code == 405 and error_of(resp)
+        resp = await c.post(url + "/v1/nothing", json=BODY)
+        assert resp.status_code == 404 and error_of(resp)
+        # a client that leaves while its body is being read: 499, never "0"
+        host, port = url.removeprefix("http://").split(":")
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"model"'
+        )
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+        for _ in range(100):
+            if requests_total(rig.app, "499"):
+                break
+            await asyncio.sleep(0.02)
+    assert requests_total(rig.app, "499") == 1
+    assert requests_total(rig.app, "0") == 0
+
+
+async def test_client_text_echoed_in_errors_is_bounded() -> None:
+    rig = Rig({A: ok})
+    huge = "z" * 60_000
+    async with serve(rig.app) as url, httpx.AsyncClient() as c:
+        for headers, body in [
+            ({"x-fleetgate-priority": huge}, BODY),
+            ({"x-fleetgate-tenant": huge}, BODY),
+            ({}, {**BODY, "model": huge}),
+            ({}, {**BODY, "priority": huge}),
+        ]:
+            resp = await c.post(url + "/v1/completions", json=body, headers=headers)
+            assert 400 <= resp.status_code < 500, resp.text
+            assert len(resp.content) < 1000, len(resp.content)
+            error_of(resp)
+        resp = await c.post(
+            url + "/v1/completions",
+            content=b"{" + huge.encode(),
+            headers={"content-type": "application/json"},
+        )
+        assert resp.status_code == 400 and len(resp.content) < 1000

@@ -49,6 +49,7 @@ class Clock:
 
 
 Handler = Callable[[httpx.Request], Any]
+JSON = {"content-type": "application/json"}
 
 
 def ok(request: httpx.Request) -> httpx.Response:
@@ -224,7 +225,7 @@ async def test_stream_broken_before_first_chunk_is_retried() -> None:
 async def test_bad_input(raw: bytes, status: int, param: str | None) -> None:
     rig = Rig({A: ok}, limits={"max_body_bytes": 2048})
     async with serve(rig.app) as url, httpx.AsyncClient() as c:
-        resp = await c.post(url + "/v1/completions", content=raw)
+        resp = await c.post(url + "/v1/completions", content=raw, headers=JSON)
         assert resp.status_code == status, resp.text
         assert error_of(resp)["param"] == param
     assert rig.calls[A] == 0
@@ -283,9 +284,9 @@ async def test_body_passthrough_and_priority_translation() -> None:
     rig = Rig({A: ok})
     raw = b'{"model":"m","prompt":"x","unknown_field":{"keep":[1,2]},  "max_tokens":3}'
     async with serve(rig.app) as url, httpx.AsyncClient() as c:
-        await c.post(url + "/v1/completions", content=raw)
+        await c.post(url + "/v1/completions", content=raw, headers=JSON)
         assert rig.bodies[-1] == raw
-        hdr = {"x-fleetgate-priority": "critical"}
+        hdr = {"x-fleetgate-priority": "critical", **JSON}
         await c.post(url + "/v1/completions", content=raw, headers=hdr)
         sent = json.loads(rig.bodies[-1])
         assert sent["unknown_field"] == {"keep": [1, 2]}
