@@ -130,6 +130,7 @@ class _ClassQueue(Generic[T]):
         self.live: dict[str, QueueItem[T]] = {}
         self.virtual_time = 0.0
         self.last_finish: dict[str, float] = {}
+        self.queued_by_tenant: dict[str, int] = {}
 
     @staticmethod
     def key(item: QueueItem[T]) -> _SortKey:
@@ -139,6 +140,7 @@ class _ClassQueue(Generic[T]):
 
     def push(self, item: QueueItem[T]) -> None:
         self.live[item.request_id] = item
+        self.queued_by_tenant[item.tenant] = self.queued_by_tenant.get(item.tenant, 0) + 1
         heapq.heappush(self.heap, (self.key(item), item.request_id))
 
     def _clean_top(self) -> None:
@@ -159,6 +161,32 @@ class _ClassQueue(Generic[T]):
     def head(self) -> QueueItem[T] | None:
         self._clean_top()
         return self.live[self.heap[0][1]] if self.heap else None
+
+    def take(self, request_id: str) -> QueueItem[T] | None:
+        """Remove an item; forget a tenant with nothing left queued, and stale entries.
+
+        Per-tenant state lives only while a tenant has work queued. A tenant that
+        goes idle restarts at the virtual time ``V`` when it returns, as SCFQ
+        treats a flow that went idle (its served items' tags are ``<= V`` already;
+        items removed unserved earn it no penalty). Removed items' heap entries
+        are compacted. So the memory held is bounded by what is queued, not by
+        every tenant name ever seen.
+        """
+        item = self.live.pop(request_id, None)
+        if item is not None:
+            left = self.queued_by_tenant[item.tenant] - 1
+            if left:
+                self.queued_by_tenant[item.tenant] = left
+            else:  # an idle tenant restarts at V, as SCFQ does for a flow that went idle
+                del self.queued_by_tenant[item.tenant]
+                self.last_finish.pop(item.tenant, None)
+        if not self.live:
+            self.last_finish.clear()
+            self.heap.clear()
+        elif len(self.heap) > 2 * len(self.live) + 64:  # lazy deletions piling up
+            self.heap = [(k, rid) for k, rid in self.heap if rid in self.live]
+            heapq.heapify(self.heap)
+        return item
 
 
 class AdmissionQueue(Generic[T]):
@@ -240,7 +268,9 @@ class AdmissionQueue(Generic[T]):
             return None
         pool, name = where
         self._count[name] -= 1
-        return self._pools[pool][name].live.pop(request_id, None)
+        item = self._pools[pool][name].take(request_id)
+        self._drop_pool_if_empty(pool)
+        return item
 
     # -- draining --------------------------------------------------------
 
@@ -266,11 +296,12 @@ class AdmissionQueue(Generic[T]):
         if best is None:
             return None
         cq = self._pools[best.pool][best.class_name]
-        del cq.live[best.request_id]
-        del self._where[best.request_id]
-        self._count[best.class_name] -= 1
         if not best.parked:
             cq.virtual_time = max(cq.virtual_time, best.virtual_finish)
+        cq.take(best.request_id)
+        del self._where[best.request_id]
+        self._count[best.class_name] -= 1
+        self._drop_pool_if_empty(best.pool)
         return best
 
     def expire(self, now: float) -> list[Shed[T]]:
@@ -378,6 +409,22 @@ class AdmissionQueue(Generic[T]):
     def _check_class(self, cls: PriorityClass) -> None:
         if cls.name not in self._count or self._config.get(cls.name) != cls:
             raise KeyError(f"priority class {cls.name!r} is not in this queue's config")
+
+    def _drop_pool_if_empty(self, pool: str) -> None:
+        """A pool with nothing queued holds no state (its virtual times restart at 0,
+        which SCFQ allows at the start of a busy period)."""
+        classes = self._pools.get(pool)
+        if classes is not None and not any(cq.live for cq in classes.values()):
+            del self._pools[pool]
+        if not self._where:
+            self._expiries.clear()
+        elif len(self._expiries) > 2 * len(self._where) + 64:
+            self._expiries = [e for e in self._expiries if self._live_item(e[2], e[1])]
+            heapq.heapify(self._expiries)
+
+    def tenants_tracked(self) -> int:
+        """Tenants with WFQ state (for tests: bounded by the tenants with work queued)."""
+        return sum(len(cq.last_finish) for c in self._pools.values() for cq in c.values())
 
     def _class_queue(self, pool: str, cls: PriorityClass) -> _ClassQueue[T]:
         classes = self._pools.get(pool)
