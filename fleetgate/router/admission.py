@@ -217,6 +217,7 @@ class ClassQueueAdmission:
     async def admit(self, req: Request) -> Endpoint | Refusal:
         # The waiter exists before the request can be queued: a drain resolves it.
         req.waiter = asyncio.get_running_loop().create_future()
+        got: Endpoint | Shed[Request] | Refusal | None
         try:
             if req.queued:  # parked: unless nothing can serve it any more, the drain places it
                 got = self._unservable(req, self.clock())
@@ -232,6 +233,7 @@ class ClassQueueAdmission:
             return got
         if isinstance(got, Shed):
             return Refusal(got.status, got.message, got.retry_after_s, shed=True)
+        assert isinstance(got, Endpoint)
         self.running[req.id] = req
         return got
 

@@ -29,7 +29,7 @@ import logging
 
 from starlette.types import Receive, Scope, Send
 
-from fleetgate.router.errors import BufferedSend, ClientSend, send_error
+from fleetgate.router.errors import BufferedSend, ClientSend, error_body, send_bytes, send_error
 from fleetgate.router.request import ParseSettings, Request, RequestError, parse_request
 from fleetgate.router.serve import ServeLoop
 from fleetgate.router.services import Services
@@ -142,10 +142,11 @@ class RequestHandler:
             if k == b"content-length" and v.isdigit():
                 declared = int(v)
                 if declared > limit:
-                    await send_error(send, 413, f"request body over {limit} bytes")
+                    await _refuse_body(send, 413, f"request body over {limit} bytes")
                     return None
         if declared and not budget.take(declared):  # reserve what it says it will send
-            return await self._busy(send)
+            await self._busy(send)
+            return None
         held[0] = declared
         chunks: list[bytes] = []
         size = 0
@@ -160,18 +161,19 @@ class RequestHandler:
                     part = msg.get("body", b"")
                     size += len(part)
                     if size > limit:
-                        await send_error(send, 413, f"request body over {limit} bytes")
+                        await _refuse_body(send, 413, f"request body over {limit} bytes")
                         return None
                     if size > held[0]:
                         if not budget.take(size - held[0]):
-                            return await self._busy(send)
+                            await self._busy(send)
+                            return None
                         held[0] = size
                     chunks.append(part)
                     if not msg.get("more_body", False):
                         return b"".join(chunks)
                     msg = await receive()
         except TimeoutError:
-            await send_error(
+            await _refuse_body(
                 send, 408, f"request body not received within {s.config.timeouts.client_body_s}s"
             )
             return None
@@ -183,7 +185,6 @@ class RequestHandler:
             "the router holds too many request bodies at once; retry shortly",
             retry_after=self.s.config.limits.retry_after_s,
         )
-        return None
 
     async def _watched(self, req: Request, receive: Receive, send: ClientSend) -> int:
         """Serve in a child task; a client disconnect cancels it. Returns 499 then."""
@@ -205,6 +206,15 @@ class RequestHandler:
             for t in (task, watcher):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+
+
+async def _refuse_body(send: ClientSend, status: int, message: str) -> None:
+    """An answer before the body was read whole: the connection closes after it (what
+    is left of the body must not be parsed as the next request)."""
+    await send_bytes(send, status, error_body(status, message), headers=_CLOSE)
+
+
+_CLOSE = [(b"connection", b"close")]
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         lifespan="on",
         access_log=False,
         log_level=level.lower(),
-        timeout_keep_alive=config.timeouts.client_keep_alive_s,
+        timeout_keep_alive=config.timeouts.client_keep_alive_s,  # type: ignore[arg-type]
         timeout_graceful_shutdown=args.drain_timeout,
     )
     try:

@@ -26,6 +26,7 @@ continued anywhere).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import json
@@ -70,6 +71,63 @@ class Result:
 
 class _Preempted(Exception):
     pass
+
+
+class _SilenceWatch:
+    """Silent-stream failover: ends an attempt whose stream has gone quiet.
+
+    Armed by the first chunk of a streamed answer; fires when the attempt has
+    waited ``idle_s`` for the next upstream chunk (time spent writing to the client
+    does not count). Firing cancels the attempt's task while it awaits the engine;
+    the exchange turns that into ``FAILED`` (``stream_idle``), so a resumable answer
+    resumes on another endpoint and a raw stream ends with an in-band error. One
+    self-re-arming timer per stream, no timer set-up per chunk (as
+    ``RawUpstream.chunks``). ``timeouts.stream_idle_s`` per engine kind.
+    """
+
+    __slots__ = ("fired", "handle", "idle_s", "loop", "task", "waiting_since")
+
+    def __init__(self, idle_s: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.idle_s = idle_s
+        self.handle: asyncio.TimerHandle | None = None
+        self.waiting_since: float | None = None
+        self.fired = False
+
+    def got(self) -> None:
+        """A chunk arrived (the attempt is busy with it, not waiting)."""
+        self.waiting_since = None
+
+    def wait(self) -> None:
+        """The attempt goes back to awaiting the engine's next chunk."""
+        self.waiting_since = now = self.loop.time()
+        if self.handle is None:
+            self.handle = self.loop.call_at(now + self.idle_s, self._check)
+
+    def _check(self) -> None:
+        self.handle = None
+        since = self.waiting_since
+        now = self.loop.time()
+        if since is None:  # busy: any later wait ends after now + idle_s at the earliest
+            self.handle = self.loop.call_at(now + self.idle_s, self._check)
+        elif now < since + self.idle_s:
+            self.handle = self.loop.call_at(since + self.idle_s, self._check)
+        elif self.task is not None and not self.task.done():
+            self.fired = True
+            self.task.cancel()
+
+    def caught(self) -> bool:
+        """In ``except CancelledError``: True (and the cancel absorbed) if it was ours."""
+        if not self.fired or self.task is None:
+            return False
+        self.task.uncancel()
+        return True
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 class Exchange:
@@ -201,16 +259,26 @@ class Exchange:
         t = s.clock()
         itl = s.metrics.child(s.metrics.itl, req.model, e.engine, req.cls.name)
         usage_chunk = first if b'"usage"' in first else b""
+        watch = _SilenceWatch(s.config.timeouts.stream_idle_for(e.engine))
         try:
+            watch.wait()
             async for chunk in chunks:
+                watch.got()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 now = s.clock()
                 itl.observe(now - t)
                 t = now
                 if b'"usage"' in chunk:
                     usage_chunk = chunk
+                watch.wait()
         except UpstreamError as err:
             return self._failed(e, err.cause)
+        except asyncio.CancelledError:
+            if watch.caught():
+                return self._failed(e, "stream_idle")
+            raise
+        finally:
+            watch.stop()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self._e2e(req, e)
         for line in usage_chunk.split(b"\n"):
@@ -239,8 +307,10 @@ class Exchange:
         assert sp is not None
         sp.upstream_usage = None
         itl = s.metrics.child(s.metrics.itl, req.model, e.engine, req.cls.name)
+        watch = _SilenceWatch(s.config.timeouts.stream_idle_for(e.engine))
         try:
             async for chunk in resp.chunks():
+                watch.got()
                 out = sp.feed(chunk)
                 req.generated = sp.tokens
                 if (
@@ -249,10 +319,17 @@ class Exchange:
                     self.first_token(req, e)  # TTFT / resume latency: once per attempt
                 if out and req.stream:
                     await self._write(req, send, out, e, itl)
+                watch.wait()
         except UpstreamError as err:
             return self._failed(e, err.cause)
         except _Preempted:
             return Result(Outcome.PREEMPTED)
+        except asyncio.CancelledError:
+            if watch.caught() and not req.preempt_pending:
+                return self._failed(e, "stream_idle")
+            raise
+        finally:
+            watch.stop()
         if sp.upstream_usage is not None:
             s.metrics.record_usage(
                 e.id, e.engine, sp.upstream_usage, s.config.scheduling, predicted

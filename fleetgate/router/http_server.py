@@ -36,11 +36,12 @@ def guarded_protocol(config: RouterConfig) -> type[asyncio.Protocol]:
     max_bytes = config.limits.max_header_bytes
     max_count = config.limits.max_headers
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc]
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _head_bytes = 0
         _head_count = 0
         _in_head = True
         _head_timer: asyncio.TimerHandle | None = None
+        _refused = False
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -51,6 +52,8 @@ def guarded_protocol(config: RouterConfig) -> type[asyncio.Protocol]:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return  # drained and dropped until the close (the answer is already out)
             if self._in_head and self._head_timer is None:
                 self._begin_head()  # first byte of the next request on a keep-alive connection
             was_in_head = self._in_head
@@ -69,6 +72,8 @@ def guarded_protocol(config: RouterConfig) -> type[asyncio.Protocol]:
 
         def on_header(self, name: bytes, value: bytes) -> None:
             self._head_count += 1
+            if self._refused:
+                return
             if self._head_count > max_count:
                 self._refuse(431, f"more than {max_count} request header fields")
                 return
@@ -77,16 +82,16 @@ def guarded_protocol(config: RouterConfig) -> type[asyncio.Protocol]:
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._stop_timer()
-            if self.transport.is_closing():
+            if self._refused or self.transport.is_closing():
                 return
             super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:
-            if not self.transport.is_closing():
+            if not (self._refused or self.transport.is_closing()):
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
-            if not self.transport.is_closing():
+            if not (self._refused or self.transport.is_closing()):
                 super().on_message_complete()
 
         def on_response_complete(self) -> None:
@@ -110,8 +115,12 @@ def guarded_protocol(config: RouterConfig) -> type[asyncio.Protocol]:
                 self._refuse(408, f"request headers not received within {header_s}s")
 
         def _refuse(self, status: int, message: str) -> None:
-            if self.transport.is_closing():
+            """Answer and close. The write side is shut first and what the client still
+            sends is read and dropped for a moment: closing a socket with unread input
+            resets it, and the reset can destroy the answer before the client reads it."""
+            if self._refused or self.transport.is_closing():
                 return
+            self._refused = True
             self._stop_timer()
             body = error_body(status, message)
             head = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])
@@ -121,6 +130,14 @@ def guarded_protocol(config: RouterConfig) -> type[asyncio.Protocol]:
                 + b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
                 + body
             )
-            self.transport.close()
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+                self.loop.call_later(1.0, self.transport.close)
+            else:
+                self.transport.close()
+
+        def on_url(self, url: bytes) -> None:
+            if not self._refused:
+                super().on_url(url)
 
     return GuardedHttpToolsProtocol

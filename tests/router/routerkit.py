@@ -15,15 +15,19 @@ from fleetgate.router.config import RouterConfig, parse_config
 
 
 @contextlib.asynccontextmanager
-async def serve(app: ASGIApp, *, lifespan: str = "on") -> AsyncIterator[str]:
-    """Run ``app`` with uvicorn on an ephemeral loopback port; yield its base URL."""
+async def serve(
+    app: ASGIApp, *, lifespan: str = "on", http: Any = "httptools", **uvicorn_kw: Any
+) -> AsyncIterator[str]:
+    """Run ``app`` with uvicorn on an ephemeral loopback port; yield its base URL.
+
+    ``http``: uvicorn's protocol (the router CLI passes ``guarded_protocol(config)``)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        app, lifespan=lifespan, log_level="warning", access_log=False, http="httptools",
-        timeout_graceful_shutdown=2,
+        app, lifespan=lifespan, log_level="warning", access_log=False, http=http,
+        timeout_graceful_shutdown=2, **uvicorn_kw,
     )  # fmt: skip
     server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))

@@ -265,3 +265,138 @@ async def test_client_text_echoed_in_errors_is_bounded() -> None:
             headers={"content-type": "application/json"},
         )
         assert resp.status_code == 400 and len(resp.content) < 1000
+
+
+# -- section 2: limits ---------------------------------------------------------------------
+
+
+def guarded(rig: Rig) -> Any:
+    from fleetgate.router.http_server import guarded_protocol
+
+    cfg = rig.services.config
+    return serve(
+        rig.app, http=guarded_protocol(cfg), timeout_keep_alive=cfg.timeouts.client_keep_alive_s
+    )
+
+
+async def open_raw(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def read_all(reader: asyncio.StreamReader, within: float) -> bytes:
+    out = b""
+    async with asyncio.timeout(within):
+        while chunk := await reader.read(65536):
+            out += chunk
+    return out
+
+
+async def test_slow_loris_connections_are_closed_with_408() -> None:
+    rig = Rig({A: ok}, timeouts={"client_header_s": 0.5})
+    async with guarded(rig) as url, httpx.AsyncClient() as c:
+        idle = [await open_raw(url) for _ in range(20)]  # connect, send nothing
+        slow = [await open_raw(url) for _ in range(20)]  # send headers one byte at a time
+        for _, w in slow:
+            w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-a: ")
+        t0 = time.monotonic()
+        for _ in range(3):
+            await asyncio.sleep(0.2)
+            for _, w in slow:
+                w.write(b"a")
+        for r, w in idle + slow:
+            raw = await read_all(r, 3.0)  # the server closes it
+            assert raw == b"" or raw.startswith(b"HTTP/1.1 408"), raw[:100]
+            w.close()
+        assert time.monotonic() - t0 < 3.0
+        # a well-formed client is unaffected
+        resp = await c.post(url + "/v1/completions", json=BODY)
+        assert resp.status_code == 200
+
+
+async def test_keep_alive_connection_gets_a_fresh_header_window() -> None:
+    rig = Rig({A: ok}, timeouts={"client_header_s": 0.5, "client_keep_alive_s": 5})
+    async with guarded(rig) as url, httpx.AsyncClient() as c:
+        for _ in range(3):  # one keep-alive connection, idle longer than the header window
+            resp = await c.post(url + "/v1/completions", json=BODY)
+            assert resp.status_code == 200
+            await asyncio.sleep(0.7)
+
+
+@pytest.mark.parametrize("how", ["count", "one-huge", "many-large"])
+@pytest.mark.parametrize("server", ["guarded", "plain"])
+async def test_too_many_or_too_large_headers_get_431(how: str, server: str) -> None:
+    rig = Rig({A: ok})
+    if how == "count":
+        headers = [(f"x-h{i}", "v") for i in range(20_000 if server == "guarded" else 200)]
+    elif how == "one-huge":
+        headers = [("x-big", "v" * (1 << 20 if server == "guarded" else 70_000))]
+    else:
+        headers = [(f"x-h{i}", "v" * 8000) for i in range(9)]
+    head = b"".join(f"{k}: {v}\r\n".encode() for k, v in headers)
+    body = json.dumps(BODY).encode()
+    ctx = guarded(rig) if server == "guarded" else serve(rig.app)
+    async with ctx as url, httpx.AsyncClient() as c:
+        r, w = await open_raw(url)
+        try:
+            w.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\n"
+                + head
+                + b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await w.drain()
+        except ConnectionError:
+            pass
+        raw = await read_all(r, 5.0)
+        w.close()
+        assert raw.startswith(b"HTTP/1.1 431"), raw[:200]
+        payload = raw.partition(b"\r\n\r\n")[2]
+        assert json.loads(payload)["error"]["code"] == 431
+        assert (await c.post(url + "/v1/completions", json=BODY)).status_code == 200
+    assert rig.calls[A] == 1  # nothing was forwarded
+
+
+async def test_body_read_timeout_is_408() -> None:
+    rig = Rig({A: ok}, timeouts={"client_body_s": 0.5})
+    async with serve(rig.app) as url:
+        r, w = await open_raw(url)
+        w.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 1000\r\n\r\n{"model": '
+        )
+        await w.drain()
+        t0 = time.monotonic()
+        raw = await read_all(r, 5.0)
+        w.close()
+        assert raw.startswith(b"HTTP/1.1 408"), raw[:200]
+        assert time.monotonic() - t0 < 2.0
+    assert requests_total(rig.app, "408") == 1
+    assert rig.services.body_bytes.used == 0
+
+
+async def test_bytes_in_flight_are_bounded() -> None:
+    """Bodies being read or held count against one budget: beyond it 503, and the
+    budget is given back when each request ends."""
+    gate = asyncio.Event()
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await gate.wait()
+        return ok(request)
+
+    rig = Rig({A: slow}, limits={"max_body_bytes": 64 * 1024, "max_bytes_in_flight": 200_000})
+    big = {**BODY, "prompt": "p" * 60_000}
+    async with serve(rig.app) as url, httpx.AsyncClient(timeout=20) as c:
+        held = [asyncio.ensure_future(c.post(url + "/v1/completions", json=big)) for _ in range(3)]
+        for _ in range(200):
+            if rig.calls[A] == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert rig.services.body_bytes.used >= 180_000
+        resp = await c.post(url + "/v1/completions", json=big)
+        assert resp.status_code == 503 and "retry-after" in resp.headers, resp.text
+        error_of(resp)
+        gate.set()
+        assert [(await h).status_code for h in held] == [200, 200, 200]
+        assert (await c.post(url + "/v1/completions", json=big)).status_code == 200
+    assert rig.services.body_bytes.used == 0
