@@ -15,6 +15,7 @@ process is up), ``GET /ready`` (at least one healthy endpoint with models),
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import time
@@ -35,6 +36,7 @@ from fleetgate.router.client import make_client
 from fleetgate.router.config import ConfigError, RouterConfig, Scheduling
 from fleetgate.router.errors import error_body
 from fleetgate.router.exchange import Exchange
+from fleetgate.router.identity import Gatekeeper, KeyFile, TenantLimiter
 from fleetgate.router.metrics import ClassMetrics, RouterMetrics
 from fleetgate.router.poller import Poller
 from fleetgate.router.scheduling.load import LoadParams
@@ -162,6 +164,10 @@ def build_router(
     else:
         admission = ImmediateAdmission(config, placer, services.classes, clock)
     serve_loop = ServeLoop(services, admission, Exchange(services, config.engine_priority))
+    ident = config.identity
+    gate = Gatekeeper(ident, config.classes)
+    limits = ident.tenant_limits if ident is not None else None
+    limiter = TenantLimiter(limits.default if limits else None, limits.tenants if limits else {})
     poller = Poller(fleet, client, config, metrics, clock, raw_gets=transport is None)
     poller.on_change = admission.on_fleet_change
 
@@ -193,11 +199,20 @@ def build_router(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reload: asyncio.Task[None] | None = None
         if start_background:
             await poller.start()
+            if gate.keys is not None and ident is not None and ident.api_keys is not None:
+                reload = asyncio.get_running_loop().create_task(
+                    _reload_keys(gate.keys, ident.api_keys.reload_s)
+                )
         try:
             yield
         finally:
+            if reload is not None:
+                reload.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reload
             await poller.stop()
             if queue is not None:
                 queue.close()
@@ -205,7 +220,7 @@ def build_router(
             await client.aclose()
 
     routes = [
-        Route(path, RequestHandler(services, serve_loop, path), methods=["POST"])
+        Route(path, RequestHandler(services, serve_loop, path, gate, limiter), methods=["POST"])
         for path in ("/v1/completions", "/v1/chat/completions")
     ] + [
         Route("/v1/models", models, methods=["GET"]),
@@ -230,4 +245,13 @@ def build_router(
     app.state.router = services
     app.state.admission = admission
     app.state.poller = poller
+    app.state.gate = gate
+    app.state.limiter = limiter
     return app
+
+
+async def _reload_keys(keys: KeyFile, every_s: float) -> None:
+    """Re-read the API keys file when it changes (a rotated Secret), for ever."""
+    while True:
+        await asyncio.sleep(every_s)
+        await asyncio.to_thread(keys.poll)

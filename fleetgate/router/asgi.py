@@ -30,6 +30,7 @@ import logging
 from starlette.types import Receive, Scope, Send
 
 from fleetgate.router.errors import BufferedSend, ClientSend, error_body, send_bytes, send_error
+from fleetgate.router.identity import OPEN, Gatekeeper, IdentityError, TenantLimiter
 from fleetgate.router.request import ParseSettings, Request, RequestError, parse_request
 from fleetgate.router.serve import ServeLoop
 from fleetgate.router.services import Services
@@ -38,16 +39,26 @@ log = logging.getLogger("fleetgate.router")
 
 
 class RequestHandler:
-    def __init__(self, services: Services, loop: ServeLoop, path: str) -> None:
+    def __init__(
+        self,
+        services: Services,
+        loop: ServeLoop,
+        path: str,
+        gate: Gatekeeper | None = None,
+        limiter: TenantLimiter | None = None,
+    ) -> None:
         self.s = services
         self.loop = loop
         self.path = path
+        self.gate = gate if gate is not None and gate.active else None
+        self.limiter = limiter if limiter is not None and limiter.active else None
         sched = services.config.scheduling
         self.settings = ParseSettings(
             priority=services.config.classes,
             chunk_bytes=sched.chunk_bytes,
             bytes_per_token=sched.bytes_per_token,
             default_max_tokens=sched.default_max_tokens,
+            drop_headers=gate.dropped_headers() if gate is not None else frozenset(),
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -59,11 +70,19 @@ class RequestHandler:
         model, engine, endpoint = "none", "none", "none"
         status = 0
         held = [0]
+        tenant: str | None = None
         try:
             refused = self._check_head(scope)
             if refused is not None:
                 await send_error(sent, refused[0], refused[1])
                 return
+            grant = OPEN
+            if self.gate is not None:  # before the body: no budget for a stranger
+                try:
+                    grant = self.gate.grant(scope["headers"], scope.get("client"))
+                except IdentityError as e:
+                    await _send_identity_error(sent, e)
+                    return
             body = await self._read_body(scope, receive, sent, held)
             if body is None:
                 status = 499  # unless an answer was sent (413, 408, 503): that status
@@ -79,6 +98,7 @@ class RequestHandler:
                     endpoints=list(s.fleet.endpoints),
                     new_id=s.new_id,
                     now=arrival,
+                    grant=grant,
                 )
             except RequestError as e:
                 model = "unknown" if e.status == 404 else "none"
@@ -87,6 +107,13 @@ class RequestHandler:
                 )
                 return
             model = req.model
+            if self.limiter is not None:
+                try:
+                    self.limiter.acquire(req.tenant, now)
+                except IdentityError as e:
+                    await _send_identity_error(sent, e)
+                    return
+                tenant = req.tenant
             try:
                 status = await self._watched(req, receive, sent)
             finally:
@@ -96,6 +123,8 @@ class RequestHandler:
             await sent.fail(False, 500, f"internal router error: {type(e).__name__}")
         finally:
             s.body_bytes.give(held[0])
+            if tenant is not None and self.limiter is not None:
+                self.limiter.release(tenant, s.clock())
             status = sent.status or status
             s.metrics.child(s.metrics.requests, model, engine, endpoint, str(status)).inc()
             log.info(
@@ -206,6 +235,13 @@ class RequestHandler:
             for t in (task, watcher):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+
+
+async def _send_identity_error(send: ClientSend, e: IdentityError) -> None:
+    headers = list(e.headers)
+    if e.retry_after is not None:
+        headers.append((b"retry-after", str(max(0, round(e.retry_after))).encode()))
+    await send_bytes(send, e.status, error_body(e.status, e.message, e.param), headers=headers)
 
 
 async def _refuse_body(send: ClientSend, status: int, message: str) -> None:

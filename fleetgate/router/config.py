@@ -300,6 +300,95 @@ class PrioritySection(PriorityConfig):
         return data
 
 
+class ApiKeys(_Strict):
+    """``identity.api_keys``: every request needs a key from ``keys_file``."""
+
+    keys_file: str
+    """A YAML/JSON file ``{keys: [{key | key_sha256, tenant, max_class, default_class,
+    name}]}``, typically a mounted Secret; re-read when it changes."""
+    reload_s: float = Field(5.0, gt=0)
+    """How often the file is checked for a change."""
+    above_max_class: Literal["reject", "lower"] = "reject"
+    """A request above its key's ``max_class``: ``reject`` (403) or ``lower`` it."""
+
+
+class TrustedGateway(_Strict):
+    """``identity.trusted_gateway``: the tenant/priority headers are honoured only on
+    requests from this gateway (either test passes: the secret header, or a source
+    address in ``source_cidrs``)."""
+
+    secret_header: str = "x-fleetgate-gateway-secret"
+    secret_file: str | None = None
+    """File holding the shared secret the gateway sends in ``secret_header``."""
+    source_cidrs: tuple[str, ...] = ()
+    """Addresses of the gateway (e.g. its pods' CIDR). Behind a load balancer that
+    does not keep client addresses, use the secret instead."""
+
+    @field_validator("source_cidrs")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for c in value:
+            try:
+                ipaddress.ip_network(c, strict=False)
+            except ValueError:
+                raise ValueError(f"{c!r} is not an IP network (CIDR)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _some_test(self) -> TrustedGateway:
+        if self.secret_file is None and not self.source_cidrs:
+            raise ValueError("give secret_file or source_cidrs (or both)")
+        return self
+
+
+class TenantLimit(_Strict):
+    requests_per_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Sustained requests per second (token bucket); null: no rate limit."""
+    burst: int | None = Field(None, ge=1)
+    """Bucket size (requests at once after a quiet spell); default max(1, rate)."""
+    max_concurrent: int | None = Field(None, ge=1)
+    """Requests in progress at once; null: no limit."""
+
+
+class TenantLimits(_Strict):
+    """``identity.tenant_limits``: beyond a limit, 429 + Retry-After."""
+
+    default: TenantLimit | None = None
+    """For every tenant not listed in ``tenants``; null: unlimited."""
+    tenants: dict[str, TenantLimit] = Field(default_factory=dict)
+
+
+class IdentitySection(_Strict):
+    """The ``identity:`` section (fleetgate/router/identity.py, docs/deploy.md)."""
+
+    api_keys: ApiKeys | None = None
+    trusted_gateway: TrustedGateway | None = None
+    tenant_limits: TenantLimits = TenantLimits()
+
+
+class ApiKeyEntry(_Strict):
+    """One entry of the keys file."""
+
+    key: str | None = Field(None, min_length=16)
+    key_sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    """The key's SHA-256 in hex, for a file that should not hold the key itself."""
+    tenant: str = Field(min_length=1, max_length=128)
+    max_class: str
+    default_class: str | None = None
+    name: str | None = None
+    """A label for logs and errors (never the key)."""
+
+    @model_validator(mode="after")
+    def _one_key(self) -> ApiKeyEntry:
+        if (self.key is None) == (self.key_sha256 is None):
+            raise ValueError("give exactly one of key, key_sha256")
+        return self
+
+
+class KeysFileDoc(_Strict):
+    keys: tuple[ApiKeyEntry, ...] = ()
+
+
 class RouterConfig(_Strict):
     test_mode: bool = False
     """Refuse every non-loopback backend (also forced by FLEETGATE_TEST_MODE=1)."""
@@ -310,6 +399,9 @@ class RouterConfig(_Strict):
     timeouts: Timeouts = Timeouts()
     limits: Limits = Limits()
     discovery: Discovery = Discovery()
+    identity: IdentitySection | None = None
+    """API keys, a trusted gateway, per-tenant limits. Absent: any client may name any
+    tenant and class (docs/deploy.md)."""
     priority: PrioritySection | None = None
     """Admission queue and preemption over priority classes. Absent: requests are
     admitted at once (no queue, no preemption) but still get a class (the default
@@ -365,6 +457,11 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """A pydantic error as one line naming each field path."""
+    return _describe(err)
 
 
 def _describe(err: ValidationError) -> str:

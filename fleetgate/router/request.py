@@ -30,6 +30,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from fleetgate.router.identity import OPEN, Grant, IdentityError
 from fleetgate.router.priority.config import (
     PRIORITY_HEADER,
     TENANT_HEADER,
@@ -198,6 +199,9 @@ class ParseSettings:
     chunk_bytes: int = 128
     bytes_per_token: float = 4.0
     default_max_tokens: int = 256
+    drop_headers: frozenset[bytes] = frozenset()
+    """Request headers never forwarded beyond the fixed ones (credentials the
+    identity layer consumed: ``authorization``, the gateway secret)."""
 
 
 def parse_request(
@@ -210,8 +214,12 @@ def parse_request(
     endpoints: Sequence[EndpointId],
     new_id: Callable[[], str],
     now: float,
+    grant: Grant = OPEN,
 ) -> Request:
-    """Validate one request; raise :class:`RequestError` with the answer when it is bad."""
+    """Validate one request; raise :class:`RequestError` with the answer when it is bad.
+
+    ``grant`` (the identity layer's decision) says whether the client's tenant and
+    priority may be believed, and bounds the class."""
     try:
         doc = json.loads(body)
     except RecursionError:
@@ -236,19 +244,28 @@ def parse_request(
     headers: dict[str, str] = {}
     forward: Headers = []
     client_id: str | None = None
+    trusted = grant.trusted_headers
+    drop = settings.drop_headers
     for k, v in raw_headers:
         name = k.lower()
         if name == b"x-request-id":
             client_id = v.decode("latin-1")[:_ID_MAX]
-        if name in (PRIORITY_HEADER.encode(), TENANT_HEADER.encode()):
-            headers[name.decode("latin-1")] = v.decode("latin-1")
-        if name not in _NOT_FORWARDED:
+        if trusted and name in (PRIORITY_HEADER.encode(), TENANT_HEADER.encode()):
+            headers[name.decode("latin-1")] = _short(v.decode("latin-1"))
+        if name not in _NOT_FORWARDED and name not in drop:
             forward.append((k, v))
+    class_doc = doc if trusted else {}
     try:
-        cls = resolve_class(settings.priority, headers, doc)
-        tenant = resolve_tenant(headers)
+        cls = resolve_class(settings.priority, headers, class_doc)
+        tenant = grant.tenant or resolve_tenant(headers)
     except PriorityError as e:
         raise RequestError(e.status, _short(e.message), param=e.param) from None
+    if grant is not OPEN:
+        asked = PRIORITY_HEADER in headers or class_doc.get("priority") not in (None, 0, "0")
+        try:
+            cls = grant.apply(settings.priority, cls, asked)
+        except IdentityError as e:
+            raise RequestError(e.status, e.message, param=e.param) from None
     try:
         rendered = render_prompt(doc)
     except UnicodeEncodeError:
