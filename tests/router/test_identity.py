@@ -70,6 +70,10 @@ class Rig:
         return json.loads(self.seen[-1].content).get("priority", 0)
 
 
+def write(path: str, text: str) -> None:
+    Path(path).write_text(text)
+
+
 def keys_file(tmp_path: Path, entries: list[dict[str, Any]], name: str = "keys.yaml") -> str:
     path = tmp_path / name
     path.write_text(json.dumps({"keys": entries}))
@@ -134,12 +138,12 @@ async def test_keys_rotate_without_restart(tmp_path: Path) -> None:
         post = url + "/v1/completions"
         assert (await c.post(post, json=BODY, headers=bearer(KEY_A))).status_code == 200
         new = "sk-rotated-0123456789abcdef"
-        Path(path).write_text(json.dumps({"keys": [
+        write(path, json.dumps({"keys": [
             {"key": new, "tenant": "team-a", "max_class": "critical"}]}))  # fmt: skip
         assert keys.poll()  # what the app's reload task does every reload_s
         assert (await c.post(post, json=BODY, headers=bearer(KEY_A))).status_code == 401
         assert (await c.post(post, json=BODY, headers=bearer(new))).status_code == 200
-        Path(path).write_text("keys: [{key: short, tenant: t, max_class: nope}]")
+        write(path, "keys: [{key: short, tenant: t, max_class: nope}]")
         assert not keys.poll()  # a broken file: logged, the keys in force stay
         assert (await c.post(post, json=BODY, headers=bearer(new))).status_code == 200
 
@@ -151,7 +155,7 @@ async def test_reload_task_picks_up_a_changed_file(tmp_path: Path) -> None:
     app = build_router(cfg)
     async with serve(app):
         loads = app.state.gate.keys.loads
-        Path(path).write_text(json.dumps({"keys": []}))
+        write(path, json.dumps({"keys": []}))
         for _ in range(100):
             if app.state.gate.keys.loads > loads:
                 break
@@ -163,20 +167,35 @@ async def test_reload_task_picks_up_a_changed_file(tmp_path: Path) -> None:
     ("entries", "needle"),
     [
         ([{"key": KEY_A, "tenant": "t", "max_class": "vip"}], "keys[0].max_class: unknown"),
-        ([{"key": KEY_A, "tenant": "t", "max_class": "critical"},
-          {"key": KEY_B, "tenant": "t", "max_class": "batch", "default_class": "critical",
-           "name": "etl"}], "keys[1] (etl).default_class: above"),  # fmt: skip
+        (
+            [
+                {"key": KEY_A, "tenant": "t", "max_class": "critical"},
+                {
+                    "key": KEY_B,
+                    "tenant": "t",
+                    "max_class": "batch",
+                    "default_class": "critical",
+                    "name": "etl",
+                },
+            ],
+            "keys[1] (etl).default_class: above",
+        ),  # fmt: skip
         ([{"key": "short", "tenant": "t", "max_class": "batch"}], "keys.0.key"),
         ([{"tenant": "t", "max_class": "batch"}], "exactly one of key, key_sha256"),
-        ([{"key": KEY_A, "tenant": "t", "max_class": "batch"},
-          {"key": KEY_A, "tenant": "u", "max_class": "batch"}], "listed twice"),  # fmt: skip
+        (
+            [
+                {"key": KEY_A, "tenant": "t", "max_class": "batch"},
+                {"key": KEY_A, "tenant": "u", "max_class": "batch"},
+            ],
+            "listed twice",
+        ),  # fmt: skip
     ],
 )
 def test_keys_file_errors_name_the_entry(
     tmp_path: Path, entries: list[dict[str, Any]], needle: str
 ) -> None:
-    cfg = router_config([("vllm", f"http://{A}")],
-                        identity={"api_keys": {"keys_file": keys_file(tmp_path, entries)}})  # fmt: skip
+    ident = {"api_keys": {"keys_file": keys_file(tmp_path, entries)}}
+    cfg = router_config([("vllm", f"http://{A}")], identity=ident)
     with pytest.raises(ConfigError, match="identity.api_keys.keys_file") as err:
         build_router(cfg)
     assert needle in str(err.value)
@@ -247,9 +266,7 @@ async def test_tenant_rate_limit_429_with_retry_after() -> None:
         other = {"x-fleetgate-tenant": "web"}  # another tenant is not affected
         assert (await c.post(post, json=BODY, headers=other)).status_code == 200
         vip = {"x-fleetgate-tenant": "vip"}  # listed without limits: unlimited
-        assert {(await c.post(post, json=BODY, headers=vip)).status_code for _ in range(5)} == {
-            200
-        }
+        assert {(await c.post(post, json=BODY, headers=vip)).status_code for _ in range(5)} == {200}
 
 
 async def test_tenant_concurrency_limit_and_state_is_freed() -> None:
