@@ -357,3 +357,35 @@ def test_router_drains_within_its_grace_period(values: list[str], sleep: int, dr
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(sleep)]
     pod = one(objs, "Deployment", "router")["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == sleep + drain + 5
+
+
+def test_identity_secrets_mount_and_reach_the_router_config() -> None:
+    """router.identity: the API keys and gateway Secrets are mounted as directories (so a
+    rotation reaches the pod) and their files become the router config's identity paths."""
+    objs = render(
+        "--set", "router.identity.apiKeysSecret=fg-keys",
+        "--set", "router.identity.gatewaySecret=fg-gw",
+        "--set", "router.config.identity.api_keys.above_max_class=lower",
+    )  # fmt: skip
+    c = _container(objs, "router")
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["api-keys"] == "/etc/fleetgate-identity/api-keys"
+    assert mounts["gateway-secret"] == "/etc/fleetgate-identity/gateway"
+    (dep,) = [o for o in by_kind(objs, "Deployment") if o["metadata"]["name"].endswith("router")]
+    vols = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert vols["api-keys"]["secret"] == {"secretName": "fg-keys"}
+    assert "subPath" not in str(c["volumeMounts"])
+    cm = next(
+        o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"] == "rel-fleetgate-router"
+    )
+    config = parse_config(yaml.safe_load(cm["data"]["router.yaml"]))
+    assert config.identity is not None and config.identity.api_keys is not None
+    assert config.identity.api_keys.keys_file == "/etc/fleetgate-identity/api-keys/keys.yaml"
+    assert config.identity.api_keys.above_max_class == "lower"
+    assert config.identity.trusted_gateway is not None
+    assert config.identity.trusted_gateway.secret_file == "/etc/fleetgate-identity/gateway/secret"
+    default = render()
+    cm = next(
+        o for o in by_kind(default, "ConfigMap") if o["metadata"]["name"] == "rel-fleetgate-router"
+    )
+    assert parse_config(yaml.safe_load(cm["data"]["router.yaml"])).identity is None

@@ -81,5 +81,20 @@ rendezvous so that they agree without sharing state).
 {{- $_ := set $sched "router_replicas" (max 1 (int .Values.router.replicas)) }}
 {{- end }}
 {{- $_ := set $cfg "scheduling" $sched }}
+{{- $id := .Values.router.identity }}
+{{- if or $id.apiKeysSecret $id.gatewaySecret }}
+{{- $ident := (get $cfg "identity") | default (dict) }}
+{{- if $id.apiKeysSecret }}
+{{- $keys := (get $ident "api_keys") | default (dict) }}
+{{- $_ := set $keys "keys_file" (printf "/etc/fleetgate-identity/api-keys/%s" $id.apiKeysSecretKey) }}
+{{- $_ := set $ident "api_keys" $keys }}
+{{- end }}
+{{- if $id.gatewaySecret }}
+{{- $gw := (get $ident "trusted_gateway") | default (dict) }}
+{{- $_ := set $gw "secret_file" (printf "/etc/fleetgate-identity/gateway/%s" $id.gatewaySecretKey) }}
+{{- $_ := set $ident "trusted_gateway" $gw }}
+{{- end }}
+{{- $_ := set $cfg "identity" $ident }}
+{{- end }}
 {{- toYaml $cfg }}
 {{- end }}
