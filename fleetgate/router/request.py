@@ -241,6 +241,7 @@ def parse_request(
     if not isinstance(stream, bool):
         raise RequestError(400, "'stream' must be a boolean", param="stream")
     max_tokens = _max_tokens(doc, settings.default_max_tokens)
+    _check_shapes(doc)
     headers: dict[str, str] = {}
     forward: Headers = []
     client_id: str | None = None
@@ -298,8 +299,34 @@ def parse_request(
         order=order if chain else [],
         view=view,
         kv_tokens=kv_tokens_needed(prompt_tokens, max_tokens, 1),
-        resumable=resumability(doc, kind) is None,
+        resumable=_resumable(doc, kind),
     )
+
+
+#: Fields the router itself reads, and the JSON type each must have when present.
+_SHAPES: tuple[tuple[str, type | tuple[type, ...], str], ...] = (
+    ("stream_options", dict, "an object"),
+    ("n", int, "an integer"),
+    ("best_of", int, "an integer"),
+)
+
+
+def _check_shapes(doc: Mapping[str, Any]) -> None:
+    """A field the router reads with the wrong JSON type is the client's 400 (the
+    engines refuse them too), never an error inside the router."""
+    for key, kind, what in _SHAPES:
+        value = doc.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise RequestError(400, f"'{key}' must be {what}", param=key)
+
+
+def _resumable(doc: Mapping[str, Any], kind: Kind) -> bool:
+    """Whether the answer may be continued elsewhere; a field the check cannot read
+    makes it not resumable (relayed as is, the engine judges the field)."""
+    try:
+        return resumability(doc, kind) is None
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return False
 
 
 def _max_tokens(doc: Mapping[str, Any], default: int) -> int:

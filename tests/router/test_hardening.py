@@ -400,3 +400,26 @@ async def test_bytes_in_flight_are_bounded() -> None:
         assert [(await h).status_code for h in held] == [200, 200, 200]
         assert (await c.post(url + "/v1/completions", json=big)).status_code == 200
     assert rig.services.body_bytes.used == 0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"stream_options": [1, 2]},
+        {"stream_options": "yes", "stream": True},
+        {"n": "two"},
+        {"n": 1e308},
+        {"best_of": [1]},
+    ],
+)
+@pytest.mark.parametrize("admission", [{}, {"priority": {}}], ids=["immediate", "class-queue"])
+async def test_wrongly_typed_fields_the_router_reads_are_400(
+    extra: dict[str, Any], admission: dict[str, Any]
+) -> None:
+    """Found by the property suite: a non-object stream_options was a 500."""
+    rig = Rig({A: ok}, **admission)
+    async with serve(rig.app) as url, httpx.AsyncClient() as c:
+        resp = await c.post(url + "/v1/completions", json={**BODY, **extra})
+        assert resp.status_code == 400, resp.text
+        assert error_of(resp)["param"] == next(iter(extra))
+    assert requests_total(rig.app, "500") == 0
