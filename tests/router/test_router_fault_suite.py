@@ -239,8 +239,8 @@ async def test_sigstopped_engine_process_fails_over_and_a_restart_rejoins() -> N
             assert ep.healthy
             served = set()
             for k in range(12):
-                r = await c.post(url + "/v1/completions",
-                                 json=body(f"after restart {k} " * 20, 2, stream=False))  # fmt: skip
+                doc = body(f"after restart {k} " * 20, 2, stream=False)
+                r = await c.post(url + "/v1/completions", json=doc)
                 assert r.status_code == 200
                 served.add(r.headers["x-fleetgate-endpoint"])
             assert len(served) == 2, served

@@ -58,7 +58,7 @@ class Stack:
     def _run(self) -> None:
         try:
             self.loop.run_until_complete(self._main())
-        except BaseException as e:  # noqa: BLE001 - reported to the test thread
+        except BaseException as e:  # reported to the test thread
             self.error = e
             self.ready.set()
 
