@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -26,7 +27,6 @@ from typing import Any
 import httpx
 import pytest
 from routerkit import router_config, serve
-from test_priority_router import body, pieces, priority_section, scrape_sum, usage_of
 
 from fleetgate.router.app import build_router
 from fleetgate.sim import EngineSpec, run_fleet
@@ -34,6 +34,42 @@ from fleetgate.sim import EngineSpec, run_fleet
 MODEL = "m"
 SLOW = {"fixed_s": 0.01}
 IDLE = {"stream_idle_s": {"vllm": 0.6}}
+
+
+def priority_section() -> dict[str, Any]:
+    return {"saturation": {"kv_usage_max": 0.95}}
+
+
+def body(prompt: str, max_tokens: int, *, stream: bool, seed: int = 7) -> dict[str, Any]:
+    doc: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                           "ignore_eos": True, "seed": seed, "temperature": 0.8}  # fmt: skip
+    if stream:
+        doc["stream"] = True
+        doc["stream_options"] = {"include_usage": True}
+    return doc
+
+
+def events(raw: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in raw.split(b"\n")
+            if line.startswith(b"data: ") and line != b"data: [DONE]"]  # fmt: skip
+
+
+def pieces(raw: bytes) -> list[str]:
+    return [c.get("text") or "" for ev in events(raw) for c in ev.get("choices", [])]
+
+
+def usage_of(raw: bytes) -> dict[str, Any]:
+    (found,) = [ev["usage"] for ev in events(raw) if ev.get("usage")]
+    return dict(found)
+
+
+def scrape_sum(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name)] in " {":
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 @contextlib.asynccontextmanager

@@ -61,6 +61,9 @@ class Stack:
         except BaseException as e:  # reported to the test thread
             self.error = e
             self.ready.set()
+        finally:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()  # its self-pipe sockets, else a ResourceWarning in a later test
 
     async def _main(self) -> None:
         self.stop = asyncio.Event()
@@ -88,6 +91,8 @@ class Stack:
         self.thread.join(20)
 
     def state(self) -> dict[str, Any]:
+        assert not self.loop.is_closed()
+
         async def read() -> dict[str, Any]:
             s = self.app.state.router
             return {
