@@ -28,13 +28,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetgate.engines import get_adapter
-from fleetgate.router.admission import Admission, ClassQueueAdmission, ImmediateAdmission, Placer
+from fleetgate.router.admission import Admission, ClassQueueAdmission, ImmediateAdmission
 from fleetgate.router.asgi import RequestHandler
 from fleetgate.router.client import make_client
 from fleetgate.router.config import ConfigError, RouterConfig, Scheduling
 from fleetgate.router.errors import error_body
 from fleetgate.router.exchange import Exchange
 from fleetgate.router.metrics import ClassMetrics, RouterMetrics
+from fleetgate.router.placement import Placer
 from fleetgate.router.poller import Poller
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.pipeline import Pipeline, PipelineWeights, default_pipeline
