@@ -40,7 +40,7 @@ from fleetgate.router.priority.config import PriorityConfig
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class Backend(_Strict):
