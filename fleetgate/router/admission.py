@@ -113,14 +113,18 @@ class ImmediateAdmission:
     async def admit(self, req: Request) -> Endpoint | Refusal:
         now = self.clock()
         retry_after = self.config.limits.retry_after_s
-        able = [e.id for e in self.placer.eligible(req, now) if e.id not in req.failed]
-        if not able:
-            cause = f" ({req.last_cause})" if req.failures else ""
-            what = "could serve the request" if req.failures else f"serves model `{req.model}`"
-            return Refusal(503, f"no healthy endpoint {what}{cause}", retry_after)
-        e = self.placer.pick(req, able, now)
+        if req.needs_final_message and req.parked_at is not None:
+            allowed: set[str] = {e.id for e in self.placer.eligible(req, now)}
+        else:  # the pipeline's own filters decide the rest, in one pass over the fleet
+            allowed = set(self.placer.fleet.endpoints)
+        allowed.difference_update(req.failed)
+        e = self.placer.pick(req, allowed, now) if allowed else None
         if e is None:
-            return Refusal(503, f"no endpoint serves model `{req.model}`", retry_after)
+            if req.failures:
+                msg = f"no healthy endpoint could serve the request ({req.last_cause})"
+            else:
+                msg = f"no healthy endpoint serves model `{req.model}`"
+            return Refusal(503, msg, retry_after)
         if not req.dispatched_once:
             self.classes.m.child(self.classes.wait, req.model, req.cls.name).observe(0.0)
         return self.placer.reserve(req, e)
