@@ -266,7 +266,9 @@ def test_children_of_values_just_inside_the_limits_pass_the_api_server(
 ) -> None:
     # What the rules let through must also build: every child the operator derives
     # from a 63-character name and the longest accepted values, dry-run on the server.
-    spec = {**BOUNDARY_SPEC, "engine": {"type": engine, "image": "engine:1"}}
+    # a TensorRT-LLM image tag must name a release (or spec.engine.version must)
+    image = "engine:1" if engine == "vllm" else "engine:1.0.0"
+    spec = {**BOUNDARY_SPEC, "engine": {"type": engine, "image": image}}
     parsed = InferenceServiceSpec.model_validate(spec)
     owner = manifests.Owner(name=MAX_NAME, namespace=k8s_namespace, uid="0" * 36)
     children = manifests.build_children(
