@@ -28,7 +28,10 @@ from fleetgate.engines.base import LoadSnapshot
 from fleetgate.router.config import ConfigError, parse_config
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.pipeline import PipelineWeights, default_pipeline
-from fleetgate.router.scheduling.plugins import NEUTRAL_SPEED_SCORE, EngineSpeedScorer
+from fleetgate.router.scheduling.plugins.engine_speed import (
+    NEUTRAL_SPEED_SCORE,
+    EngineSpeedScorer,
+)
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.speed import DecodeSpeed, SpeedParams
 from fleetgate.router.scheduling.types import (
