@@ -24,8 +24,9 @@ from fleetgate.router.app import build_fleet
 from fleetgate.router.client import make_client
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.poller import Getter, Poller
+from fleetgate.router.rawhttp import RawUpstream
 from fleetgate.router.state import Fleet
-from fleetgate.router.upstream import RawUpstream, UpstreamBroken, UpstreamTimeout
+from fleetgate.router.upstream import UpstreamBroken, UpstreamTimeout
 from fleetgate.sim import EngineSpec, run_fleet
 
 MODEL = "m"
@@ -244,7 +245,7 @@ def test_the_router_app_scrapes_with_raw_gets_unless_a_transport_is_injected() -
     from fleetgate.router.app import build_router
     from fleetgate.router.config import parse_config
     from fleetgate.router.poller import HttpxGetter
-    from fleetgate.router.upstream import RawUpstream
+    from fleetgate.router.rawhttp import RawUpstream
 
     raw = {
         "test_mode": True,
