@@ -2,7 +2,7 @@
 
 One asyncio task per endpoint per loop; nothing else reads an engine's
 metrics source, which matters for TensorRT-LLM's JSON ``/metrics`` (reading
-drains it: exactly ONE poller per engine, ``engines.md`` §4). Scrape results
+drains it: stats are removed once read, so exactly ONE poller per engine). Scrape results
 go through the engine adapter (``parse_metrics``) into ``Endpoint.scraped``;
 a failed scrape marks the endpoint ``scrape_failing`` so its load estimate
 turns pessimistic at once instead of reading idle.

@@ -14,10 +14,10 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
+from recordings import VLLM_032
 from routerkit import router_config
 
 from fleetgate.router.app import build_fleet
@@ -73,7 +73,7 @@ async def test_raw_getter_reads_what_httpx_reads() -> None:
             assert getattr(a.snapshot, field) == getattr(b.snapshot, field), field
 
 
-FIX = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIX = VLLM_032
 _BODIES = {
     b"/metrics": (FIX / "metrics_a_after_start.prom.txt").read_bytes(),
     b"/v1/models": json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode(),

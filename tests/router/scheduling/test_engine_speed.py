@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from pathlib import Path
 
 import pytest
+from recordings import VLLM_032
 
 from fleetgate.engines import get_adapter
 from fleetgate.engines.base import LoadSnapshot
@@ -42,7 +42,7 @@ from fleetgate.router.scheduling.types import (
 )
 from fleetgate.router.state import Endpoint, Fleet
 
-FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIXTURES = VLLM_032
 
 
 def snap(
