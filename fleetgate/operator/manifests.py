@@ -1,6 +1,6 @@
 """Pure builders: an ``InferenceService`` spec in, the child objects (plain dicts) out.
 
-Crate-operator's split (style-anchors.md §3): builders here never touch a client;
+Builders here never touch a client (the split of Crate's operator);
 :mod:`fleetgate.operator.reconcile` applies what they return. Everything
 engine-specific (command, args, probe paths, metrics path, shared memory, config
 files) comes from the engine adapter's :meth:`~fleetgate.engines.base.EngineAdapter.container`
@@ -25,9 +25,9 @@ Invariants:
 * Pods and the Service carry the labels the router discovers by
   (``fleetgate.dev/{pool,model,engine,role}``, weight as an annotation) plus the
   ``app.kubernetes.io/*`` recommended labels.
-* Probes follow operator-anchors.md (c): a startup probe sized by the startup
-  budget guards the slow model load (kserve/kserve#5062), readiness and liveness
-  only start once it has passed.
+* Probes: a startup probe sized by the startup budget guards the slow model
+  load (fixed initial delays sent big models into CrashLoopBackOff:
+  kserve/kserve#5062); readiness and liveness only start once it has passed.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from fleetgate.router.exchange import Exchange
 from fleetgate.router.metrics import ClassMetrics, RouterMetrics
 from fleetgate.router.placement import Placer
 from fleetgate.router.poller import Poller
+from fleetgate.router.rawhttp import RawUpstream
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.pipeline import Pipeline, PipelineWeights, default_pipeline
 from fleetgate.router.scheduling.prefix import PrefixIndex
@@ -44,7 +45,7 @@ from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.serve import ServeLoop
 from fleetgate.router.services import Services, random_request_id
 from fleetgate.router.state import Endpoint, Fleet
-from fleetgate.router.upstream import HttpxUpstream, RawUpstream, Upstream
+from fleetgate.router.upstream import HttpxUpstream, Upstream
 
 
 def build_fleet(config: RouterConfig) -> Fleet:

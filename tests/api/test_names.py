@@ -1,5 +1,5 @@
 """Names and label values: what the operator copies into a child object is refused at
-admission when Kubernetes would refuse the child (issue 14).
+admission when Kubernetes would refuse the child.
 
 Before these rules a 70-character name was accepted and then failed at apply
 (``ApplyFailed``: labels must be no more than 63 bytes), and so did 19 of the cases

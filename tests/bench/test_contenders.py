@@ -133,9 +133,9 @@ def test_scenario_capacity_follows_the_engine_shape() -> None:
 
 
 def test_round_robin_ablation_is_the_real_picker_and_in_the_default_set() -> None:
-    """Issue #7's "round robin" ablation runs the router's round-robin picker."""
+    """The "round robin" contender runs the router's own round-robin picker."""
     from fleetgate.router.scheduling.pipeline import default_pipeline
-    from fleetgate.router.scheduling.plugins import RoundRobinPicker
+    from fleetgate.router.scheduling.plugins.round_robin import RoundRobinPicker
 
     rr = cmod.CONTENDERS["fleetgate-round-robin"]
     assert rr.picker == "round-robin" and rr.weights is None
@@ -143,8 +143,8 @@ def test_round_robin_ablation_is_the_real_picker_and_in_the_default_set() -> Non
     assert "fleetgate-random" in cmod.CONTENDERS and "fleetgate-random" not in cmod.DEFAULT_SET
     raw = cmod.fleetgate_config(rr, BACKENDS, 3, capacities=[8, 8])
     assert raw["scheduling"] == {"seed": 3, "picker": "round-robin"}
-    # the router app builds its pipeline from this field (tests/router/test_round_robin.py
-    # runs it end to end)
+    # the router app builds its pipeline from this field
+    # (tests/router/scheduling/test_round_robin.py runs it end to end)
     picker = default_pipeline(picker=parse_config(raw).scheduling.picker).picker
     assert isinstance(picker, RoundRobinPicker)
     others = [c for c in cmod.CONTENDERS.values() if c.kind == "fleetgate" and c is not rr]

@@ -5,7 +5,7 @@ run as a subprocess with options equivalent to the real server's
 (realvllm.SERVER_FLAGS: served name ``tiny-llama``, ``max_model_len`` 2048,
 ``max_num_seqs`` 4, 24 KV blocks of 128 tokens like the CPU build, prompt-tokens
 details on) and reporting the real server's version, 0.32.0 (the emulator's own
-default stays engines.md's 0.33.0; fix-list F6 of docs/emulator-fidelity.md).
+default stays 0.33.0; fix-list F6 of docs/emulator-fidelity.md).
 Its address is read from the ``engine=vllm url=... model=...``
 line it prints. It is stopped by PID (SIGTERM, then SIGKILL to its group).
 """

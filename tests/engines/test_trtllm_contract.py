@@ -1,5 +1,5 @@
 """Every command line and options file the operator can write for TensorRT-LLM is one
-the target release accepts (issue 17), checked against the contract data read from
+the target release accepts, checked against the contract data read from
 TensorRT-LLM's source (``data/trtllm_contract.yaml``, each fact with file and version).
 """
 

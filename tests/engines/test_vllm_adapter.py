@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from recordings import VLLM_032
 
 from fleetgate.engines.base import LEVEL_MAX, LEVEL_MIN, EngineError, LaunchSpec
 from fleetgate.engines.trtllm import TrtllmSettings
 from fleetgate.engines.vllm import ADAPTER, VllmSettings, routing_error_body
 
-FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIXTURES = VLLM_032
 
 
 # ------------------------------------------------------------------ priority

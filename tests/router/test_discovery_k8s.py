@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from recordings import VLLM_032
 
 from fleetgate.operator import manifests
 from fleetgate.router import discovery_k8s as d
@@ -334,7 +335,7 @@ async def test_reflector_keeps_its_cache_through_api_errors() -> None:
 
 # --------------------------------------------------------------------------- membership
 
-VLLM_METRICS = Path("/work/shared/fixtures/vllm-0.32-cpu/metrics_a_after_start.prom.txt")
+VLLM_METRICS = VLLM_032 / "metrics_a_after_start.prom.txt"
 
 
 def fake_engines(request: httpx.Request) -> httpx.Response:

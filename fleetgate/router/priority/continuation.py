@@ -10,7 +10,8 @@ sees one seamless answer. The caller does all I/O.
 Upstream shape (:func:`upstream_body`). Whatever the client asked, the router
 sends engines ``stream: true`` with ``stream_options.include_usage: true`` and,
 where the engine supports it, vLLM's ``return_token_ids: true``
-(shared/fixtures/vllm-0.32-cpu/completions_stream_return_token_ids.json): a
+(each chunk then carries its ``token_ids``; recording
+``completions_stream_return_token_ids.json``): a
 cancelled *non-streaming* request returns nothing, so only a streamed upstream
 leaves a partial answer to resume from, and token ids make the seam exact. The
 splicer hides every field the client did not ask for and assembles the JSON

@@ -1,8 +1,7 @@
 """A vLLM V1-style paged KV block pool with prefix caching.
 
-Modelled on vLLM's ``v1/core/block_pool.py`` and ``kv_cache_utils.py`` as
-summarised in ``shared/reference/engines.md`` (sections 1 and 2) and checked
-against the real vLLM 0.32 recordings in ``shared/fixtures/vllm-0.32-cpu``:
+Modelled on vLLM's ``v1/core/block_pool.py`` and ``kv_cache_utils.py`` and
+checked against the recordings of a real vLLM 0.32 server (``tests/recordings.py``):
 
 * **Block 0 is the null block** and never handed out, so a pool of ``N`` blocks
   has ``N - 1`` usable ones and ``usage = 1 - free / (N - 1)``
@@ -94,7 +93,7 @@ class BlockPool:
         return len(self._cached)
 
     def usage(self) -> float:
-        """``1 - free/(total - 1)`` (engines.md section 1)."""
+        """``1 - free/(total - 1)``, as vLLM's ``BlockPool.get_usage`` (``kv_cache_usage_perc``)."""
         return 1.0 - self.num_free / self.num_usable
 
     def ref_count(self, block_id: int) -> int:

@@ -1,6 +1,6 @@
 """Stream splicing, byte for byte against real vLLM 0.32 recordings.
 
-Each case takes a real recording from shared/fixtures/vllm-0.32-cpu, cuts it
+Each case takes a real vLLM 0.32 recording (``tests/recordings.py``), cuts it
 where a preemption or an engine death would, builds the continuation body,
 fakes the continuation's stream in vLLM's own shape (the recorded remaining
 events re-identified as a new request), and checks that the client's bytes
@@ -10,10 +10,10 @@ equal an uninterrupted recording with the client's own options.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from recordings import VLLM_032
 
 from fleetgate.router.priority.continuation import (
     COMPLETIONS_PATH,
@@ -21,7 +21,7 @@ from fleetgate.router.priority.continuation import (
 )
 from fleetgate.router.priority.splice import DONE, StreamSplicer, encode_json, merge_responses, sse
 
-FIX = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIX = VLLM_032
 
 
 def _rec(name: str) -> dict[str, Any]:

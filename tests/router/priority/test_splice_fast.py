@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
+from recordings import VLLM_032
 
 from fleetgate.router.priority import splice
 from fleetgate.router.priority.continuation import build_continuation
 from fleetgate.router.priority.splice import DONE, StreamSplicer, encode_json
 
-FIX = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIX = VLLM_032
 STREAMS = [
     ("completions_stream.json", "completions"),
     ("completions_stream_usage.json", "completions"),

@@ -29,7 +29,8 @@ from routerkit import router_config, serve
 
 from fleetgate.engines.base import LoadSnapshot
 from fleetgate.router.app import build_router
-from fleetgate.router.upstream import NonLoopbackUpstream, RawUpstream, UpstreamConnectError
+from fleetgate.router.rawhttp import RawUpstream
+from fleetgate.router.upstream import NonLoopbackUpstream, UpstreamConnectError
 from fleetgate.sim import EngineSpec, run_fleet
 
 MODEL = "m"
