@@ -110,7 +110,10 @@ def test_summary_table_is_side_by_side_with_engine_names_not_ports() -> None:
     cells = crit.split("met", 1)[1].split()
     assert cells[0] == "100%" and cells[2] == "0%"
     pre = next(line for line in lines if line.startswith("router preemptions"))
-    assert "12, 12 resumed" in pre and "none (no priority classes)" in pre
+    assert "12, 12 resumed" in pre and "none (priority classes not sent)" in pre
+    planned = sum(len(s.turns) for s in scenario().sessions() if s.priority_class == "standard")
+    turns = next(line for line in lines if line.startswith(f"chat turns sent (of {planned})"))
+    assert turns.split(")", 1)[1].split() == [str(planned)] * 2
     replay = next(line for line in lines if line.startswith("answers = unloaded replay"))
     assert "20 of 20 (12 of 12 resumed)" in replay
     loads = [line for line in lines if "generated tokens per engine" in line]
@@ -131,7 +134,9 @@ def test_plot_has_title_settings_objectives_and_per_run_labels(tmp_path: Path) -
     assert "3 vLLM + 2 TensorRT-LLM" in joined and "40 slots" in joined
     assert "30 s of traffic = 3.75 modelled s" in joined
     assert "critical 0.5, standard 2, batch 60" in joined
-    assert "objective 0.5 s" in joined
+    assert "objective 0.5 s" in joined and "traffic ends" in joined
+    assert "round robin: batch requests sent, not finished" in joined
+    assert "100%\n60 of 60" in joined, "critical: share and count on the bar"
     assert "critical\nTTFT <= 0.5 s" in joined
     # engines are named by kind and position, the same for both runs: no ports
     assert "TRT-LLM 1" in joined and "vLLM 3" in joined

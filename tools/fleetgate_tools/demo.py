@@ -272,8 +272,10 @@ def outcome(s: RunSummary, cls: str) -> tuple[int, int, float | None, float | No
 
 def preemption_text(s: RunSummary) -> str:
     pre = s.extra.get("preemptions")
+    if s.extra.get("priority_header") == "not sent":
+        return "none (priority classes not sent)"
     if pre is None:
-        return "none (no priority classes)" if s.extra.get("priority_header") else "not exposed"
+        return "not exposed"
     text = f"{pre:.0f}"
     if "resumes" in s.extra:
         text += f", {s.extra['resumes']:.0f} resumed"
@@ -306,6 +308,16 @@ def summary_table(runs: Sequence[Run], sc: Scenario) -> list[str]:
             lat.append(f"{_fmt(p50, '.2f')} / {_fmt(p99, '.2f')} s")
         rows.append((f"{cls}: TTFT <= {obj:g} s met", cells))
         rows.append((f"  {cls} TTFT p50 / p99", lat))
+    planned = sum(len(s.turns) for s in sc.sessions() if s.priority_class == "standard")
+    rows.append(
+        (
+            f"chat turns sent (of {planned})",
+            [
+                str(sum(1 for r in rec.results if r.priority_class == "standard"))
+                for _, rec, _ in runs
+            ],
+        )
+    )
     rows.append(("errors", [str(s.errors) for _, _, s in runs]))
     rows.append(("router preemptions", [preemption_text(s) for _, _, s in runs]))
     rows.append(("answers = unloaded replay", [replay_text(s) for _, _, s in runs]))
@@ -352,6 +364,10 @@ def summary_table(runs: Sequence[Run], sc: Scenario) -> list[str]:
             for e, g in zip(record.engines, gen, strict=True)
         )
         lines.append(f"{label}: generated tokens per engine: {loads}")
+    lines.append(
+        "(a chat session's next turn goes out only within the traffic window: slower "
+        "answers, fewer turns sent)"
+    )
     return lines
 
 
@@ -411,13 +427,14 @@ def build_figure(runs: Sequence[Run], sc: Scenario, duration_wall: float) -> Any
     ax = axes[0][0]
     width = 0.8 / len(runs)
     for i, (label, _, s) in enumerate(runs):
-        xs, ys = [], []
+        xs, ys, texts = [], [], []
         for j, cls in enumerate(CLASSES):
             met, n, _, _ = outcome(s, cls)
             xs.append(j + (i - (len(runs) - 1) / 2) * width)
             ys.append(100.0 * met / n if n else 0.0)
+            texts.append(f"{ys[-1]:.0f}%\n{met} of {n}")
         bars = ax.bar(xs, ys, width=width, label=label, color=COLOURS[i % len(COLOURS)])
-        ax.bar_label(bars, labels=[f"{y:.0f}%" for y in ys], fontsize=8)
+        ax.bar_label(bars, labels=texts, fontsize=7.5)
     ax.set_xticks(range(len(CLASSES)), [f"{c}\nTTFT <= {sc.objective(c):g} s" for c in CLASSES])
     ax.set_ylim(0, 125)
     ax.set_yticks(range(0, 101, 20))
@@ -442,18 +459,36 @@ def build_figure(runs: Sequence[Run], sc: Scenario, duration_wall: float) -> Any
             zorder=3,
         )
         ts, ns = batch_outstanding(record)
-        back.step(ts, ns, where="post", color=colour, alpha=0.35, linewidth=1.2)
+        back.step(
+            ts,
+            ns,
+            where="post",
+            color=colour,
+            alpha=0.4,
+            linewidth=1.2,
+            label=f"{label}: batch requests sent, not finished",
+        )
     ax.axhline(objective, color="black", linestyle="--", linewidth=1)
     ax.text(0.0, objective * 1.08, f" objective {objective:g} s", fontsize=8, va="bottom")
+    ax.axvline(sc.duration_s, color="grey", linestyle=":", linewidth=1)
+    ax.text(
+        sc.duration_s, 1.0, " traffic ends", transform=ax.get_xaxis_transform(),
+        fontsize=8, va="top", color="grey",
+    )  # fmt: skip
     ax.set_yscale("log")
     ax.set_xlabel("request sent at (modelled s)")
     ax.set_ylabel("critical TTFT (modelled s, log)")
-    back.set_ylabel("batch requests sent, not finished (thin lines)")
+    back.set_ylabel("batch requests sent, not finished (lines)")
     back.set_ylim(bottom=0)
     ax.set_zorder(back.get_zorder() + 1)
     ax.patch.set_visible(False)
     ax.set_title("Critical requests through the batch flood")
-    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
+    handles = ax.get_legend_handles_labels()
+    lines_ = back.get_legend_handles_labels()
+    ax.legend(
+        handles[0] + lines_[0], handles[1] + lines_[1], fontsize=7.5, loc="lower right",
+        framealpha=0.9,
+    )  # fmt: skip
 
     # (c) prefix cache and preemptions
     ax = axes[1][0]

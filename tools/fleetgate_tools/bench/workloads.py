@@ -241,7 +241,7 @@ def flood(p: WorkloadParams) -> list[Session]:
     arrive in the first 5% of the run (every slot busy and about one more request
     queued per slot, so a class-blind engine queue makes a new request wait about
     one batch request's decode time, longer than the critical objective), then
-    batch keeps arriving at about 0.55 x what the fleet completes until 65% of the
+    batch keeps arriving at about 0.45 x what the fleet completes until 65% of the
     run, while critical and standard traffic also take slots. Critical requests
     (short, over one shared system prompt) arrive from 5% to 70% of the run, 40%
     of them in two bursts. Standard chat sessions (3-5 turns, their history
@@ -254,7 +254,7 @@ def flood(p: WorkloadParams) -> list[Session]:
     d = p.duration_s
     sessions: list[Session] = []
     n_front = 2 * slots
-    n_steady = round(0.55 * slots / FLOOD_BATCH_ROUND_S * 0.6 * d)
+    n_steady = round(0.45 * slots / FLOOD_BATCH_ROUND_S * 0.6 * d)
     starts = sorted(
         [rng.uniform(0.0, 0.05 * d) for _ in range(n_front)]
         + [rng.uniform(0.05 * d, 0.65 * d) for _ in range(n_steady)]
