@@ -37,6 +37,7 @@ from fleetgate_tools.bench import runner, scenarios
 from fleetgate_tools.bench.scenarios import Scenario
 from fleetgate_tools.bench.stats import RequestResult
 from fleetgate_tools.bench.summary import RunRecord, RunSummary, summarise_run
+from fleetgate_tools.bench.workloads import FLOOD_BATCH_ROUND_S
 from fleetgate_tools.paths import cache_dir
 
 ENGINES = 5
@@ -383,7 +384,7 @@ def describe(sc: Scenario, duration_wall: float) -> list[str]:
         f"{sc.slots()} slots), one router, all on 127.0.0.1",
         f"traffic: {n['batch']} batch requests ({2 * sc.slots()} at once, then more), "
         f"{n['critical']} critical (two bursts), {n['standard']} chat sessions "
-        f"({turns} turns) as standard",
+        f"({turns} turns, a next turn only within the traffic window) as standard",
         f"{duration_wall:g} s of traffic = {sc.duration_s:g} modelled s (time scale "
         f"{sc.time_scale:g}), seed {sc.seed}; TTFT objectives in modelled s: "
         + ", ".join(f"{c} {sc.objective(c):g}" for c in CLASSES),
@@ -595,6 +596,9 @@ def run(args: argparse.Namespace) -> int:
                     on_send=bar.on_send,
                     twin_sample=TWIN_SAMPLE,
                     twin_in_flight=TWIN_IN_FLIGHT,
+                    # the flood's 2 x slots backlog takes about two batch rounds whatever
+                    # the duration: let short runs finish it rather than cut it off
+                    extra_drain_s=4 * FLOOD_BATCH_ROUND_S * TIME_SCALE,
                 )
                 record = runner.run_one(
                     sc, c, 0, Path(tmp) / c.name, on_result=bar.update, hooks=hooks

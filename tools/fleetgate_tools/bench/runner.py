@@ -338,6 +338,9 @@ class Hooks:
     twin_sample: int = TWIN_SAMPLE
     """Answers replayed unloaded besides every preempted one."""
     twin_in_flight: int = 8
+    extra_drain_s: float = 0.0
+    """Wall seconds more than the default (1.5 x the traffic + 20 s) for requests to
+    finish: a workload whose backlog does not shrink with the duration (``flood``)."""
 
 
 def _to_model_time(results: list[RequestResult], scale: float) -> None:
@@ -379,7 +382,7 @@ async def _drive(
             url,
             MODEL,
             wall_sessions(sessions, scenario.time_scale),
-            deadline_s=wall * 1.5 + 20.0,
+            deadline_s=wall * 1.5 + 20.0 + hooks.extra_drain_s,
             send_until_s=wall,
             request_timeout_s=wall + 60.0,
             on_result=on_result,
