@@ -89,6 +89,8 @@ class EngineLaunch:
     """Profile overrides (field names or :data:`~fleetgate.sim.core.timing.ALIASES`)."""
     prompt_tokens_details: bool = False
     max_num_queued_reqs: int | None = None
+    kv_events_config: str | None = None
+    """vLLM ``--kv-events-config`` JSON (KV-cache events over ZeroMQ), as given."""
     ignored: tuple[str, ...] = ()
     """Real engine flags (and config keys) accepted with no effect on the emulation."""
     unknown: tuple[str, ...] = ()
@@ -196,6 +198,7 @@ def _vllm_parser(prog: str, positional: bool) -> _Parser:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--max-num-queued-reqs", type=int)
+    p.add_argument("--kv-events-config")
     for name in _VLLM_NO_EFFECT:
         flag = "--" + name.replace("_", "-")
         if name in ("trust_remote_code", "enforce_eager"):
@@ -239,6 +242,7 @@ def parse_vllm(argv: Sequence[str]) -> EngineLaunch:
         overrides=overrides,
         prompt_tokens_details=ns.enable_prompt_tokens_details,
         max_num_queued_reqs=ns.max_num_queued_reqs,
+        kv_events_config=ns.kv_events_config,
         ignored=_ignored(ns, _VLLM_NO_EFFECT, "-"),
         unknown=_group_unknown(extra),
     )
@@ -278,6 +282,9 @@ _TRT_CONFIG_KEYS = {
 _TRT_CONFIG_NO_EFFECT = {
     "kv_cache_config.free_gpu_memory_fraction",
     "kv_cache_config.max_tokens",
+    # KV-cache events (drained from POST /kv_cache_events): not emulated for
+    # trtllm-serve yet; the emulated vLLM publishes them (--kv-events-config).
+    "kv_cache_config.event_buffer_max_size",
     "enable_iter_perf_stats",
     "return_perf_metrics",
     "backend",
@@ -471,14 +478,17 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
     if not 0 <= launch.port <= 65535:
         raise CliError(f"--port {launch.port} is out of range")
     spec = engine_spec(launch, profile)
-    try:
-        engine, app = build_engine(
-            spec, launch.model, default_model_factory(), time_scale, seed, time.time()
-        )
-    except FleetError as e:
-        raise CliError(str(e)) from None
     host = bind_host(launch.host, env)
     sock = _listen(host, launch.port)
+    publisher = _kv_publisher(launch, env)
+    try:
+        engine, app = build_engine(
+            spec, launch.model, default_model_factory(), time_scale, seed, time.time(), publisher
+        )
+    except FleetError as e:
+        if publisher is not None:
+            publisher.close()
+        raise CliError(str(e)) from None
     options = engine.options
     log.info(
         "emulating %s (profile %s, time scale %g): model %s, max_model_len %d, "
@@ -503,8 +513,31 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
     )
     import asyncio
 
-    asyncio.run(_serve(engine, app, sock))
+    try:
+        asyncio.run(_serve(engine, app, sock))
+    finally:
+        if publisher is not None:
+            publisher.close()
     return 0
+
+
+def _kv_publisher(launch: EngineLaunch, env: Mapping[str, str]) -> Any:
+    """vLLM's KV-event publisher when ``--kv-events-config`` turns events on, else None."""
+    if launch.kind != "vllm" or not launch.kv_events_config:
+        return None
+    from fleetgate.sim.vllm.kv_events import KvEventPublisher, parse_kv_events_config
+
+    config = parse_kv_events_config(launch.kv_events_config)
+    if not config.active:
+        return None
+    publisher = KvEventPublisher(config, env)
+    log.info(
+        "KV-cache events: %s (topic %r), replay %s",
+        config.endpoint,
+        config.topic,
+        config.replay_endpoint,
+    )
+    return publisher
 
 
 async def _serve(engine: Any, app: Any, sock: socket.socket) -> None:

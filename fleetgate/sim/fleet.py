@@ -40,6 +40,7 @@ from fleetgate.sim.core.api import EngineModel
 from fleetgate.sim.generation import EngineOptions, SimEngine
 from fleetgate.sim.trtllm import build_trtllm
 from fleetgate.sim.vllm import build_vllm
+from fleetgate.sim.vllm.app import KvEventSink
 
 __all__ = [
     "EngineSpec",
@@ -181,8 +182,11 @@ def build_engine(
     time_scale: float,
     seed: int,
     created: float,
+    kv_events: KvEventSink | None = None,
 ) -> tuple[SimEngine, Any]:
-    """One engine (model, driver, metrics, ASGI app); nothing started yet."""
+    """One engine (model, driver, metrics, ASGI app); nothing started yet.
+
+    ``kv_events``: where a vLLM engine publishes its KV-cache events (None = off)."""
     try:
         model = factory(spec.kind, spec.profile, spec.overrides, seed)
     except ValueError as e:
@@ -208,7 +212,7 @@ def build_engine(
     adapter = get_adapter(spec.kind)
     if spec.kind == "vllm":
         return build_vllm(
-            options, model, SharedTokenizer(), time_scale, adapter.error_body, created
+            options, model, SharedTokenizer(), time_scale, adapter.error_body, created, kv_events
         )
     return build_trtllm(options, model, SharedTokenizer(), time_scale, adapter.error_body)
 
