@@ -1,0 +1,83 @@
+"""The emulated vLLM's ZeroMQ KV-event publisher: wire frames, replay, config, loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+import zmq
+
+from fleetgate.cli import CliError
+from fleetgate.engines.base import AllBlocksCleared, BlockRemoved
+from fleetgate.engines.vllm import decode_vllm_kv_events
+from fleetgate.sim.vllm.kv_events import KvEventPublisher, parse_kv_events_config
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_config_parsing() -> None:
+    assert not parse_kv_events_config("{}").active
+    assert parse_kv_events_config('{"enable_kv_cache_events": true}').active
+    off = parse_kv_events_config('{"enable_kv_cache_events": true, "publisher": "null"}')
+    assert not off.active
+    with pytest.raises(CliError, match="kv-events-config"):
+        parse_kv_events_config('{"enable_kv_cache_events": true, "nope": 1}')
+    with pytest.raises(CliError, match="unknown publisher"):
+        parse_kv_events_config('{"enable_kv_cache_events": true, "publisher": "kafka"}')
+    with pytest.raises(CliError):
+        parse_kv_events_config("not json")
+
+
+def test_wildcard_binds_loopback_in_test_mode_and_replay_answers() -> None:
+    pub_port, replay_port = _port(), _port()
+    config = parse_kv_events_config(
+        json.dumps(
+            {
+                "enable_kv_cache_events": True,
+                "endpoint": f"tcp://*:{pub_port}",
+                "replay_endpoint": f"tcp://*:{replay_port}",
+                "topic": "t",
+            }
+        )
+    )
+    publisher = KvEventPublisher(config, {"FLEETGATE_TEST_MODE": "1"})
+    bound = publisher._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+    assert bound == f"tcp://127.0.0.1:{pub_port}", "test mode binds loopback, never *"
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    dealer = ctx.socket(zmq.DEALER)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, b"t")
+        sub.connect(f"tcp://127.0.0.1:{pub_port}")
+        time.sleep(0.3)  # let the subscription reach the publisher
+        publisher.publish([])  # an empty step sends nothing
+        publisher.publish([BlockRemoved((1,), medium="GPU", group=0)])
+        publisher.publish([AllBlocksCleared()])
+        got = []
+        for _ in range(2):
+            assert sub.poll(5000), "no batch published"
+            got.append(decode_vllm_kv_events(sub.recv_multipart())[0])
+        assert [b.seq for b in got] == [0, 1]
+        assert got[1].events == (AllBlocksCleared(),)
+        dealer.connect(f"tcp://127.0.0.1:{replay_port}")
+        dealer.send_multipart([b"", (1).to_bytes(8, "big")])
+        replies = []
+        while True:
+            assert dealer.poll(5000), "no replay answer"
+            frames = dealer.recv_multipart()
+            batches = decode_vllm_kv_events(frames)
+            if not batches:
+                break
+            replies += batches
+        assert replies == got[1:]
+    finally:
+        sub.close(linger=0)
+        dealer.close(linger=0)
+        ctx.term()
+        publisher.close()
