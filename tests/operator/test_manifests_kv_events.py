@@ -14,7 +14,8 @@ from fleetgate.operator import manifests
 from fleetgate.operator.options import OperatorOptions
 
 OWNER = manifests.Owner(name="svc", namespace="ns", uid="uid-123")
-TRT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.0.0"
+#: KV events are written only for a release line whose options were verified (main).
+TRT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0"
 
 
 def _spec(kind: str, settings: dict[str, Any] | None = None) -> InferenceServiceSpec:
@@ -91,6 +92,26 @@ def test_trtllm_events_keep_a_buffer_drained_over_http() -> None:
         "format": "trtllm-http-json",
         "path": "/kv_cache_events",
     }
+
+
+def test_trtllm_events_not_written_for_an_unverified_release() -> None:
+    spec = InferenceServiceSpec.model_validate(
+        {
+            "model": {"uri": "hf://org/model"},
+            "engine": {
+                "type": "tensorrt-llm",
+                "image": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+            },
+        }
+    )
+    children = _children(spec)
+    cm = children.by_kind("ConfigMap")
+    assert cm is not None
+    assert (
+        "event_buffer_max_size"
+        not in yaml.safe_load(next(iter(cm["data"].values())))["kv_cache_config"]
+    )
+    assert manifests.ANNOTATION_KV_EVENTS not in _parts(children)[1]
 
 
 def test_trtllm_events_off_without_block_reuse() -> None:

@@ -101,7 +101,7 @@ def container_plan(launch: LaunchSpec, release: TrtllmRelease | None = None) -> 
             KvEventsEndpoint(
                 transport="http-drain", format=TRTLLM_KV_EVENTS_FORMAT, path=KV_EVENTS_PATH
             )
-            if settings.kv_events_on
+            if settings.kv_events_on and release.kv_events
             else None
         ),
     )
@@ -120,7 +120,7 @@ def llm_api_options(settings: TrtllmSettings, release: TrtllmRelease) -> dict[st
         },
         "scheduler_config": scheduler,
     }
-    if settings.kv_events_on:
+    if settings.kv_events_on and release.kv_events:
         options["kv_cache_config"]["event_buffer_max_size"] = KV_EVENT_BUFFER
     if settings.backend == "pytorch":
         # Iteration stats feed both the JSON /metrics and the collector's gauges.

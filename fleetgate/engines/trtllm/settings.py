@@ -92,7 +92,8 @@ class TrtllmSettings(BaseModel):
         default=None,
         description="Keep KV-cache events (blocks stored / removed) for the router's exact "
         "prefix view: kv_cache_config.event_buffer_max_size "
-        f"{KV_EVENT_BUFFER}, drained by the router from POST /kv_cache_events. "
+        f"{KV_EVENT_BUFFER}, drained by the router from POST /kv_cache_events; written "
+        "for release line main (1.3+) only, not yet verified for 1.0-1.2. "
         "Unset: on when enableBlockReuse is on.",
     )
 
