@@ -86,6 +86,9 @@ class EngineSpec(BaseModel):
     ``/metrics`` semantics and the ``trtllm_*`` families follow that release."""
     max_num_queued_reqs: int | None = Field(default=None, ge=0)
     """vLLM admission control (503 when this many requests already wait)."""
+    kv_events: bool = False
+    """vLLM: publish KV-cache events (vLLM 0.32's ZeroMQ wire, topic ``kv-events``) on
+    an ephemeral loopback port, with a replay socket (:attr:`RunningEngine.kv_events`)."""
     seed: int | None = None
 
 
@@ -146,6 +149,10 @@ class RunningEngine:
     engine: SimEngine
     app: Any
     server: uvicorn.Server
+    kv_events: str | None = None
+    """``tcp://host:port`` of the KV-event PUB socket (None = events off)."""
+    kv_replay: str | None = None
+    """``tcp://host:port`` of its replay ROUTER socket."""
 
     @property
     def url(self) -> str:
@@ -234,6 +241,7 @@ async def run_fleet(
     created = time.time()
     running: list[RunningEngine] = []
     sockets: list[socket.socket] = []
+    publishers: list[Any] = []
     ticker: asyncio.Task[None] | None = None
     try:
         for i, spec in enumerate(specs):
@@ -241,6 +249,9 @@ async def run_fleet(
             sock = _bind(host, want)
             sockets.append(sock)
             name = spec.model or model
+            publisher = _kv_publisher(spec, host)
+            if publisher is not None:
+                publishers.append(publisher)
             engine, app = build_engine(
                 spec,
                 name,
@@ -248,6 +259,7 @@ async def run_fleet(
                 time_scale,
                 spec.seed if spec.seed is not None else seed + i,
                 created,
+                publisher,
             )
             config = uvicorn.Config(
                 app,
@@ -265,7 +277,17 @@ async def run_fleet(
             await server.startup(sockets=[sock])
             server.started = True
             running.append(
-                RunningEngine(spec.kind, name, host, sock.getsockname()[1], engine, app, server)
+                RunningEngine(
+                    spec.kind,
+                    name,
+                    host,
+                    sock.getsockname()[1],
+                    engine,
+                    app,
+                    server,
+                    kv_events=publisher.endpoint if publisher is not None else None,
+                    kv_replay=publisher.replay_endpoint if publisher is not None else None,
+                )
             )
         ticker = asyncio.get_running_loop().create_task(_tick([r.server for r in running]))
         yield Fleet(running)
@@ -281,6 +303,27 @@ async def run_fleet(
         )
         for s in sockets[len(running) :]:
             s.close()
+        for p in publishers:
+            p.close()
+
+
+def _kv_publisher(spec: EngineSpec, host: str) -> Any:
+    """A loopback KV-event publisher (ephemeral ports) for a vLLM spec with events on."""
+    if not spec.kv_events:
+        return None
+    if spec.kind != "vllm":
+        raise FleetError("kv_events: only the emulated vLLM publishes KV-cache events")
+    if ":" in host:
+        raise FleetError("kv_events: needs an IPv4 loopback host")
+    from fleetgate.sim.vllm.kv_events import KvEventPublisher, KvEventsConfig
+
+    config = KvEventsConfig(
+        enable_kv_cache_events=True,
+        endpoint=f"tcp://{host}:*",  # '*' as the port: bind an ephemeral one
+        replay_endpoint=f"tcp://{host}:*",
+        topic="kv-events",
+    )
+    return KvEventPublisher(config, {})
 
 
 async def _tick(servers: list[uvicorn.Server]) -> None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
 
+import httpx
 import pytest
 import zmq
 
 from fleetgate.cli import CliError
-from fleetgate.engines.base import AllBlocksCleared, BlockRemoved
+from fleetgate.engines.base import AllBlocksCleared, BlockRemoved, BlockStored
 from fleetgate.engines.vllm import decode_vllm_kv_events
+from fleetgate.sim.fleet import EngineSpec, FleetError, _kv_publisher, run_fleet
 from fleetgate.sim.vllm.kv_events import KvEventPublisher, parse_kv_events_config
 
 
@@ -81,3 +84,43 @@ def test_wildcard_binds_loopback_in_test_mode_and_replay_answers() -> None:
         dealer.close(linger=0)
         ctx.term()
         publisher.close()
+
+
+async def test_fleet_engines_publish_on_their_own_loopback_ports() -> None:
+    specs = [
+        EngineSpec(kind="vllm", kv_events=True, overrides={"block_size": 16}),
+        EngineSpec(kind="vllm", kv_events=True, overrides={"block_size": 16}),
+        EngineSpec(kind="trtllm"),
+    ]
+    async with run_fleet(specs, time_scale=0) as fleet:
+        a, b, trt = fleet.engines
+        assert trt.kv_events is None
+        assert a.kv_events and b.kv_events and a.kv_events != b.kv_events
+        assert a.kv_events.startswith("tcp://127.0.0.1:") and a.kv_replay
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        try:
+            sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+            sub.connect(a.kv_events)
+            await asyncio.sleep(0.3)
+            async with httpx.AsyncClient(base_url=a.url) as client:
+                r = await client.post(
+                    "/v1/completions",
+                    json={"model": a.model, "prompt": list(range(10, 60)), "max_tokens": 1},
+                )
+                assert r.status_code == 200, r.text
+            for _ in range(50):
+                if sub.poll(0):
+                    break
+                await asyncio.sleep(0.1)
+            (batch,) = decode_vllm_kv_events(sub.recv_multipart(zmq.NOBLOCK))
+            (stored,) = batch.events
+            assert isinstance(stored, BlockStored) and len(stored.block_hashes) == 3
+        finally:
+            sub.close(linger=0)
+            ctx.term()
+
+
+def test_kv_events_only_for_vllm() -> None:
+    with pytest.raises(FleetError, match="only the emulated vLLM"):
+        _kv_publisher(EngineSpec(kind="trtllm", kv_events=True), "127.0.0.1")

@@ -115,6 +115,17 @@ class KvEventPublisher:
         self._thread = threading.Thread(target=self._loop, name="kv-events", daemon=True)
         self._thread.start()
 
+    @property
+    def endpoint(self) -> str:
+        """The PUB socket's address (as bound: a ``*`` port is resolved)."""
+        return str(self._pub.getsockopt_string(zmq.LAST_ENDPOINT))
+
+    @property
+    def replay_endpoint(self) -> str | None:
+        if self._replay is None:
+            return None
+        return str(self._replay.getsockopt_string(zmq.LAST_ENDPOINT))
+
     def publish(self, events: Sequence[KvEvent]) -> None:
         """Queue one step's events (nothing is sent for an empty step)."""
         if events and self._running:
