@@ -275,6 +275,8 @@ _TRT_CONFIG_KEYS = {
     "enable_chunked_context": "enable_chunked_context",
     "kv_cache_config.enable_block_reuse": "enable_block_reuse",
     "kv_cache_config.tokens_per_block": "tokens_per_block",
+    # KV-cache events for POST /kv_cache_events (not a profile field: see engine_spec)
+    "kv_cache_config.event_buffer_max_size": "event_buffer_max_size",
     "scheduler_config.capacity_scheduler_policy": "capacity_scheduler_policy",
     "scheduler_config.waiting_queue_policy": "waiting_queue_policy",
 }
@@ -282,9 +284,6 @@ _TRT_CONFIG_KEYS = {
 _TRT_CONFIG_NO_EFFECT = {
     "kv_cache_config.free_gpu_memory_fraction",
     "kv_cache_config.max_tokens",
-    # KV-cache events (drained from POST /kv_cache_events): not emulated for
-    # trtllm-serve yet; the emulated vLLM publishes them (--kv-events-config).
-    "kv_cache_config.event_buffer_max_size",
     "enable_iter_perf_stats",
     "return_perf_metrics",
     "backend",
@@ -404,12 +403,21 @@ def engine_spec(launch: EngineLaunch, profile: str) -> EngineSpec:
         overrides["max_num_batched_tokens"] = overrides.get(
             "max_model_len", resolve_profile(profile).max_model_len
         )
+    # trtllm-serve keeps KV-cache events when the options file sizes their buffer; vLLM's
+    # --kv-events-config is served by main() (it binds sockets).
+    buffer = overrides.pop("event_buffer_max_size", None)
+    try:
+        kv_buffer = int(buffer) if buffer is not None else 0  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise CliError(f"kv_cache_config.event_buffer_max_size: not a number: {buffer!r}") from None
     return EngineSpec(
         kind="vllm" if launch.kind == "vllm" else "trtllm",
         profile=profile,
         overrides=overrides,
         enable_prompt_tokens_details=launch.prompt_tokens_details,
         max_num_queued_reqs=launch.max_num_queued_reqs,
+        kv_events=launch.kind != "vllm" and kv_buffer > 0,
+        kv_event_buffer=max(kv_buffer, 1),
     )
 
 

@@ -87,8 +87,11 @@ class EngineSpec(BaseModel):
     max_num_queued_reqs: int | None = Field(default=None, ge=0)
     """vLLM admission control (503 when this many requests already wait)."""
     kv_events: bool = False
-    """vLLM: publish KV-cache events (vLLM 0.32's ZeroMQ wire, topic ``kv-events``) on
-    an ephemeral loopback port, with a replay socket (:attr:`RunningEngine.kv_events`)."""
+    """KV-cache events. vLLM: published over ZeroMQ (vLLM 0.32's wire, topic
+    ``kv-events``) on an ephemeral loopback port, with a replay socket
+    (:attr:`RunningEngine.kv_events`); TensorRT-LLM: kept for ``POST /kv_cache_events``."""
+    kv_event_buffer: int = Field(default=4096, ge=1)
+    """TensorRT-LLM's ``kv_cache_config.event_buffer_max_size`` when events are on."""
     seed: int | None = None
 
 
@@ -221,7 +224,14 @@ def build_engine(
         return build_vllm(
             options, model, SharedTokenizer(), time_scale, adapter.error_body, created, kv_events
         )
-    return build_trtllm(options, model, SharedTokenizer(), time_scale, adapter.error_body)
+    return build_trtllm(
+        options,
+        model,
+        SharedTokenizer(),
+        time_scale,
+        adapter.error_body,
+        spec.kv_event_buffer if spec.kv_events else None,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -309,10 +319,8 @@ async def run_fleet(
 
 def _kv_publisher(spec: EngineSpec, host: str) -> Any:
     """A loopback KV-event publisher (ephemeral ports) for a vLLM spec with events on."""
-    if not spec.kv_events:
-        return None
-    if spec.kind != "vllm":
-        raise FleetError("kv_events: only the emulated vLLM publishes KV-cache events")
+    if not spec.kv_events or spec.kind != "vllm":
+        return None  # TensorRT-LLM keeps its events for POST /kv_cache_events
     if ":" in host:
         raise FleetError("kv_events: needs an IPv4 loopback host")
     from fleetgate.sim.vllm.kv_events import KvEventPublisher, KvEventsConfig

@@ -6,16 +6,21 @@ import asyncio
 import json
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 import zmq
 
 from fleetgate.cli import CliError
+from fleetgate.engines import get_adapter
 from fleetgate.engines.base import AllBlocksCleared, BlockRemoved, BlockStored
 from fleetgate.engines.vllm import decode_vllm_kv_events
-from fleetgate.sim.fleet import EngineSpec, FleetError, _kv_publisher, run_fleet
+from fleetgate.sim.entrypoints import engine_spec, parse
+from fleetgate.sim.fleet import EngineSpec, _kv_publisher, run_fleet
 from fleetgate.sim.vllm.kv_events import KvEventPublisher, parse_kv_events_config
+
+TRT = get_adapter("trtllm")
 
 
 def _port() -> int:
@@ -121,6 +126,37 @@ async def test_fleet_engines_publish_on_their_own_loopback_ports() -> None:
             ctx.term()
 
 
-def test_kv_events_only_for_vllm() -> None:
-    with pytest.raises(FleetError, match="only the emulated vLLM"):
-        _kv_publisher(EngineSpec(kind="trtllm", kv_events=True), "127.0.0.1")
+async def test_fleet_trtllm_keeps_events_for_the_drain_endpoint() -> None:
+    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=64)
+    assert _kv_publisher(spec, "127.0.0.1") is None  # no sockets: HTTP drain
+    async with run_fleet([spec], time_scale=0) as fleet:
+        (trt,) = fleet.engines
+        async with httpx.AsyncClient(base_url=trt.url) as client:
+            first = (await client.post("/kv_cache_events")).content
+            r = await client.post(
+                "/v1/completions",
+                json={"model": trt.model, "prompt": list(range(10, 110)), "max_tokens": 1},
+            )
+            assert r.status_code == 200, r.text
+            second = (await client.post("/kv_cache_events")).content
+            third = (await client.post("/kv_cache_events")).json()
+            assert (await client.get("/kv_cache_events")).status_code == 405
+    (created,) = TRT.decode_kv_events([first])
+    assert created.seq == 0 and created.events == (AllBlocksCleared(),)
+    batches = TRT.decode_kv_events([second])
+    assert [b.seq for b in batches] == list(range(1, 1 + len(batches)))
+    stored = [e for b in batches for e in b.events if isinstance(e, BlockStored)]
+    assert stored and stored[0].parent_hash is None
+    assert stored[0].token_ids[:32] == tuple(range(10, 42))
+    assert third == [], "a read drains the buffer"
+
+
+def test_trtllm_entrypoint_reads_the_buffer_size_from_the_options_file(tmp_path: Path) -> None:
+    options = tmp_path / "o.yaml"
+    options.write_text("kv_cache_config:\n  event_buffer_max_size: 128\n")
+    launch = parse(["trtllm-serve", "m", "--extra_llm_api_options", str(options)])
+    spec = engine_spec(launch, "test")
+    assert (spec.kv_events, spec.kv_event_buffer) == (True, 128)
+    assert "event_buffer_max_size" not in spec.overrides
+    plain = engine_spec(parse(["trtllm-serve", "m"]), "test")
+    assert not plain.kv_events

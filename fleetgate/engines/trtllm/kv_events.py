@@ -45,11 +45,19 @@ from fleetgate.engines.base import (
     KvEventsDecodeError,
 )
 
-__all__ = ["KV_EVENTS_PATH", "TRTLLM_KV_EVENTS_FORMAT", "decode_trtllm_kv_events"]
+__all__ = [
+    "KV_EVENTS_PATH",
+    "TRTLLM_KV_EVENTS_FORMAT",
+    "decode_trtllm_kv_events",
+    "trtllm_event_items",
+]
 
 KV_EVENTS_PATH = "/kv_cache_events"
 TRTLLM_KV_EVENTS_FORMAT = "trtllm-http-json"
 _MEDIA = {0: "GPU", 1: "CPU"}
+_LEVELS = {"GPU": 0, "CPU": 1}
+#: The retention priority a block gets by default (KvCacheRetentionConfig).
+DEFAULT_PRIORITY = 35
 
 
 def _int(value: Any, what: str) -> int:
@@ -154,3 +162,41 @@ def decode_trtllm_kv_events(frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]
     if not isinstance(items, list):
         raise KvEventsDecodeError("the body must be a JSON list of events")
     return tuple(_event(item) for item in items)
+
+
+def trtllm_event_items(
+    first_id: int, events: Sequence[KvEvent], window_size: int, num_blocks: int
+) -> list[dict[str, Any]]:
+    """``events`` as the items trtllm-serve returns (the emulator's encoder), ids from
+    ``first_id``: a ``BlockStored`` is one ``stored`` event, its tokens cut into blocks
+    of ``block_size``; ``AllBlocksCleared`` is ``created`` (``num_blocks`` primary
+    blocks, no secondary ones)."""
+    items: list[dict[str, Any]] = []
+    for event in events:
+        data: dict[str, Any]
+        if isinstance(event, BlockStored):
+            size = event.block_size
+            level = _LEVELS.get(event.medium or "GPU", 0)
+            data = {
+                "type": "stored",
+                "parent_hash": event.parent_hash,
+                "blocks": [
+                    {
+                        "type": "stored_block",
+                        "block_hash": h,
+                        "tokens": [
+                            {"type": "unique_token", "token_id": t, "token_extra_id": 0}
+                            for t in event.token_ids[i * size : (i + 1) * size]
+                        ],
+                        "cache_level": level,
+                        "priority": DEFAULT_PRIORITY,
+                    }
+                    for i, h in enumerate(event.block_hashes)
+                ],
+            }
+        elif isinstance(event, BlockRemoved):
+            data = {"type": "removed", "block_hashes": list(event.block_hashes)}
+        else:
+            data = {"type": "created", "num_blocks_per_cache_level": [num_blocks, 0]}
+        items.append({"event_id": first_id + len(items), "data": data, "window_size": window_size})
+    return items
