@@ -488,7 +488,7 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
     spec = engine_spec(launch, profile)
     host = bind_host(launch.host, env)
     sock = _listen(host, launch.port)
-    publisher = _kv_publisher(launch, env)
+    publisher = _kv_publisher(launch, env, host)
     try:
         engine, app = build_engine(
             spec, launch.model, default_model_factory(), time_scale, seed, time.time(), publisher
@@ -529,8 +529,11 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
     return 0
 
 
-def _kv_publisher(launch: EngineLaunch, env: Mapping[str, str]) -> Any:
-    """vLLM's KV-event publisher when ``--kv-events-config`` turns events on, else None."""
+def _kv_publisher(launch: EngineLaunch, env: Mapping[str, str], host: str) -> Any:
+    """vLLM's KV-event publisher when ``--kv-events-config`` turns events on, else None.
+
+    A ``tcp://*:P`` endpoint binds ``host`` (the HTTP socket's address) unless that is
+    a wildcard itself."""
     if launch.kind != "vllm" or not launch.kv_events_config:
         return None
     from fleetgate.sim.vllm.kv_events import KvEventPublisher, parse_kv_events_config
@@ -538,7 +541,8 @@ def _kv_publisher(launch: EngineLaunch, env: Mapping[str, str]) -> Any:
     config = parse_kv_events_config(launch.kv_events_config)
     if not config.active:
         return None
-    publisher = KvEventPublisher(config, env)
+    wildcard = None if host in ("0.0.0.0", "::", "") else host
+    publisher = KvEventPublisher(config, env, wildcard)
     log.info(
         "KV-cache events: %s (topic %r), replay %s",
         config.endpoint,

@@ -160,3 +160,16 @@ def test_trtllm_entrypoint_reads_the_buffer_size_from_the_options_file(tmp_path:
     assert "event_buffer_max_size" not in spec.overrides
     plain = engine_spec(parse(["trtllm-serve", "m"]), "test")
     assert not plain.kv_events
+
+
+def test_wildcard_binds_the_engines_own_address() -> None:
+    port = _port()
+    config = parse_kv_events_config(
+        json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}"})
+    )
+    publisher = KvEventPublisher(config, {}, wildcard_host="127.0.0.9")
+    try:
+        assert publisher.endpoint == f"tcp://127.0.0.9:{port}"
+        assert publisher.replay_endpoint is None
+    finally:
+        publisher.close()

@@ -12,8 +12,10 @@ the fields of ``vllm/config/kv_events.py``). Behaviour as vLLM 0.32's
   the last ``buffer_steps`` batches.
 
 Sending happens on a daemon thread fed by a queue (as vLLM's), so a slow subscriber
-never stalls the engine loop. With ``FLEETGATE_TEST_MODE=1`` a wildcard host
-(``tcp://*:P``) is bound as ``tcp://127.0.0.1:P`` (logged), like the HTTP socket.
+never stalls the engine loop. A wildcard host (``tcp://*:P``) is bound on the address
+the HTTP socket is bound to when that is a specific one (``wildcard_host``: the
+``FLEETGATE_SIM_BIND_HOST`` address, or 127.0.0.1 under ``FLEETGATE_TEST_MODE=1``), so an
+emulated pod never listens beyond its own address.
 """
 
 from __future__ import annotations
@@ -75,18 +77,27 @@ def _is_bind_endpoint(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
-def _loopback(endpoint: str, environ: Mapping[str, str]) -> str:
-    if environ.get("FLEETGATE_TEST_MODE") == "1" and "tcp://*:" in endpoint:
-        safe = endpoint.replace("tcp://*:", "tcp://127.0.0.1:")
-        log.warning("FLEETGATE_TEST_MODE=1: binding %s instead of %s", safe, endpoint)
-        return safe
+def _narrow(endpoint: str, environ: Mapping[str, str], wildcard_host: str | None) -> str:
+    host = wildcard_host
+    if host is None and environ.get("FLEETGATE_TEST_MODE") == "1":
+        host = "127.0.0.1"
+    if host is not None and endpoint.startswith("tcp://*:"):
+        shown = f"[{host}]" if ":" in host else host
+        narrow = endpoint.replace("tcp://*:", f"tcp://{shown}:", 1)
+        log.warning("binding %s instead of %s (the engine's own address)", narrow, endpoint)
+        return narrow
     return endpoint
 
 
 class KvEventPublisher:
     """PUB + replay ROUTER sockets and the thread that serves them."""
 
-    def __init__(self, config: KvEventsConfig, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        config: KvEventsConfig,
+        environ: Mapping[str, str],
+        wildcard_host: str | None = None,
+    ) -> None:
         self.config = config
         self._topic = config.topic
         self._queue: queue.Queue[Sequence[KvEvent] | None] = queue.Queue(config.max_queue_size)
@@ -100,13 +111,13 @@ class KvEventPublisher:
         self._replay: zmq.Socket[bytes] | None = None
         try:
             if _is_bind_endpoint(config.endpoint):
-                self._pub.bind(_loopback(config.endpoint, environ))
+                self._pub.bind(_narrow(config.endpoint, environ, wildcard_host))
             else:
                 self._pub.connect(config.endpoint)
             if config.replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
-                self._replay.bind(_loopback(config.replay_endpoint, environ))
+                self._replay.bind(_narrow(config.replay_endpoint, environ, wildcard_host))
         except zmq.ZMQError as e:
             self._close_sockets()
             raise CliError(f"--kv-events-config: {e}") from None
