@@ -13,7 +13,7 @@ Pure: no I/O, no clock reads (times are passed in), no HTTP library imports.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel
@@ -166,9 +166,100 @@ class ContainerPlan:
     config_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """File name -> content, mounted from a ConfigMap at ``config_mount_path``."""
     config_mount_path: str = "/etc/fleetgate"
+    kv_events: KvEventsEndpoint | None = None
+    """Where the replica publishes KV-cache events; None = events off."""
     engine_version: str | None = None
     """The engine release line the plan was written for (e.g. TensorRT-LLM ``1.0``), for
     adapters whose flags differ by release; published to the router as an annotation."""
+
+
+class KvEventsDecodeError(EngineError):
+    """A KV-cache event message could not be decoded; the subscriber drops it and
+    treats the stream as broken (a gap), never as "nothing changed"."""
+
+
+BlockHash = int | bytes
+"""An engine's block hash as it publishes it (vLLM: 64-bit int by default, bytes with
+``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``; TensorRT-LLM: int)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Blocks that became resident (and matchable) in an engine's prefix cache.
+
+    ``block_hashes`` chain: the first one's parent is ``parent_hash`` (None = the
+    start of a sequence), each next one's parent is the one before it.
+    ``token_ids`` are the tokens of all the blocks, in order; a full block holds
+    ``block_size`` of them (vLLM can also report one partial block, whose
+    ``block_size`` is then its token count).
+    """
+
+    block_hashes: tuple[BlockHash, ...]
+    parent_hash: BlockHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    medium: str | None = None
+    """Where the blocks live: ``GPU`` (vLLM's default, TensorRT-LLM cache level 0),
+    ``CPU`` (offloaded / secondary), ``STORAGE``; None = not said."""
+    lora_name: str | None = None
+    group: int | None = None
+    """KV-cache group (vLLM ``group_idx``) or attention window (TensorRT-LLM)."""
+    spec_kind: str | None = None
+    """The group's attention kind (vLLM ``kv_cache_spec_kind``, e.g. ``full_attention``;
+    a sliding-window group's blocks do not make a reusable prefix)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Blocks no longer resident in ``medium`` (evicted or replaced)."""
+
+    block_hashes: tuple[BlockHash, ...]
+    medium: str | None = None
+    group: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """Everything the engine had cached is gone (prefix-cache reset, or a new cache)."""
+
+    medium: str | None = None
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvEventBatch:
+    """One published batch of KV events, in engine order.
+
+    ``seq`` is the publisher's sequence number (vLLM: the ZeroMQ frame, 0, 1, 2 ...
+    per publisher start; TensorRT-LLM: the first ``event_id``); a subscriber that
+    sees ``seq`` jump has missed batches and asks for a replay. ``ts`` is the
+    engine's wall-clock time (seconds) when known.
+    """
+
+    seq: int | None
+    events: tuple[KvEvent, ...]
+    ts: float | None = None
+    data_parallel_rank: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvEventsEndpoint:
+    """Where and how one engine replica publishes KV events (what discovery needs).
+
+    ``transport``: ``zmq`` (a ZeroMQ PUB socket on ``port``, ``topic`` prefix, a
+    ROUTER replay socket on ``replay_port``) or ``http-drain`` (``POST`` on the
+    engine's HTTP port at ``path``; reading removes the events, so one reader only).
+    ``format`` names the decoder, i.e. the adapter that wrote it.
+    """
+
+    transport: Literal["zmq", "http-drain"]
+    format: str
+    port: int | None = None
+    replay_port: int | None = None
+    topic: str = ""
+    path: str | None = None
 
 
 @runtime_checkable
@@ -215,4 +306,14 @@ class EngineAdapter(Protocol):
 
     def container(self, launch: LaunchSpec) -> ContainerPlan:
         """Container command, args, probes and volumes for one replica."""
+        ...
+
+    def decode_kv_events(self, frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
+        """Decode one message of the engine's KV-event stream (pure).
+
+        ``frames`` is one ZeroMQ multipart message (vLLM: topic, sequence number,
+        payload) or, for an HTTP-drain engine, the one response body. Returns the
+        batches it carries, in order (none for a replay's end marker); raises
+        :class:`KvEventsDecodeError` for anything malformed.
+        """
         ...

@@ -60,6 +60,30 @@ REFUSED = [
     ),
     pytest.param("ok", {"gpu": {"product": "NVIDIA H100"}}, LABEL_VALUE, id="gpu-product"),
     pytest.param(
+        "ok",
+        {
+            "engine": {
+                "type": "vllm",
+                "image": "v:1",
+                "vllm": {"kvEvents": True, "enablePrefixCaching": False},
+            }
+        },
+        "kvEvents is on but enablePrefixCaching is off",
+        id="vllm-kv-events-without-prefix-caching",
+    ),
+    pytest.param(
+        "ok",
+        {
+            "engine": {
+                "type": "tensorrt-llm",
+                "image": "t:1.0.0",
+                "tensorrtLlm": {"kvEvents": True, "enableBlockReuse": False},
+            }
+        },
+        "kvEvents is on but enableBlockReuse is off",
+        id="trtllm-kv-events-without-block-reuse",
+    ),
+    pytest.param(
         "ok", {"gpu": {"resourceName": "gpu"}}, "gpu.resourceName must be", id="resource-no-domain"
     ),
     pytest.param(

@@ -70,12 +70,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def run_emulator(log_path: Path) -> Iterator[Backend]:
+def run_emulator(log_path: Path, engine_args: tuple[str, ...] | None = None) -> Iterator[Backend]:
+    """The fleet CLI with :data:`EMULATOR_ARGS`, or with ``engine_args`` one engine
+    from its own command line (``fleetgate sim vllm serve ...``; add ``--port {port}``)."""
     port = free_port()
     cmd = [
         sys.executable, "-m", "fleetgate", "sim", "--vllm", "1",
         "--host", "127.0.0.1", "--port", str(port), *EMULATOR_ARGS,
     ]  # fmt: skip
+    if engine_args is not None:
+        args = [str(port) if a == "{port}" else a for a in engine_args]
+        cmd = [sys.executable, "-m", "fleetgate", "sim", *args]
     with log_path.open("wb") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()

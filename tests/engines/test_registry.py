@@ -111,6 +111,9 @@ class ToyAdapter:
         return ContainerPlan(("toy",), (launch.model_path,), launch.port, probe, probe, probe,
                              "/load")
 
+    def decode_kv_events(self, frames):
+        return ()  # publishes none: ContainerPlan.kv_events stays None
+
 
 ADAPTER = ToyAdapter()
 '''

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -11,6 +12,7 @@ from fleetgate.engines.base import (
     LEVEL_MAX,
     ContainerPlan,
     ErrorInfo,
+    KvEventBatch,
     LaunchSpec,
     LoadSnapshot,
     MetricsParseError,
@@ -18,6 +20,7 @@ from fleetgate.engines.base import (
 )
 from fleetgate.engines.trtllm import errors
 from fleetgate.engines.trtllm.iteration_stats import parse_iteration_stats
+from fleetgate.engines.trtllm.kv_events import decode_trtllm_kv_events
 from fleetgate.engines.trtllm.launch import container_plan
 from fleetgate.engines.trtllm.prometheus import parse_prometheus
 from fleetgate.engines.trtllm.settings import TrtllmSettings
@@ -102,6 +105,10 @@ class TrtllmAdapter:
     def classify_error(self, status: int, body: bytes) -> ErrorInfo:
         """See :func:`fleetgate.engines.trtllm.errors.classify_error`."""
         return errors.classify_error(status, body)
+
+    def decode_kv_events(self, frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
+        """See :func:`fleetgate.engines.trtllm.kv_events.decode_trtllm_kv_events`."""
+        return decode_trtllm_kv_events(frames)
 
     def container(self, launch: LaunchSpec) -> ContainerPlan:
         """``trtllm-serve <model> ...`` plus the LLM-API options YAML as a config file."""
