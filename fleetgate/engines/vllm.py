@@ -1,28 +1,27 @@
-"""vLLM (V1 engine) adapter: settings, metrics parsing, priority, errors, container.
+"""vLLM (V1 engine) adapter: settings, metrics parsing, priority, errors, streams, container.
 
-Sources. "engines.md" is /work/shared/reference/engines.md; "fixtures" are the real
-vLLM 0.32 recordings in /work/shared/fixtures/vllm-0.32-cpu/ (their README.md):
+What the adapter relies on (the current behaviour checked on a real vLLM 0.32 server):
 
-* Metrics: engines.md §1. Every engine series carries ``model_name`` and ``engine``
-  (the data-parallel rank) labels, in an order that differs between client versions,
+* Metrics: every engine series carries ``model_name`` and ``engine`` (the
+  data-parallel rank) labels, in an order that differs between client versions,
   so labels are matched by name. Counters are exposed with ``_total``.
   ``vllm:cache_config_info`` carries ``block_size`` and ``num_gpu_blocks`` as labels.
   ``kv_cache_usage_perc`` is ``1 - free/(num_gpu_blocks - 1)`` (``block_pool.get_usage``),
-  so the number of free blocks is recovered exactly from it. Pre-0.12 names
-  (``vllm:gpu_cache_usage_perc``, ``vllm:gpu_prefix_cache_*``) are read as fallbacks
-  (engines.md §1 "Version history").
+  so the number of free blocks is recovered exactly from it. The names used before
+  vLLM 0.12 (``vllm:gpu_cache_usage_perc``, ``vllm:gpu_prefix_cache_*``) are read as
+  fallbacks.
   Decode speed: ``vllm:inter_token_latency_seconds`` (histogram, one observation per
-  inter-token gap; engines.md §1 table) gives ``decode_seconds_sum``/``decode_observations``
+  inter-token gap) gives ``decode_seconds_sum``/``decode_observations``
   from its ``_sum``/``_count``; before 0.12 the same histogram was also named
-  ``vllm:time_per_output_token_seconds`` (read as the fallback). Real example:
-  fixtures ``metrics_c3_after_load.prom.txt`` (8145 gaps, 14.549 s).
-* Priority: engines.md §2 "Priority": ``priority: int``, lower is handled sooner, default 0.
-* Errors: engines.md §3 (0.33 nested ``{"error": {...}}``, 503 for the queue limits of
-  §2 "Overload"), fixtures README "Quirks" 1: request-validation errors use the same
-  envelope with ``type: "Bad Request"``; routing errors use FastAPI's ``{"detail": ...}``.
-  Older servers used the flat ``{"object": "error", ...}`` body (engines.md §3).
-* Container: engines.md §2 (flags, ``/health``, ``/metrics``; ``usage.prompt_tokens_details``
-  needs ``--enable-prompt-tokens-details``).
+  ``vllm:time_per_output_token_seconds`` (read as the fallback). A real server after
+  a load run reported 8145 gaps summing to 14.549 s.
+* Priority: ``priority: int`` in the request body, lower is handled sooner, default 0.
+* Errors: the nested ``{"error": {...}}`` envelope (0.33), 503 for the admission
+  limits on queued requests/tokens; request-validation errors use the same envelope
+  with ``type: "Bad Request"``; routing errors use FastAPI's ``{"detail": ...}``.
+  Older servers used the flat ``{"object": "error", ...}`` body.
+* Container: ``vllm.entrypoints.openai.api_server`` with ``/health`` and ``/metrics``;
+  ``usage.prompt_tokens_details`` needs ``--enable-prompt-tokens-details``.
 
 Design. The exposition parser is a deliberately small scanner (:func:`scan_prometheus`):
 instead of tokenising ~700 lines into full metric families, it ``bytes.find``s each
@@ -35,6 +34,7 @@ in which ``None`` means "not reported" (never a made-up zero), or raises
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, Literal
@@ -43,6 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from fleetgate.engines._common import (
+    SSE_JSON_STRING,
+    SSE_TOKEN_IDS,
     PromSample,
     PromScanner,
     check_error_status,
@@ -62,6 +64,7 @@ from fleetgate.engines.base import (
     MetricsParseError,
     MetricsSource,
     Probe,
+    TokenEventShapes,
 )
 
 __all__ = [
@@ -175,7 +178,7 @@ _FALLBACKS = {
 }
 _SCANNER = PromScanner((*_FAMILIES, *_FALLBACKS.values()))
 
-#: Messages of vLLM's admission-control rejections (engines.md §2 "Overload").
+#: Messages of vLLM's admission-control rejections (queue and backlog limits).
 _OVERLOAD_MARKERS = ("currently busy", "backlog limit", "queue")
 
 
@@ -208,15 +211,31 @@ class VllmAdapter:
     default_block_size = 16
     settings_model: type[BaseModel] = VllmSettings
     metrics_sources = (MetricsSource(name="metrics", path="/metrics", format="prometheus"),)
-    #: A token-id list as ``prompt`` gives the same output as the text (fixture
-    #: completions_prompt_token_ids.json, 200).
+    #: A token-id list as ``prompt`` gives the same output as the text (200).
     accepts_token_ids_prompt = True
-    #: ``return_token_ids: true`` fills choice ``token_ids`` (fixtures
-    #: completions_return_token_ids.json, completions_stream_return_token_ids.json).
+    #: ``return_token_ids: true`` fills choice ``token_ids``, streamed or not.
     returns_token_ids = True
     #: ``continue_final_message`` + ``add_generation_prompt: false`` on chat requests
     #: (vLLM's chat-completion extra parameters).
     continues_final_message = True
+    #: Plain token events as vLLM 0.32 writes them; ``token_ids`` (filled with
+    #: ``return_token_ids``) and ``prompt_token_ids`` are optional for servers without them.
+    token_events = TokenEventShapes(
+        chat=(
+            re.compile(
+                rb'\{"index":0,"delta":\{"content":"(?P<text>' + SSE_JSON_STRING + rb')"\},'
+                rb'"logprobs":null,"finish_reason":null'
+                rb'(?:,"token_ids":(?P<ids>null|' + SSE_TOKEN_IDS + rb"))?\}\]\}\n\n"
+            ),
+        ),
+        completions=(
+            re.compile(
+                rb'\{"index":0,"text":"(?P<text>' + SSE_JSON_STRING + rb')","logprobs":null,'
+                rb'"finish_reason":null,"stop_reason":null(?:,"prompt_token_ids":null)?'
+                rb'(?:,"token_ids":(?P<ids>null|' + SSE_TOKEN_IDS + rb"))?\}\]\}\n\n"
+            ),
+        ),
+    )
 
     # ---------------------------------------------------------------- metrics
     def parse_metrics(
@@ -330,7 +349,7 @@ class VllmAdapter:
         ``BadRequestError``; request-validation errors, ``type: "Bad Request"``), the
         older flat ``{"object": "error", ...}`` body, FastAPI's ``{"detail": ...}`` for
         routing errors, and anything else as text. ``overload``: 503 from the admission
-        limits (``--max-num-queued-reqs``/``-tokens``) and 429 (llm-d sim, engines.md §7);
+        limits (``--max-num-queued-reqs``/``-tokens``) and 429 (llm-d's vLLM simulator);
         a 503 ``ServiceUnavailableError`` is a retryable *server* fault.
         """
         check_error_status(status)
@@ -392,7 +411,7 @@ class VllmAdapter:
                 if settings.enable_chunked_prefill
                 else "--no-enable-chunked-prefill"
             )
-        # The router reads usage.prompt_tokens_details.cached_tokens (engines.md §2).
+        # The router reads usage.prompt_tokens_details.cached_tokens (its prefix-hit feedback).
         args.append("--enable-prompt-tokens-details")
         args += launch.extra_args
         health = Probe("/health")
@@ -411,7 +430,7 @@ class VllmAdapter:
 def routing_error_body(status: int) -> dict[str, Any]:
     """FastAPI's body for routing errors (unknown path 404, wrong method 405).
 
-    vLLM's third error shape (fixtures err_unknown_route.json, err_get_on_post_route.json):
+    vLLM's third error shape (an unknown route, a GET on a POST route):
     it bypasses the ``{"error": ...}`` envelope, so an emulator needs it separately.
     """
     return {"detail": HTTPStatus(status).phrase}
