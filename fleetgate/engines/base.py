@@ -13,6 +13,7 @@ Pure: no I/O, no clock reads (times are passed in), no HTTP library imports.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -262,6 +263,42 @@ class KvEventsEndpoint:
     path: str | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenEventShapes:
+    """How an engine writes a *plain token event* of a stream, byte for byte.
+
+    A plain token event is one SSE event carrying one choice (index 0) with only
+    generated text (and maybe its token ids): no role, no finish, no usage, no
+    logprobs. It is by far the most frequent event of a stream, so the router's
+    splicer reads it from its bytes instead of parsing the JSON (see
+    :mod:`fleetgate.router.priority.splice`).
+
+    Each pattern is matched with ``fullmatch`` from just after the OpenAI identity
+    prefix ``data: {"id":..,"object":..,"created":..,"model":..,"choices":[`` to the
+    end of the event (``\\n\\n`` included). What it matches is forwarded as is, so
+    it must match only plain events written in compact JSON (no spaces, as
+    ``json.dumps(separators=(",", ":"))`` writes them): every other field a fixed
+    literal (``"finish_reason":null``...), and two named groups:
+
+    * ``text``: the choice's text (``text`` or ``delta.content``) as a JSON string
+      body without the quotes, no raw control characters, escapes complete
+      (``_common.SSE_JSON_STRING``);
+    * ``ids`` (optional): the choice's ``token_ids``, ``null`` or a non-empty list of
+      integers (``_common.SSE_TOKEN_IDS``).
+
+    Empty tuples (the default) mean the engine's events are always read as JSON:
+    correct for any engine, only slower.
+    """
+
+    chat: tuple[re.Pattern[bytes], ...] = ()
+    """``chat.completion.chunk`` events."""
+    completions: tuple[re.Pattern[bytes], ...] = ()
+    """``text_completion`` events."""
+
+    def for_kind(self, kind: Literal["chat", "completions"]) -> tuple[re.Pattern[bytes], ...]:
+        return self.chat if kind == "chat" else self.completions
+
+
 @runtime_checkable
 class EngineAdapter(Protocol):
     """Everything fleetgate knows about one engine."""
@@ -283,6 +320,8 @@ class EngineAdapter(Protocol):
     """True when a chat request can end with a partial assistant message that the
     engine continues instead of answering (vLLM ``continue_final_message: true`` with
     ``add_generation_prompt: false``): the router's text-only chat resume needs it."""
+    token_events: TokenEventShapes
+    """The byte layout of the engine's plain streamed token events."""
 
     def parse_metrics(
         self, source: MetricsSource, body: bytes, now: float, previous: LoadSnapshot | None

@@ -1,4 +1,4 @@
-"""vLLM (V1 engine) adapter: settings, metrics parsing, priority, errors, container.
+"""vLLM (V1 engine) adapter: settings, metrics parsing, priority, errors, streams, container.
 
 Sources: vLLM 0.33's own code (paths below are inside the ``vllm`` package) and
 "recordings", a real vLLM 0.32 CPU server's answers and expositions that the tests
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, Literal
@@ -47,6 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from fleetgate.engines._common import (
+    SSE_JSON_STRING,
+    SSE_TOKEN_IDS,
     PromSample,
     PromScanner,
     check_error_status,
@@ -74,6 +77,7 @@ from fleetgate.engines.base import (
     MetricsParseError,
     MetricsSource,
     Probe,
+    TokenEventShapes,
 )
 
 __all__ = [
@@ -261,15 +265,31 @@ class VllmAdapter:
     default_block_size = 16
     settings_model: type[BaseModel] = VllmSettings
     metrics_sources = (MetricsSource(name="metrics", path="/metrics", format="prometheus"),)
-    #: A token-id list as ``prompt`` gives the same output as the text (fixture
-    #: completions_prompt_token_ids.json, 200).
+    #: A token-id list as ``prompt`` gives the same output as the text (200).
     accepts_token_ids_prompt = True
-    #: ``return_token_ids: true`` fills choice ``token_ids`` (fixtures
-    #: completions_return_token_ids.json, completions_stream_return_token_ids.json).
+    #: ``return_token_ids: true`` fills choice ``token_ids``, streamed or not.
     returns_token_ids = True
     #: ``continue_final_message`` + ``add_generation_prompt: false`` on chat requests
     #: (vLLM's chat-completion extra parameters).
     continues_final_message = True
+    #: Plain token events as vLLM 0.32 writes them; ``token_ids`` (filled with
+    #: ``return_token_ids``) and ``prompt_token_ids`` are optional for servers without them.
+    token_events = TokenEventShapes(
+        chat=(
+            re.compile(
+                rb'\{"index":0,"delta":\{"content":"(?P<text>' + SSE_JSON_STRING + rb')"\},'
+                rb'"logprobs":null,"finish_reason":null'
+                rb'(?:,"token_ids":(?P<ids>null|' + SSE_TOKEN_IDS + rb"))?\}\]\}\n\n"
+            ),
+        ),
+        completions=(
+            re.compile(
+                rb'\{"index":0,"text":"(?P<text>' + SSE_JSON_STRING + rb')","logprobs":null,'
+                rb'"finish_reason":null,"stop_reason":null(?:,"prompt_token_ids":null)?'
+                rb'(?:,"token_ids":(?P<ids>null|' + SSE_TOKEN_IDS + rb"))?\}\]\}\n\n"
+            ),
+        ),
+    )
 
     # ---------------------------------------------------------------- metrics
     def parse_metrics(
@@ -672,7 +692,7 @@ def encode_vllm_kv_batch(
 def routing_error_body(status: int) -> dict[str, Any]:
     """FastAPI's body for routing errors (unknown path 404, wrong method 405).
 
-    vLLM's third error shape (fixtures err_unknown_route.json, err_get_on_post_route.json):
+    vLLM's third error shape (an unknown route, a GET on a POST route):
     it bypasses the ``{"error": ...}`` envelope, so an emulator needs it separately.
     """
     return {"detail": HTTPStatus(status).phrase}

@@ -237,6 +237,7 @@ class Exchange:
     ) -> Result:
         s, sp = self.s, req.splicer
         assert sp is not None
+        sp.use_token_events(e.adapter.token_events)
         sp.upstream_usage = None
         itl = s.metrics.child(s.metrics.itl, req.model, e.engine, req.cls.name)
         try:

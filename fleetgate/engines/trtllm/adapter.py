@@ -25,6 +25,7 @@ from fleetgate.engines.trtllm.launch import container_plan
 from fleetgate.engines.trtllm.prometheus import parse_prometheus
 from fleetgate.engines.trtllm.settings import TrtllmSettings
 from fleetgate.engines.trtllm.sources import ITERATION_STATS, PROMETHEUS, TRITON
+from fleetgate.engines.trtllm.stream import TOKEN_EVENTS
 from fleetgate.engines.trtllm.triton import parse_triton
 from fleetgate.engines.trtllm.versions import TrtllmRelease, release_for
 
@@ -57,6 +58,7 @@ class TrtllmAdapter:
     #: partial assistant message (vLLM's ``continue_final_message``): it would answer
     #: it as a new turn, so a chat that must resume from text goes to an engine that can.
     continues_final_message = False
+    token_events = TOKEN_EVENTS
 
     def __init__(self, release: TrtllmRelease | None = None) -> None:
         self.release = release
