@@ -27,7 +27,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleetgate.engines import get_adapter
 from fleetgate.router.admission import Admission, ClassQueueAdmission, ImmediateAdmission
 from fleetgate.router.asgi import RequestHandler
 from fleetgate.router.client import make_client
@@ -43,6 +42,7 @@ from fleetgate.router.scheduling.pipeline import Pipeline, PipelineWeights, defa
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.serve import ServeLoop
+from fleetgate.router.served import adapter_for
 from fleetgate.router.services import Services, random_request_id
 from fleetgate.router.state import Endpoint, Fleet
 from fleetgate.router.upstream import HttpxUpstream, Upstream
@@ -51,7 +51,7 @@ from fleetgate.router.upstream import HttpxUpstream, Upstream
 def build_fleet(config: RouterConfig) -> Fleet:
     endpoints = []
     for pool, b in config.backends():
-        adapter = get_adapter(b.engine)
+        adapter = adapter_for(b.engine, b.version)
         sources = {s.name: s for s in adapter.metrics_sources}
         if b.metrics_source is not None and b.metrics_source not in sources:
             raise ConfigError(
@@ -68,6 +68,7 @@ def build_fleet(config: RouterConfig) -> Fleet:
                 adapter=adapter,
                 metrics_source=source,
                 capacity_hint=b.capacity,
+                served_model=b.served_model,
             )
         )
     sched = config.scheduling

@@ -30,6 +30,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -37,6 +38,7 @@ from pydantic import (
 from fleetgate.engines import UnknownEngineError, get_adapter
 from fleetgate.router.k8s_targets import KubernetesDiscoveryConfig
 from fleetgate.router.priority.config import PriorityConfig
+from fleetgate.router.served import EngineVersionError, check_version
 
 
 class _Strict(BaseModel):
@@ -54,6 +56,12 @@ class Backend(_Strict):
     capacity: int | None = Field(None, ge=1)
     """Concurrent sequences (vLLM ``max_num_seqs``, TRT max batch size), used when the
     engine's metrics do not carry it (vLLM's do not)."""
+    version: str | None = None
+    """Engine release, for engines whose request fields and metrics differ by release
+    (TensorRT-LLM: ``1.0.0``, ``1.2.0rc3``, ``main``...; ``fleetgate.router.served``)."""
+    served_model: str | None = Field(None, min_length=1)
+    """The model name clients use, when the engine lists another (trtllm-serve lists
+    its model path): shown by ``/v1/models`` and in answers in its place."""
 
     @field_validator("engine")
     @classmethod
@@ -62,6 +70,17 @@ class Backend(_Strict):
             return get_adapter(value).name
         except UnknownEngineError as e:
             raise ValueError(str(e.args[0])) from None
+
+    @field_validator("version")
+    @classmethod
+    def _supported_version(cls, value: str | None, info: ValidationInfo) -> str | None:
+        engine = info.data.get("engine")
+        if value is None or engine is None:
+            return value
+        try:
+            return check_version(engine, value)
+        except EngineVersionError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("url")
     @classmethod

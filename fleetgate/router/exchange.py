@@ -175,11 +175,14 @@ class Exchange:
         self, req: Request, send: ClientSend, e: Endpoint, resp: UpstreamResponse, predicted: int
     ) -> Result:
         s = self.s
+        rename = e.model_rename()  # None unless the engine lists another name (served.py)
         if not (req.stream and resp.content_type().startswith(b"text/event-stream")):
             try:
                 data = await resp.read()
             except UpstreamError as err:
                 return self._failed(e, err.cause)
+            if rename is not None:
+                data = rename.whole(data)
             ctype = resp.content_type() or b"application/json"
             headers = self._headers(req, e, resp, ctype=False)
             await send_bytes(send, resp.status, data, content_type=ctype, headers=headers)
@@ -194,6 +197,8 @@ class Exchange:
             first = b""
         except UpstreamError:
             return self._failed(e, "stream_broken")
+        if rename is not None:
+            first = rename.feed(first)
         headers = self._headers(req, e, resp, ctype=True)
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -203,6 +208,8 @@ class Exchange:
         usage_chunk = first if b'"usage"' in first else b""
         try:
             async for chunk in chunks:
+                if rename is not None:
+                    chunk = rename.feed(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 now = s.clock()
                 itl.observe(now - t)
@@ -211,7 +218,8 @@ class Exchange:
                     usage_chunk = chunk
         except UpstreamError as err:
             return self._failed(e, err.cause)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        tail = rename.flush() if rename is not None else b""
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
         self._e2e(req, e)
         for line in usage_chunk.split(b"\n"):
             if line.startswith(b"data:") and b'"usage"' in line:
@@ -238,6 +246,7 @@ class Exchange:
         s, sp = self.s, req.splicer
         assert sp is not None
         sp.use_token_events(e.adapter.token_events)
+        sp.rename_model(e.engine_model, e.served_model)
         sp.upstream_usage = None
         itl = s.metrics.child(s.metrics.itl, req.model, e.engine, req.cls.name)
         try:

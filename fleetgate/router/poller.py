@@ -177,15 +177,15 @@ class Poller:
         except (*_FETCH_ERRORS, _HttpStatus, ValueError, AttributeError) as err:
             log.warning("endpoint %s: cannot list models: %s", e.id, err)
             return
-        models: set[str] = set()
+        models: list[str] = []
         max_len: int | None = None
         for card in data if isinstance(data, list) else []:
             if isinstance(card, dict) and isinstance(card.get("id"), str):
-                models.add(card["id"])
+                models.append(card["id"])
                 value: Any = card.get("max_model_len")
                 if isinstance(value, int) and value > 0:
                     max_len = value if max_len is None else min(max_len, value)
-        e.models = frozenset(models)
+        e.set_models(models)
         e.max_model_len = max_len
         self._models_at[e.id] = self.clock()
         if self.on_change is not None:

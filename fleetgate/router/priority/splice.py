@@ -117,6 +117,8 @@ class StreamSplicer:
         self._prefix: bytes | None = None
         """``data: {"id":..,"object":..,"created":..,"model":..,"choices":[`` of the adopted
         identity (fast path; None until adopted)."""
+        self._rename: tuple[str, str] | None = None
+        """(engine's model name, served name) of the current attempt's endpoint."""
         self._shapes: tuple[tuple[re.Pattern[bytes], bool], ...] = ()
         """The fast path's patterns for this answer's kind, each with whether it has
         an ``ids`` group (none: JSON path only)."""
@@ -160,6 +162,13 @@ class StreamSplicer:
         (module docstring), they only decide how much of it takes the fast path.
         """
         self._shapes = tuple((p, "ids" in p.groupindex) for p in shapes.for_kind(self.kind))
+
+    def rename_model(self, engine_name: str | None, served_name: str | None) -> None:
+        """The next attempt's engine calls the model ``engine_name``; clients know it as
+        ``served_name`` (trtllm-serve lists its model path): an answer identity adopted
+        from an event naming ``engine_name`` shows ``served_name``. Such events then
+        differ from the identity and take the JSON path. None: no renaming."""
+        self._rename = (engine_name, served_name) if engine_name and served_name else None
 
     def begin_continuation(self, mode: Mode, *, seam_prefix: str | None = None) -> None:
         """The next :meth:`feed` bytes come from a continuation sent in ``mode``.
@@ -309,6 +318,8 @@ class StreamSplicer:
             self.id = obj.get("id")
             self.created = obj.get("created")
             self.model = obj.get("model")
+            if self._rename is not None and self.model == self._rename[0]:
+                self.model = self._rename[1]
             ident, kind, created, model = map(
                 encode_scalar, (self.id, obj.get("object"), self.created, self.model)
             )
