@@ -286,3 +286,39 @@ async def test_answers_naming_the_engine_model_show_the_served_name(
         assert streamed.status_code == 200, streamed.text
         assert PATH.encode() not in streamed.content
         assert streamed.content.count(f'"model":"{SERVED}"'.encode()) >= 2
+
+
+async def test_mixed_fleet_one_name_for_vllm_and_trtllm() -> None:
+    """vLLM serves the name itself (``--served-model-name``); trtllm-serve 1.0 lists its
+    path: the router lists one model and spreads its requests over both engines."""
+    specs = [
+        EngineSpec(kind="vllm", model=SERVED),
+        EngineSpec(kind="trtllm", model=PATH, version="1.0.0"),
+    ]
+    async with (
+        run_fleet(specs, "127.0.0.1", 0) as fleet,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        vllm, trt = (e.url for e in fleet.engines)
+        backends = [
+            {"engine": "vllm", "url": vllm, "capacity": 8, "served_model": SERVED},
+            {"engine": "trtllm", "url": trt, "capacity": 8, "version": "1.0.0",
+             "served_model": SERVED},
+        ]  # fmt: skip
+        # Rendezvous placement of new prefixes, so that a trickle reaches both engines.
+        app = build_router(_routed(backends, scheduling={"router_replicas": 2}))
+        async with serve(app) as router:
+            models = (await c.get(router + "/v1/models")).json()["data"]
+            assert [m["id"] for m in models] == [SERVED]
+            seen: dict[str, set[str]] = {}
+            for i in range(16):
+                prompt = f"conversation {i}: " + "alpha beta " * 40
+                resp = await c.post(
+                    router + "/v1/completions",
+                    json={"model": SERVED, "prompt": prompt, "max_tokens": 2},
+                )
+                assert resp.status_code == 200, resp.text
+                seen.setdefault(resp.headers["x-fleetgate-endpoint"], set()).add(
+                    resp.json()["model"]
+                )
+            assert len(seen) == 2 and all(names == {SERVED} for names in seen.values())
