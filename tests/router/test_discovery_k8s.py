@@ -498,7 +498,9 @@ def _k8s_isvc(name: str, ns: str) -> dict[str, Any]:
     return obj
 
 
-def _k8s_pod(name: str, ns: str, service: str) -> dict[str, Any]:
+def _k8s_pod(
+    name: str, ns: str, service: str, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -506,6 +508,7 @@ def _k8s_pod(name: str, ns: str, service: str) -> dict[str, Any]:
             "name": name,
             "namespace": ns,
             "labels": {kt.LABEL_INSTANCE: service, kt.LABEL_POOL: "chat"},
+            "annotations": annotations or {},
         },
         "spec": {
             "tolerations": [FAKE_NODE_TOLERATION],
@@ -597,14 +600,28 @@ async def test_pods_join_and_leave_and_a_410_relist_loses_nothing(
         assert removed == []  # the relist replaced the cache; nothing left the fleet
         assert {f"{ns}/llama-{i}" for i in range(3)} <= set(fleet.endpoints)
 
+        # A TensorRT-LLM pod as the operator annotates it: bound to its release (no
+        # priority field, load from JSON /metrics), served under spec.model.name.
+        qwen = _k8s_isvc("qwen", ns)
+        qwen["spec"]["engine"] = {"type": "tensorrt-llm", "image": "trt/release:1.1.0"}
+        qwen["spec"]["model"]["name"] = "qwen2.5-7b"
+        notes = {kt.ANNOTATION_ENGINE_VERSION: "1.0", kt.ANNOTATION_SERVED_MODEL: "qwen2.5-7b"}
+        await asyncio.to_thread(k8s_cluster.apply, qwen, _k8s_pod("qwen-0", ns, "qwen", notes))
+        await _until(lambda: f"{ns}/qwen-0" in fleet.endpoints)
+        q = fleet.endpoints[EndpointId(f"{ns}/qwen-0")]
+        assert (q.engine, q.metrics_source.name) == ("trtllm", "iteration-stats")
+        assert q.served_model == "qwen2.5-7b" and q.adapter.priority_fields(3) == {}
+        assert e0.served_model == "llama-3"
+
         await asyncio.to_thread(
             k8s_cluster.kubectl, "-n", ns, "delete", "pod", "llama-1", "--wait=false"
         )
         await _until(lambda: f"{ns}/llama-1" not in fleet.endpoints)
         assert removed == [f"{ns}/llama-1"]
         await asyncio.to_thread(
-            k8s_cluster.kubectl, "-n", ns, "delete", "inferenceservice", "llama", "--wait=false"
-        )
+            k8s_cluster.kubectl, "-n", ns, "delete", "inferenceservice", "llama", "qwen",
+            "--wait=false",
+        )  # fmt: skip
         await _until(lambda: not any(k.startswith(f"{ns}/") for k in fleet.endpoints))
     assert fleet.endpoints == {}
 
