@@ -117,6 +117,11 @@ class Exchange:
         if req.cls.level != 0 and self.engine_priority.enabled(e.pool, e.id):
             fields = e.adapter.priority_fields(req.cls.level)
         path = req.path
+        # The engine's own name where it lists another and may refuse the served one
+        # (served.py): sent upstream in its place.
+        own = e.engine_model if e.engine_model and not e.echoes_any_model else None
+        if own is not None:
+            fields = {**fields, "model": own}
         if sp is None:
             if not fields and "priority" not in req.doc:
                 return path, req.body  # byte for byte

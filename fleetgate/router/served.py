@@ -14,10 +14,12 @@ Two things an endpoint may know beyond its engine type (pure: standard library a
   engine's (:func:`served_models`), so the router's ``/v1/models`` lists it and
   requests for it route there. trtllm-serve echoes the request's ``model`` in its
   answers without checking it (``ChatPostprocArgs.from_request`` /
-  ``CompletionPostprocArgs``: ``model=request.model``; the emulator does the same),
-  so requests go upstream unchanged; an answer that names the engine's own model
-  anyway is rewritten to the served name (:class:`ModelRename`, raw relays; the
-  splicer renders the served name itself).
+  ``CompletionPostprocArgs``: ``model=request.model``; the emulator does the same;
+  the adapter's ``accepts_any_model_name``), so requests go upstream unchanged. An
+  engine that checks names (vLLM) gets its own name in the request's ``model``
+  (``Exchange``). An answer that names the engine's own model is rewritten to the
+  served name (:class:`ModelRename`, raw relays; the splicer renders the served name
+  itself).
 """
 
 from __future__ import annotations

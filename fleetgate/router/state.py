@@ -79,6 +79,12 @@ class Endpoint:
 
     # ---------------------------------------------------------------- models
 
+    @property
+    def echoes_any_model(self) -> bool:
+        """The engine answers a request for any model name (TensorRT-LLM): the served
+        name can go upstream as it is."""
+        return bool(getattr(self.adapter, "accepts_any_model_name", False))
+
     def set_models(self, listed: Iterable[str]) -> None:
         """The engine's ``/v1/models`` ids, in order; the served name replaces its own."""
         self.models, self.engine_model = served_models(listed, self.served_model)

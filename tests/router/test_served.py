@@ -182,6 +182,7 @@ async def test_trtllm_1_0_listing_its_path_serves_under_the_served_name(
         async with serve(app) as router:
             e = next(iter(app.state.router.fleet))
             assert (e.metrics_source.name, e.engine_model) == ("iteration-stats", PATH)
+            assert e.echoes_any_model  # the served name goes upstream unchanged
             models = (await c.get(router + "/v1/models")).json()["data"]
             assert [m["id"] for m in models] == [SERVED]
             chat = {"model": SERVED, "messages": [{"role": "user", "content": "Hi"}],
@@ -322,3 +323,36 @@ async def test_mixed_fleet_one_name_for_vllm_and_trtllm() -> None:
                     resp.json()["model"]
                 )
             assert len(seen) == 2 and all(names == {SERVED} for names in seen.values())
+
+
+def _strict_engine(request: httpx.Request) -> httpx.Response:
+    """A vLLM-like engine: serves only its own name (404 otherwise) and answers with it."""
+    if request.url.path == "/health":
+        return httpx.Response(200)
+    if request.url.path == "/v1/models":
+        return httpx.Response(200, json={"object": "list", "data": [{"id": PATH}]})
+    if request.url.path == "/v1/completions":
+        if json.loads(request.content).get("model") != PATH:
+            return httpx.Response(404, json={"error": {"message": "no such model"}})
+        return _own_name_engine(request)
+    return httpx.Response(404)
+
+
+@pytest.mark.parametrize("priority", [None, {}], ids=["raw-relay", "splicer"])
+async def test_an_engine_that_checks_names_gets_its_own(priority: dict[str, Any] | None) -> None:
+    backend = {"engine": "vllm", "url": "http://127.0.0.1:9", "capacity": 8,
+               "served_model": SERVED}  # fmt: skip
+    sections: dict[str, Any] = {} if priority is None else {"priority": priority}
+    app = build_router(
+        _routed([backend], **sections), transport=httpx.MockTransport(_strict_engine)
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as c,
+    ):
+        assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == [SERVED]
+        body = {"model": SERVED, "prompt": "hi", "max_tokens": 2}
+        for stream in (False, True):
+            resp = await c.post("/v1/completions", json={**body, "stream": stream})
+            assert resp.status_code == 200, resp.text
+            assert PATH.encode() not in resp.content and SERVED.encode() in resp.content

@@ -59,6 +59,11 @@ class TrtllmAdapter:
     #: it as a new turn, so a chat that must resume from text goes to an engine that can.
     continues_final_message = False
     token_events = TOKEN_EVENTS
+    #: trtllm-serve serves one model and never checks a request's ``model``: its
+    #: answers echo it (``serve/postprocess_handlers.py``, ``ChatPostprocArgs`` and
+    #: ``CompletionPostprocArgs.from_request``: ``model=request.model``). The router
+    #: sends a served name that differs from the model path as it is.
+    accepts_any_model_name = True
 
     def __init__(self, release: TrtllmRelease | None = None) -> None:
         self.release = release
