@@ -2,8 +2,9 @@
 
 Usage: .venv/bin/python bench/bench_parse.py [--repeats N] [--file PATH]
 
-Input: /work/shared/fixtures/vllm-0.32-cpu/metrics_c2_during_load_peak_kv.prom.txt, a real
-vLLM 0.32 /metrics body captured under load (693 lines). Three contenders, each doing
+Input: the recording ``metrics_c2_during_load_peak_kv.prom.txt`` (shared/fixtures/
+vllm-0.32-cpu/ beside the clone, as for the tests), a real vLLM 0.32 /metrics body
+captured under load (693 lines). Three contenders, each doing
 what a router scrape needs:
 * ``fleetgate``: ``VllmAdapter.parse_metrics`` (bytes in, LoadSnapshot out);
 * ``prometheus_client``: ``text_string_to_metric_families`` over the decoded text,
@@ -28,7 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetgate.engines.vllm import ADAPTER
 
-DEFAULT_FILE = Path("/work/shared/fixtures/vllm-0.32-cpu/metrics_c2_during_load_peak_kv.prom.txt")
+DEFAULT_FILE = (
+    Path(__file__).resolve().parents[2]
+    / "shared/fixtures/vllm-0.32-cpu/metrics_c2_during_load_peak_kv.prom.txt"
+)
 WANTED = {
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",

@@ -17,12 +17,12 @@ MIXED=fleetgate,fleetgate-no-speed,fleetgate-no-preemption,vllm-router-cache_awa
 
 for w in ${WORKLOADS:-shared-prefix chat-multiturn}; do
   "$FG" bench run "$w" --engines 4 --duration 30 --seed 0 --repeats 2 --contenders all \
-    --source "$SRC" --json "$OUT/$w.json" --report bench/results
+    --source "$SRC" --json "$OUT/$w.json" --report bench/results --force
 done
 "$FG" bench run priority-storm --engines 4 --duration 30 --seed 0 --repeats 3 --contenders "$PRIO" \
-  --source "$SRC" --json "$OUT/priority-storm.json" --report bench/results
+  --source "$SRC" --json "$OUT/priority-storm.json" --report bench/results --force
 "$FG" bench run mixed-engine --engines 4 --duration 30 --seed 0 --repeats 2 --contenders "$MIXED" \
-  --source "$SRC" --json "$OUT/mixed-engine.json" --report bench/results
+  --source "$SRC" --json "$OUT/mixed-engine.json" --report bench/results --force
 "$FG" bench run agentic --engines 4 --duration 30 --seed 0 --repeats 1 \
   --contenders fleetgate,fleetgate-least-loaded,vllm-router-cache_aware,vllm-router-power_of_two,sglang-router-cache_aware \
-  --source "$SRC" --json "$OUT/agentic.json" --report bench/results
+  --source "$SRC" --json "$OUT/agentic.json" --report bench/results --force

@@ -32,7 +32,7 @@ build=()
 case "$engine" in
   docker) build=(docker build) ;;
   podman)
-    command -v podman >/dev/null 2>&1 || bash hack/install-podman.sh >/dev/null
+    command -v podman >/dev/null 2>&1 || bash hack/install-podman.sh >&2  # stdout: the image ref only
     base=$(bash hack/make-base-image.sh | tail -1)
     ca="${FLEETGATE_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
     build=(podman build --pull=never --network=host --layers --build-arg "BASE=$base")

@@ -46,14 +46,14 @@ MINOR="${K8S_VERSION#1.}"; MINOR="${MINOR%%.*}"
 if ! (have kube-apiserver && have kube-controller-manager && have kube-scheduler && have kubectl); then
   log "building Kubernetes v$K8S_VERSION (apiserver, controller-manager, scheduler, kubectl)"
   W="$ROOT/src/k8s"; rm -rf "$W"; mkdir -p "$W"; cd "$W"
-  go mod init example.invalid/k8s-bins >/dev/null 2>&1
+  go mod init example.invalid/k8s-bins
   GOMOD=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
   for m in $(sed -n 's#^\s*\(k8s.io/[^ ]*\) => ./staging/.*#\1#p' "$GOMOD"); do
     go mod edit "-replace=$m=$m@v0.${K8S_VERSION#1.}"
   done
   # the main module's godebug defaults apply: copy k/k's
   gd=$(sed -n 's#^godebug \(.*\)#\1#p' "$GOMOD" | head -1 || true)
-  [ -n "$gd" ] && go mod edit "-godebug=$gd" || true
+  if [ -n "$gd" ]; then go mod edit "-godebug=$gd"; fi
   go get "k8s.io/kubernetes@v$K8S_VERSION"
   cat > tools.go <<'GO'
 //go:build tools
@@ -67,7 +67,9 @@ import (
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
-  go mod tidy -e >/dev/null 2>&1 || true
+  # -e: tidy what it can; a module it could not resolve is printed, and go build
+  # below fails if it matters
+  go mod tidy -e || log "go mod tidy -e reported the errors above; go build decides"
   V="v$K8S_VERSION"; LDF="-s -w"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     LDF="$LDF -X $p.gitVersion=$V -X $p.gitMajor=1 -X $p.gitMinor=$MINOR -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
@@ -81,10 +83,12 @@ fi
 if ! have etcd; then
   log "building etcd $ETCD_VERSION"
   W="$ROOT/src/etcd"; rm -rf "$W"; mkdir -p "$W"; cd "$W"
-  go mod init example.invalid/etcd-bin >/dev/null 2>&1
+  go mod init example.invalid/etcd-bin
   go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
   printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go
-  go mod tidy -e >/dev/null 2>&1 || true
+  # -e: tidy what it can; a module it could not resolve is printed, and go build
+  # below fails if it matters
+  go mod tidy -e || log "go mod tidy -e reported the errors above; go build decides"
   go build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
   took "etcd $ETCD_VERSION"
 fi

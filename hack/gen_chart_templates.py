@@ -2,7 +2,7 @@
 
 * ``charts/fleetgate/templates/crd-inferenceservices.yaml``: the CRD rendered by
   :func:`fleetgate.api.crd.render_crd` (the one source of ``crds/`` too), wrapped the
-  cert-manager way (style-anchors.md §6): templated behind ``crds.enabled`` so
+  way cert-manager ships its CRDs: templated behind ``crds.enabled`` so
   ``helm upgrade`` updates it, and annotated ``helm.sh/resource-policy: keep`` when
   ``crds.keep`` so ``helm uninstall`` never deletes every InferenceService with it.
 * ``charts/fleetgate/templates/operator-rbac.yaml``: the operator's ClusterRole with
@@ -11,8 +11,8 @@
     python hack/gen_chart_templates.py          # rewrite both
     python hack/gen_chart_templates.py --check  # exit 1 if either is out of date
 
-(A hack/ script rather than a ``fleetgate crds`` option: fleetgate/api/cli.py is
-another engineer's file; moving this there later is a one-call change.)
+(A hack/ script: the chart is generated at development time, not by the runtime
+package; a ``fleetgate crds`` option would be a one-call change.)
 tests/chart/test_chart_render.py fails when the files are stale.
 """
 

@@ -4,7 +4,10 @@ values.yaml is the single source (as in cert-manager's chart): each key's
 ``# --`` comment becomes its description, each default's type its type, and
 every object that lists its keys rejects unknown ones. Keys whose default is an
 empty map, or that are listed in FREE_FORM, accept any object (node selectors,
-affinity, labels, the router's config which the router itself validates).
+affinity, labels). ``router.config`` is the router's own typed model
+(``fleetgate.router.config.RouterConfig``, its JSON schema embedded here), so
+the chart and the router share one schema and ``helm install`` refuses an
+unknown or mistyped router key before any pod starts.
 
     python hack/gen_values_schema.py          # rewrite the schema
     python hack/gen_values_schema.py --check  # exit 1 if it is out of date
@@ -19,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from fleetgate.router.config import RouterConfig
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "fleetgate"
 FREE_FORM = {"resources", "config"}
@@ -62,10 +67,24 @@ def descriptions(text: str) -> dict[str, str]:
     return out
 
 
+ROUTER_CONFIG = "router.config"
+
+
+def router_config_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    """RouterConfig's JSON schema and its definitions (to hoist to the document root,
+    where its ``#/$defs/...`` references point)."""
+    s = RouterConfig.model_json_schema()
+    defs = s.pop("$defs", {})
+    s.pop("title", None)
+    return s, defs
+
+
 def schema_for(value: Any, path: str, docs: dict[str, str]) -> dict[str, Any]:
     key = path.rsplit(".", 1)[-1]
     s: dict[str, Any]
-    if isinstance(value, dict) and value and key not in FREE_FORM:
+    if path == ROUTER_CONFIG:
+        s = router_config_schema()[0]
+    elif isinstance(value, dict) and value and key not in FREE_FORM:
         s = {
             "type": "object",
             "additionalProperties": False,
@@ -93,7 +112,11 @@ def schema_for(value: Any, path: str, docs: dict[str, str]) -> dict[str, Any]:
 def render() -> str:
     text = (CHART / "values.yaml").read_text()
     schema = schema_for(yaml.safe_load(text), "", descriptions(text))
-    schema = {"$schema": "https://json-schema.org/draft-07/schema#", **schema}
+    schema = {
+        "$schema": "https://json-schema.org/draft-07/schema#",
+        **schema,
+        "$defs": router_config_schema()[1],
+    }
     return json.dumps(schema, indent=2, sort_keys=False) + "\n"
 
 

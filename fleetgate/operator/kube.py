@@ -1,11 +1,11 @@
 """The operator's one door to the Kubernetes API.
 
 :class:`KubeApi` is the seam (kopf's habit: "we mock on the level of our own K8s
-API wrappers, not the HTTP client", style-anchors.md §1.6): the reconciler only
+API wrappers, not the HTTP client"): the reconciler only
 sees this Protocol, tests pass an in-memory fake, production passes
 :class:`DynamicKubeApi` over the official client's ``DynamicClient``.
 
-Error translation happens here and only here (style-anchors.md §2.2): client
+Error translation happens here and only here: client
 exceptions become :class:`KubeError` (``status``, one-line ``message`` cut to
 300 characters from the API server's JSON ``message``), with :class:`NotFound`
 and :class:`Conflict` as the subclasses callers branch on.

@@ -1,6 +1,6 @@
 """Pure builders: an ``InferenceService`` spec in, the child objects (plain dicts) out.
 
-Crate-operator's split (style-anchors.md §3): builders here never touch a client;
+Builders here never touch a client (the split of Crate's operator);
 :mod:`fleetgate.operator.reconcile` applies what they return. Everything
 engine-specific (command, args, probe paths, metrics path, shared memory, config
 files) comes from the engine adapter's :meth:`~fleetgate.engines.base.EngineAdapter.container`
@@ -25,9 +25,9 @@ Invariants:
 * Pods and the Service carry the labels the router discovers by
   (``fleetgate.dev/{pool,model,engine,role}``, weight as an annotation) plus the
   ``app.kubernetes.io/*`` recommended labels.
-* Probes follow operator-anchors.md (c): a startup probe sized by the startup
-  budget guards the slow model load (kserve/kserve#5062), readiness and liveness
-  only start once it has passed.
+* Probes: a startup probe sized by the startup budget guards the slow model
+  load (fixed initial delays sent big models into CrashLoopBackOff:
+  kserve/kserve#5062); readiness and liveness only start once it has passed.
 """
 
 from __future__ import annotations
@@ -42,7 +42,13 @@ from typing import Any
 
 from fleetgate.api.v1alpha1 import GROUP, KIND, VERSION, InferenceServiceSpec
 from fleetgate.engines import get_adapter
-from fleetgate.engines.base import ContainerPlan, EngineAdapter, LaunchSpec, Probe
+from fleetgate.engines.base import (
+    ContainerPlan,
+    EngineAdapter,
+    KvEventsEndpoint,
+    LaunchSpec,
+    Probe,
+)
 from fleetgate.operator.options import OperatorOptions
 
 __all__ = [
@@ -52,6 +58,7 @@ __all__ = [
     "LABEL_POOL",
     "LABEL_ROLE",
     "ANNOTATION_ENGINE_VERSION",
+    "ANNOTATION_KV_EVENTS",
     "ANNOTATION_WEIGHT",
     "Children",
     "Owner",
@@ -80,6 +87,14 @@ ANNOTATION_CONFIG_HASH = "fleetgate.dev/config-hash"
 #: The engine release line the arguments were written for (only for engines whose
 #: flags and request fields differ by release, e.g. TensorRT-LLM ``1.0``).
 ANNOTATION_ENGINE_VERSION = "fleetgate.dev/engine-version"
+#: Where each replica publishes KV-cache events (absent: events off), as compact JSON
+#: ``{"transport", "format", "port"?, "replayPort"?, "topic"?, "path"?}``: ``zmq``
+#: sockets on the pod IP (also the named container ports ``kv-events`` and
+#: ``kv-replay``), or ``http-drain`` = ``POST path`` on the engine's HTTP port.
+#: ``format`` names the decoder (the engine adapter's ``decode_kv_events``).
+ANNOTATION_KV_EVENTS = "fleetgate.dev/kv-events"
+PORT_KV_EVENTS = "kv-events"
+PORT_KV_REPLAY = "kv-replay"
 MANAGED_BY = "fleetgate-operator"
 PART_OF = "fleetgate"
 COMPONENT = "engine"
@@ -328,6 +343,30 @@ def _tolerations(spec: InferenceServiceSpec, options: OperatorOptions) -> list[d
     return tolerations
 
 
+def _ports(plan: ContainerPlan) -> list[dict[str, Any]]:
+    ports: list[dict[str, Any]] = [{"name": "http", "containerPort": plan.port, "protocol": "TCP"}]
+    kv = plan.kv_events
+    if kv is not None and kv.transport == "zmq":
+        for name, port in ((PORT_KV_EVENTS, kv.port), (PORT_KV_REPLAY, kv.replay_port)):
+            if port is not None:
+                ports.append({"name": name, "containerPort": port, "protocol": "TCP"})
+    return ports
+
+
+def kv_events_annotation(kv: KvEventsEndpoint) -> str:
+    """The value of :data:`ANNOTATION_KV_EVENTS` for ``kv``."""
+    data: dict[str, Any] = {"transport": kv.transport, "format": kv.format}
+    if kv.port is not None:
+        data["port"] = kv.port
+    if kv.replay_port is not None:
+        data["replayPort"] = kv.replay_port
+    if kv.topic:
+        data["topic"] = kv.topic
+    if kv.path is not None:
+        data["path"] = kv.path
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
 def _container(
     spec: InferenceServiceSpec, plan: ContainerPlan, mounts: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -337,7 +376,7 @@ def _container(
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": list(plan.command),
         "args": list(plan.args),
-        "ports": [{"name": "http", "containerPort": plan.port, "protocol": "TCP"}],
+        "ports": _ports(plan),
         "env": _env(spec, plan),
         "volumeMounts": mounts,
         **_probes(plan, spec.startup_budget_seconds),
@@ -434,6 +473,8 @@ def build_children(
     }
     if plan.engine_version is not None:
         discovery_annotations[ANNOTATION_ENGINE_VERSION] = plan.engine_version
+    if plan.kv_events is not None:
+        discovery_annotations[ANNOTATION_KV_EVENTS] = kv_events_annotation(plan.kv_events)
     objects: list[dict[str, Any]] = []
     pod_annotations = dict(discovery_annotations)
     if plan.config_files:

@@ -1,9 +1,9 @@
 """Pure status computation: live Deployment + pods in, ``InferenceService.status`` out.
 
 Users must be able to tell "no GPU for the pod" from "image does not exist" from
-"engine crashes" from "still loading the model" (operator-anchors.md (d) 4:
-ai-dynamo/dynamo#8170, #11131). So every engine pod is diagnosed
-(:func:`diagnose_pod`) and the most important problem names the reason:
+"engine crashes" from "still loading the model" (users of operators that report
+only "not ready" cannot: ai-dynamo/dynamo#8170, #11131). So every engine pod is
+diagnosed (:func:`diagnose_pod`) and the most important problem names the reason:
 
 =========================  ========================================================
 reason                     when

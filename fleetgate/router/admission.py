@@ -35,22 +35,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import random
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Protocol
 
 from fleetgate.router.config import RouterConfig
-from fleetgate.router.metrics import ClassMetrics, RouterMetrics
+from fleetgate.router.metrics import ClassMetrics
+from fleetgate.router.placement import Placer
 from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.priority.policy import Dispatch, Preempt, drain
 from fleetgate.router.priority.preemption import InFlight as VictimView
 from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
 from fleetgate.router.priority.saturation import SaturationView, pool_saturation
 from fleetgate.router.request import Request
-from fleetgate.router.scheduling.pipeline import NoEndpointError, Pipeline
 from fleetgate.router.scheduling.types import EndpointId
-from fleetgate.router.state import Endpoint, Fleet
+from fleetgate.router.state import Endpoint
 
 log = logging.getLogger("fleetgate.router.admission")
 
@@ -91,50 +90,6 @@ class Admission(Protocol):
         ...
 
 
-class Placer:
-    """The scheduling pipeline over the endpoints a request may use; reserves its pick."""
-
-    def __init__(
-        self, fleet: Fleet, pipeline: Pipeline, metrics: RouterMetrics, rng: random.Random
-    ) -> None:
-        self.fleet = fleet
-        self.pipeline = pipeline
-        self.metrics = metrics
-        self.rng = rng
-
-    def eligible(self, req: Request, now: float) -> list[Endpoint]:
-        """Endpoints that can serve ``req`` (pipeline hard filters), preferring the ones
-        it has not failed on, and for a text-only chat resume the ones that continue a
-        partial assistant message (with no such engine, any: documented risk)."""
-        views = self.pipeline.eligible(req.view, self.fleet.views((), [], now))
-        out = [self.fleet.endpoints[v.id] for v in views]
-        if req.failed:
-            out = [e for e in out if e.id not in req.failed] or out
-        if req.needs_final_message and req.parked_at is not None:
-            out = [e for e in out if e.adapter.continues_final_message] or out
-        return out
-
-    def pick(self, req: Request, allowed: Collection[str], now: float) -> Endpoint | None:
-        """The pipeline's best endpoint among ``allowed`` (None: the filters left none)."""
-        views = [v for v in self.fleet.views(req.chain, req.order, now) if v.id in allowed]
-        try:
-            decision = self.pipeline.schedule(req.view, views, self.rng)
-        except NoEndpointError:
-            return None
-        self.metrics.child(
-            self.metrics.decisions, req.model, decision.reason, decision.decided_by
-        ).inc()
-        for eid in decision.ranking:
-            if eid in allowed:
-                return self.fleet.endpoints[eid]
-        return None
-
-    def reserve(self, req: Request, e: Endpoint) -> Endpoint:
-        matched = self.fleet.index.match(e.id, req.chain) if req.chain else 0
-        req.reserve(e, matched)
-        return e
-
-
 Clock = Callable[[], float]
 
 
@@ -158,14 +113,18 @@ class ImmediateAdmission:
     async def admit(self, req: Request) -> Endpoint | Refusal:
         now = self.clock()
         retry_after = self.config.limits.retry_after_s
-        able = [e.id for e in self.placer.eligible(req, now) if e.id not in req.failed]
-        if not able:
-            cause = f" ({req.last_cause})" if req.failures else ""
-            what = "could serve the request" if req.failures else f"serves model `{req.model}`"
-            return Refusal(503, f"no healthy endpoint {what}{cause}", retry_after)
-        e = self.placer.pick(req, able, now)
+        if req.needs_final_message and req.parked_at is not None:
+            allowed: set[str] = {e.id for e in self.placer.eligible(req, now)}
+        else:  # the pipeline's own filters decide the rest, in one pass over the fleet
+            allowed = set(self.placer.fleet.endpoints)
+        allowed.difference_update(req.failed)
+        e = self.placer.pick(req, allowed, now) if allowed else None
         if e is None:
-            return Refusal(503, f"no endpoint serves model `{req.model}`", retry_after)
+            if req.failures:
+                msg = f"no healthy endpoint could serve the request ({req.last_cause})"
+            else:
+                msg = f"no healthy endpoint serves model `{req.model}`"
+            return Refusal(503, msg, retry_after)
         if not req.dispatched_once:
             self.classes.m.child(self.classes.wait, req.model, req.cls.name).observe(0.0)
         return self.placer.reserve(req, e)

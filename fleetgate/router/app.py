@@ -29,8 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleetgate.engines import get_adapter
-from fleetgate.router.admission import Admission, ClassQueueAdmission, ImmediateAdmission, Placer
+from fleetgate.router.admission import Admission, ClassQueueAdmission, ImmediateAdmission
 from fleetgate.router.asgi import RequestHandler
 from fleetgate.router.client import make_client
 from fleetgate.router.config import ConfigError, RouterConfig, Scheduling
@@ -38,21 +37,24 @@ from fleetgate.router.errors import error_body
 from fleetgate.router.exchange import Exchange
 from fleetgate.router.identity import Gatekeeper, KeyFile, TenantLimiter
 from fleetgate.router.metrics import ClassMetrics, RouterMetrics
+from fleetgate.router.placement import Placer
 from fleetgate.router.poller import Poller
+from fleetgate.router.rawhttp import RawUpstream
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.pipeline import Pipeline, PipelineWeights, default_pipeline
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.serve import ServeLoop
+from fleetgate.router.served import adapter_for
 from fleetgate.router.services import Services, random_request_id
 from fleetgate.router.state import Endpoint, Fleet
-from fleetgate.router.upstream import HttpxUpstream, RawUpstream, Upstream
+from fleetgate.router.upstream import HttpxUpstream, Upstream
 
 
 def build_fleet(config: RouterConfig) -> Fleet:
     endpoints = []
     for pool, b in config.backends():
-        adapter = get_adapter(b.engine)
+        adapter = adapter_for(b.engine, b.version)
         sources = {s.name: s for s in adapter.metrics_sources}
         if b.metrics_source is not None and b.metrics_source not in sources:
             raise ConfigError(
@@ -69,6 +71,7 @@ def build_fleet(config: RouterConfig) -> Fleet:
                 adapter=adapter,
                 metrics_source=source,
                 capacity_hint=b.capacity,
+                served_model=b.served_model,
             )
         )
     sched = config.scheduling

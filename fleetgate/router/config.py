@@ -30,6 +30,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -37,10 +38,11 @@ from pydantic import (
 from fleetgate.engines import UnknownEngineError, get_adapter
 from fleetgate.router.k8s_targets import KubernetesDiscoveryConfig
 from fleetgate.router.priority.config import PriorityConfig
+from fleetgate.router.served import EngineVersionError, check_version
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class Backend(_Strict):
@@ -54,6 +56,12 @@ class Backend(_Strict):
     capacity: int | None = Field(None, ge=1)
     """Concurrent sequences (vLLM ``max_num_seqs``, TRT max batch size), used when the
     engine's metrics do not carry it (vLLM's do not)."""
+    version: str | None = None
+    """Engine release, for engines whose request fields and metrics differ by release
+    (TensorRT-LLM: ``1.0.0``, ``1.2.0rc3``, ``main``...; ``fleetgate.router.served``)."""
+    served_model: str | None = Field(None, min_length=1)
+    """The model name clients use, when the engine lists another (trtllm-serve lists
+    its model path): shown by ``/v1/models`` and in answers in its place."""
 
     @field_validator("engine")
     @classmethod
@@ -62,6 +70,17 @@ class Backend(_Strict):
             return get_adapter(value).name
         except UnknownEngineError as e:
             raise ValueError(str(e.args[0])) from None
+
+    @field_validator("version")
+    @classmethod
+    def _supported_version(cls, value: str | None, info: ValidationInfo) -> str | None:
+        engine = info.data.get("engine")
+        if value is None or engine is None:
+            return value
+        try:
+            return check_version(engine, value)
+        except EngineVersionError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("url")
     @classmethod
@@ -303,13 +322,22 @@ class PrioritySection(PriorityConfig):
 class ApiKeys(_Strict):
     """``identity.api_keys``: every request needs a key from ``keys_file``."""
 
-    keys_file: str
+    keys_file: str | None = None
     """A YAML/JSON file ``{keys: [{key | key_sha256, tenant, max_class, default_class,
-    name}]}``, typically a mounted Secret; re-read when it changes."""
+    name}]}``, typically a mounted Secret; re-read when it changes. Required (the Helm
+    chart sets it from ``router.identity.apiKeysSecret``)."""
     reload_s: float = Field(5.0, gt=0)
     """How often the file is checked for a change."""
     above_max_class: Literal["reject", "lower"] = "reject"
     """A request above its key's ``max_class``: ``reject`` (403) or ``lower`` it."""
+
+    @model_validator(mode="after")
+    def _has_file(self) -> ApiKeys:
+        if not self.keys_file:
+            raise ValueError(
+                "keys_file is required (a path; the chart: router.identity.apiKeysSecret)"
+            )
+        return self
 
 
 class TrustedGateway(_Strict):

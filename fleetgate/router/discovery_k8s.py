@@ -11,8 +11,15 @@ EndpointSlice controller copies the Service's labels onto its slices and adds
   defines) or the pods with that label (Ready condition, not terminating). Pods are
   for clusters whose slices cannot hold the pod IPs: the API server refuses loopback
   addresses in EndpointSlices, so the kwok dev cluster (pod IPs 127.0.1.x) uses them;
-* the InferenceServices: engine type, pool, role, served model, weight (0 drains)
-  and concurrency limit, joined to the addresses by namespace and name.
+* the InferenceServices: engine type, pool, role, served model, weight (0 drains),
+  concurrency limit and engine release (``spec.engine.version`` or the image tag),
+  joined to the addresses by namespace and name. Pods also carry the operator's
+  ``fleetgate.dev/served-model`` and ``fleetgate.dev/engine-version`` annotations,
+  which win (per pod, so right mid-rollout); slices carry no annotations.
+
+Each endpoint gets its engine's adapter bound to that release (the request fields
+it accepts, the metrics source it publishes load on first) and its served name
+(:mod:`fleetgate.router.served`).
 
 Ready addresses of an existing InferenceService that pass the pool/role filters join
 the router's :class:`~fleetgate.router.state.Fleet`; the rest leave it.
@@ -70,6 +77,7 @@ from fleetgate.router.k8s_targets import (
     plan,
 )
 from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.router.served import EngineVersionError, adapter_for
 from fleetgate.router.state import Endpoint, Fleet
 
 if TYPE_CHECKING:
@@ -262,7 +270,13 @@ class FleetMembership:
                 self.refused.add(t)
                 log.warning("endpoint %s (%s) refused: id in use or URL not allowed", t.id, t.url)
             return False
-        adapter = get_adapter(t.engine)
+        try:
+            adapter = adapter_for(t.engine, t.engine_version)
+        except EngineVersionError as err:
+            # The operator refuses such services, so only a hand-made pod gets here: the
+            # registry's adapter (the newest release's request fields and metrics).
+            log.warning("endpoint %s: %s; using the %s defaults", t.id, err, t.engine)
+            adapter = get_adapter(t.engine)
         e = Endpoint(
             id=t.id,
             pool=t.pool,
@@ -271,12 +285,15 @@ class FleetMembership:
             adapter=adapter,
             metrics_source=adapter.metrics_sources[0],
             capacity_hint=t.capacity,
+            served_model=t.model,
         )
         self.fleet.endpoints[t.id] = e
         self.targets[t.id] = t
         loop = asyncio.get_running_loop()
         self._tasks[t.id] = [loop.create_task(self._poll(e), name=f"discovered:{t.id}")]
-        log.info("endpoint %s joined (%s %s, pool %s)", t.id, t.engine, t.url, t.pool)
+        release = f" {t.engine_version}" if t.engine_version else ""
+        log.info("endpoint %s joined (%s%s %s, pool %s, model %s)",
+                 t.id, t.engine, release, t.url, t.pool, t.model)  # fmt: skip
         return True
 
     async def remove(self, eid: EndpointId) -> None:

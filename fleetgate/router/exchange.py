@@ -175,6 +175,11 @@ class Exchange:
         if req.cls.level != 0 and self.engine_priority.enabled(e.pool, e.id):
             fields = e.adapter.priority_fields(req.cls.level)
         path = req.path
+        # The engine's own name where it lists another and may refuse the served one
+        # (served.py): sent upstream in its place.
+        own = e.engine_model if e.engine_model and not e.echoes_any_model else None
+        if own is not None:
+            fields = {**fields, "model": own}
         if sp is None:
             if not fields and "priority" not in req.doc:
                 return path, req.body  # byte for byte
@@ -233,11 +238,14 @@ class Exchange:
         self, req: Request, send: ClientSend, e: Endpoint, resp: UpstreamResponse, predicted: int
     ) -> Result:
         s = self.s
+        rename = e.model_rename()  # None unless the engine lists another name (served.py)
         if not (req.stream and resp.content_type().startswith(b"text/event-stream")):
             try:
                 data = await resp.read()
             except UpstreamError as err:
                 return self._failed(e, err.cause)
+            if rename is not None:
+                data = rename.whole(data)
             ctype = resp.content_type() or b"application/json"
             headers = self._headers(req, e, resp, ctype=False)
             await send_bytes(send, resp.status, data, content_type=ctype, headers=headers)
@@ -252,6 +260,8 @@ class Exchange:
             first = b""
         except UpstreamError:
             return self._failed(e, "stream_broken")
+        if rename is not None:
+            first = rename.feed(first)
         headers = self._headers(req, e, resp, ctype=True)
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -264,6 +274,8 @@ class Exchange:
             watch.wait()
             async for chunk in chunks:
                 watch.got()
+                if rename is not None:
+                    chunk = rename.feed(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 now = s.clock()
                 itl.observe(now - t)
@@ -279,7 +291,8 @@ class Exchange:
             raise
         finally:
             watch.stop()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        tail = rename.flush() if rename is not None else b""
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
         self._e2e(req, e)
         for line in usage_chunk.split(b"\n"):
             if line.startswith(b"data:") and b'"usage"' in line:
@@ -305,6 +318,8 @@ class Exchange:
     ) -> Result:
         s, sp = self.s, req.splicer
         assert sp is not None
+        sp.use_token_events(e.adapter.token_events)
+        sp.rename_model(e.engine_model, e.served_model)
         sp.upstream_usage = None
         itl = s.metrics.child(s.metrics.itl, req.model, e.engine, req.cls.name)
         watch = _SilenceWatch(s.config.timeouts.stream_idle_for(e.engine))

@@ -214,6 +214,7 @@ class Gatekeeper:
         if section is None:
             return
         if section.api_keys is not None:
+            assert section.api_keys.keys_file is not None  # the config requires it
             self.keys = KeyFile(section.api_keys.keys_file, classes)
             self.lower = section.api_keys.above_max_class == "lower"
         gw = section.trusted_gateway

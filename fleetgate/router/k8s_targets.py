@@ -29,6 +29,8 @@ LABEL_ENGINE = "fleetgate.dev/engine"
 LABEL_ROLE = "fleetgate.dev/role"
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
+ANNOTATION_SERVED_MODEL = "fleetgate.dev/served-model"
+ANNOTATION_ENGINE_VERSION = "fleetgate.dev/engine-version"
 ISVC_GROUP_VERSION = "fleetgate.dev/v1alpha1"
 ISVC_PLURAL = "inferenceservices"
 
@@ -75,6 +77,9 @@ class Target:
     namespace: str
     service: str
     model: str
+    """The served name clients use (``fleetgate.dev/served-model``)."""
+    engine_version: str | None = None
+    """The engine release (``fleetgate.dev/engine-version``; :func:`engine_version`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,6 +110,12 @@ class Address:
     ipv6: bool
     port: int
     ready: bool
+    annotations: tuple[tuple[str, str], ...] = ()
+    """The operator's discovery annotations of the pod (``pods`` source; slices have
+    none), sorted."""
+
+    def annotation(self, key: str) -> str | None:
+        return next((v for k, v in self.annotations if k == key), None)
 
 
 def addresses_from_slice(eps: Mapping[str, Any], port_name: str) -> list[Address]:
@@ -156,6 +167,14 @@ def addresses_from_pod(pod: Mapping[str, Any], port_name: str) -> list[Address]:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+    notes = meta.get("annotations") or {}
+    annotations = tuple(
+        sorted(
+            (k, str(notes[k]))
+            for k in (ANNOTATION_SERVED_MODEL, ANNOTATION_ENGINE_VERSION)
+            if notes.get(k)
+        )
+    )
     return [
         Address(
             namespace=str(meta.get("namespace", "")),
@@ -165,8 +184,32 @@ def addresses_from_pod(pod: Mapping[str, Any], port_name: str) -> list[Address]:
             ipv6=":" in str(ip),
             port=int(ports[0]["containerPort"]),
             ready=ready and not meta.get("deletionTimestamp"),
+            annotations=annotations,
         )
     ]
+
+
+def engine_version(a: Address, engine_spec: Mapping[str, Any]) -> str | None:
+    """The release an address's engine runs, as the operator wrote its arguments for.
+
+    The pod's ``fleetgate.dev/engine-version`` annotation (``pods`` source: exact per
+    pod, also mid-rollout); else, as the operator resolves it, the InferenceService's
+    ``spec.engine.version``, else its image tag (``...release:1.0.0`` -> ``1.0.0``; a
+    ``-suffix`` dropped). None when none is given; whether the adapter supports it is
+    :func:`fleetgate.router.served.adapter_for`'s to say.
+    """
+    noted = a.annotation(ANNOTATION_ENGINE_VERSION)
+    if noted:
+        return noted
+    declared = engine_spec.get("version")
+    if isinstance(declared, str) and declared.strip():
+        return declared.strip()
+    image = engine_spec.get("image")
+    if not isinstance(image, str):
+        return None
+    last = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    tag = last.split(":", 1)[1] if ":" in last else ""
+    return tag.split("-", 1)[0] or None
 
 
 def target_for(
@@ -196,8 +239,15 @@ def target_for(
         capacity=_capacity(engine_spec),
         namespace=a.namespace,
         service=a.service,
-        model=str((spec.get("model") or {}).get("name") or a.service),
+        model=a.annotation(ANNOTATION_SERVED_MODEL)
+        or str((spec.get("model") or {}).get("name") or a.service),
+        engine_version=engine_version(a, engine_spec) if _versioned(engine) else None,
     )
+
+
+def _versioned(engine: str) -> bool:
+    """The engine's adapter binds to releases (``for_version``); others ignore versions."""
+    return hasattr(get_adapter(engine), "for_version")
 
 
 def desired_targets(

@@ -2,7 +2,7 @@
 
 One asyncio task per endpoint per loop; nothing else reads an engine's
 metrics source, which matters for TensorRT-LLM's JSON ``/metrics`` (reading
-drains it: exactly ONE poller per engine, ``engines.md`` §4). Scrape results
+drains it: stats are removed once read, so exactly ONE poller per engine). Scrape results
 go through the engine adapter (``parse_metrics``) into ``Endpoint.scraped``;
 a failed scrape marks the endpoint ``scrape_failing`` so its load estimate
 turns pessimistic at once instead of reading idle.
@@ -13,7 +13,7 @@ silently and never fatal to the loop.
 
 Cost: every GET goes through a :class:`Getter`. By default that is the shared
 httpx client (tests replace its transport). ``raw_gets=True`` gives the poller
-its own :class:`~fleetgate.router.upstream.RawUpstream` (keep-alive pools of
+its own :class:`~fleetgate.router.rawhttp.RawUpstream` (keep-alive pools of
 its own, at most 2 idle connections per engine: one scrape loop, one health
 loop; the request path's pools are not shared, so its connection reuse is
 unchanged), closed by :meth:`Poller.stop`. Its GET costs ~0.15 ms of CPU per
@@ -39,8 +39,9 @@ import httpx
 from fleetgate.engines.base import EngineError
 from fleetgate.router.config import RouterConfig
 from fleetgate.router.metrics import RouterMetrics
+from fleetgate.router.rawhttp import RawUpstream
 from fleetgate.router.state import Endpoint, Fleet
-from fleetgate.router.upstream import RawUpstream, UpstreamError
+from fleetgate.router.upstream import UpstreamError
 
 log = logging.getLogger("fleetgate.router.poller")
 
@@ -176,15 +177,15 @@ class Poller:
         except (*_FETCH_ERRORS, _HttpStatus, ValueError, AttributeError) as err:
             log.warning("endpoint %s: cannot list models: %s", e.id, err)
             return
-        models: set[str] = set()
+        models: list[str] = []
         max_len: int | None = None
         for card in data if isinstance(data, list) else []:
             if isinstance(card, dict) and isinstance(card.get("id"), str):
-                models.add(card["id"])
+                models.append(card["id"])
                 value: Any = card.get("max_model_len")
                 if isinstance(value, int) and value > 0:
                     max_len = value if max_len is None else min(max_len, value)
-        e.models = frozenset(models)
+        e.set_models(models)
         e.max_model_len = max_len
         self._models_at[e.id] = self.clock()
         if self.on_change is not None:

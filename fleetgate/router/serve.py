@@ -34,7 +34,8 @@ import logging
 from fleetgate.router.admission import Admission, Refusal
 from fleetgate.router.errors import ClientSend, send_bytes, send_error
 from fleetgate.router.exchange import Exchange, Outcome, Result
-from fleetgate.router.priority.splice import StreamSplicer, encode_json
+from fleetgate.router.priority.splice import StreamSplicer
+from fleetgate.router.priority.wire import encode_json
 from fleetgate.router.request import Request
 from fleetgate.router.services import Services
 

@@ -35,6 +35,7 @@ from fleetgate.router.scheduling.load import LoadParams, RouterCounts, estimate_
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.speed import DecodeSpeed
 from fleetgate.router.scheduling.types import EndpointId, EndpointView
+from fleetgate.router.served import ModelRename, served_models
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,6 +54,12 @@ class Endpoint:
     adapter: EngineAdapter
     metrics_source: MetricsSource
     capacity_hint: int | None = None
+    served_model: str | None = None
+    """The name clients use for this endpoint's model, when the engine may list another
+    (trtllm-serve lists its model path): shown in :attr:`models` in its place
+    (:meth:`set_models`, :mod:`fleetgate.router.served`)."""
+    engine_model: str | None = None
+    """The engine's own name for :attr:`served_model` when it lists another (else None)."""
     models: frozenset[str] = frozenset()
     max_model_len: int | None = None
     healthy: bool = False
@@ -69,6 +76,24 @@ class Endpoint:
     prefilling: int = 0
     """Uncached prompt tokens of this router's requests here that have no first token
     yet: the prefill backlog ahead of a new request (``EndpointView.pending_prefill_tokens``)."""
+
+    # ---------------------------------------------------------------- models
+
+    @property
+    def echoes_any_model(self) -> bool:
+        """The engine answers a request for any model name (TensorRT-LLM): the served
+        name can go upstream as it is."""
+        return bool(getattr(self.adapter, "accepts_any_model_name", False))
+
+    def set_models(self, listed: Iterable[str]) -> None:
+        """The engine's ``/v1/models`` ids, in order; the served name replaces its own."""
+        self.models, self.engine_model = served_models(listed, self.served_model)
+
+    def model_rename(self) -> ModelRename | None:
+        """A rewriter of answer bytes naming the engine's model, or None (names agree)."""
+        if self.engine_model is None or self.served_model is None:
+            return None
+        return ModelRename(self.engine_model, self.served_model)
 
     # ---------------------------------------------------------------- traffic
 

@@ -87,6 +87,12 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         help="any timing-profile field, e.g. --set mean_output_tokens=64 (repeatable)",
     )
     group.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="vLLM: publish KV-cache events over ZeroMQ (vLLM 0.32 wire) on ephemeral "
+        "loopback ports, printed as kv_events=... kv_replay=...",
+    )
+    group.add_argument(
         "--no-prompt-tokens-details",
         dest="prompt_tokens_details",
         action="store_false",
@@ -165,6 +171,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int
                 enable_prompt_tokens_details=details,
                 max_num_queued_reqs=args.max_num_queued_reqs,
                 version=args.vllm_version if kind == "vllm" else None,
+                kv_events=bool(args.kv_events) and kind == "vllm",
             )
             for _ in range(count)
         ]
@@ -190,7 +197,8 @@ async def serve(args: argparse.Namespace) -> int:
             specs, args.host, args.port, model=model, time_scale=time_scale, seed=seed
         ) as fleet:
             for e in fleet.engines:
-                print(f"engine={e.kind} url={e.url} model={e.model}", flush=True)
+                kv = f" kv_events={e.kv_events} kv_replay={e.kv_replay}" if e.kv_events else ""
+                print(f"engine={e.kind} url={e.url} model={e.model}{kv}", flush=True)
             await stop.wait()
     except FleetError as e:
         raise CliError(str(e)) from None

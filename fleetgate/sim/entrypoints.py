@@ -89,6 +89,8 @@ class EngineLaunch:
     """Profile overrides (field names or :data:`~fleetgate.sim.core.timing.ALIASES`)."""
     prompt_tokens_details: bool = False
     max_num_queued_reqs: int | None = None
+    kv_events_config: str | None = None
+    """vLLM ``--kv-events-config`` JSON (KV-cache events over ZeroMQ), as given."""
     ignored: tuple[str, ...] = ()
     """Real engine flags (and config keys) accepted with no effect on the emulation."""
     unknown: tuple[str, ...] = ()
@@ -196,6 +198,7 @@ def _vllm_parser(prog: str, positional: bool) -> _Parser:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--max-num-queued-reqs", type=int)
+    p.add_argument("--kv-events-config")
     for name in _VLLM_NO_EFFECT:
         flag = "--" + name.replace("_", "-")
         if name in ("trust_remote_code", "enforce_eager"):
@@ -239,6 +242,7 @@ def parse_vllm(argv: Sequence[str]) -> EngineLaunch:
         overrides=overrides,
         prompt_tokens_details=ns.enable_prompt_tokens_details,
         max_num_queued_reqs=ns.max_num_queued_reqs,
+        kv_events_config=ns.kv_events_config,
         ignored=_ignored(ns, _VLLM_NO_EFFECT, "-"),
         unknown=_group_unknown(extra),
     )
@@ -271,6 +275,8 @@ _TRT_CONFIG_KEYS = {
     "enable_chunked_context": "enable_chunked_context",
     "kv_cache_config.enable_block_reuse": "enable_block_reuse",
     "kv_cache_config.tokens_per_block": "tokens_per_block",
+    # KV-cache events for POST /kv_cache_events (not a profile field: see engine_spec)
+    "kv_cache_config.event_buffer_max_size": "event_buffer_max_size",
     "scheduler_config.capacity_scheduler_policy": "capacity_scheduler_policy",
     "scheduler_config.waiting_queue_policy": "waiting_queue_policy",
 }
@@ -397,12 +403,21 @@ def engine_spec(launch: EngineLaunch, profile: str) -> EngineSpec:
         overrides["max_num_batched_tokens"] = overrides.get(
             "max_model_len", resolve_profile(profile).max_model_len
         )
+    # trtllm-serve keeps KV-cache events when the options file sizes their buffer; vLLM's
+    # --kv-events-config is served by main() (it binds sockets).
+    buffer = overrides.pop("event_buffer_max_size", None)
+    try:
+        kv_buffer = int(buffer) if buffer is not None else 0  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise CliError(f"kv_cache_config.event_buffer_max_size: not a number: {buffer!r}") from None
     return EngineSpec(
         kind="vllm" if launch.kind == "vllm" else "trtllm",
         profile=profile,
         overrides=overrides,
         enable_prompt_tokens_details=launch.prompt_tokens_details,
         max_num_queued_reqs=launch.max_num_queued_reqs,
+        kv_events=launch.kind != "vllm" and kv_buffer > 0,
+        kv_event_buffer=max(kv_buffer, 1),
     )
 
 
@@ -471,14 +486,17 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
     if not 0 <= launch.port <= 65535:
         raise CliError(f"--port {launch.port} is out of range")
     spec = engine_spec(launch, profile)
-    try:
-        engine, app = build_engine(
-            spec, launch.model, default_model_factory(), time_scale, seed, time.time()
-        )
-    except FleetError as e:
-        raise CliError(str(e)) from None
     host = bind_host(launch.host, env)
     sock = _listen(host, launch.port)
+    publisher = _kv_publisher(launch, env, host)
+    try:
+        engine, app = build_engine(
+            spec, launch.model, default_model_factory(), time_scale, seed, time.time(), publisher
+        )
+    except FleetError as e:
+        if publisher is not None:
+            publisher.close()
+        raise CliError(str(e)) from None
     options = engine.options
     log.info(
         "emulating %s (profile %s, time scale %g): model %s, max_model_len %d, "
@@ -503,8 +521,35 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
     )
     import asyncio
 
-    asyncio.run(_serve(engine, app, sock))
+    try:
+        asyncio.run(_serve(engine, app, sock))
+    finally:
+        if publisher is not None:
+            publisher.close()
     return 0
+
+
+def _kv_publisher(launch: EngineLaunch, env: Mapping[str, str], host: str) -> Any:
+    """vLLM's KV-event publisher when ``--kv-events-config`` turns events on, else None.
+
+    A ``tcp://*:P`` endpoint binds ``host`` (the HTTP socket's address) unless that is
+    a wildcard itself."""
+    if launch.kind != "vllm" or not launch.kv_events_config:
+        return None
+    from fleetgate.sim.vllm.kv_events import KvEventPublisher, parse_kv_events_config
+
+    config = parse_kv_events_config(launch.kv_events_config)
+    if not config.active:
+        return None
+    wildcard = None if host in ("0.0.0.0", "::", "") else host
+    publisher = KvEventPublisher(config, env, wildcard)
+    log.info(
+        "KV-cache events: %s (topic %r), replay %s",
+        config.endpoint,
+        config.topic,
+        config.replay_endpoint,
+    )
+    return publisher
 
 
 async def _serve(engine: Any, app: Any, sock: socket.socket) -> None:

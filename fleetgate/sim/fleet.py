@@ -40,6 +40,7 @@ from fleetgate.sim.core.api import EngineModel
 from fleetgate.sim.generation import EngineOptions, SimEngine
 from fleetgate.sim.trtllm import build_trtllm
 from fleetgate.sim.vllm import build_vllm
+from fleetgate.sim.vllm.app import KvEventSink
 
 __all__ = [
     "EngineSpec",
@@ -85,6 +86,12 @@ class EngineSpec(BaseModel):
     ``/metrics`` semantics and the ``trtllm_*`` families follow that release."""
     max_num_queued_reqs: int | None = Field(default=None, ge=0)
     """vLLM admission control (503 when this many requests already wait)."""
+    kv_events: bool = False
+    """KV-cache events. vLLM: published over ZeroMQ (vLLM 0.32's wire, topic
+    ``kv-events``) on an ephemeral loopback port, with a replay socket
+    (:attr:`RunningEngine.kv_events`); TensorRT-LLM: kept for ``POST /kv_cache_events``."""
+    kv_event_buffer: int = Field(default=4096, ge=1)
+    """TensorRT-LLM's ``kv_cache_config.event_buffer_max_size`` when events are on."""
     seed: int | None = None
 
 
@@ -145,6 +152,10 @@ class RunningEngine:
     engine: SimEngine
     app: Any
     server: uvicorn.Server
+    kv_events: str | None = None
+    """``tcp://host:port`` of the KV-event PUB socket (None = events off)."""
+    kv_replay: str | None = None
+    """``tcp://host:port`` of its replay ROUTER socket."""
 
     @property
     def url(self) -> str:
@@ -181,8 +192,11 @@ def build_engine(
     time_scale: float,
     seed: int,
     created: float,
+    kv_events: KvEventSink | None = None,
 ) -> tuple[SimEngine, Any]:
-    """One engine (model, driver, metrics, ASGI app); nothing started yet."""
+    """One engine (model, driver, metrics, ASGI app); nothing started yet.
+
+    ``kv_events``: where a vLLM engine publishes its KV-cache events (None = off)."""
     try:
         model = factory(spec.kind, spec.profile, spec.overrides, seed)
     except ValueError as e:
@@ -208,9 +222,16 @@ def build_engine(
     adapter = get_adapter(spec.kind)
     if spec.kind == "vllm":
         return build_vllm(
-            options, model, SharedTokenizer(), time_scale, adapter.error_body, created
+            options, model, SharedTokenizer(), time_scale, adapter.error_body, created, kv_events
         )
-    return build_trtllm(options, model, SharedTokenizer(), time_scale, adapter.error_body)
+    return build_trtllm(
+        options,
+        model,
+        SharedTokenizer(),
+        time_scale,
+        adapter.error_body,
+        spec.kv_event_buffer if spec.kv_events else None,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -230,6 +251,7 @@ async def run_fleet(
     created = time.time()
     running: list[RunningEngine] = []
     sockets: list[socket.socket] = []
+    publishers: list[Any] = []
     ticker: asyncio.Task[None] | None = None
     try:
         for i, spec in enumerate(specs):
@@ -237,6 +259,9 @@ async def run_fleet(
             sock = _bind(host, want)
             sockets.append(sock)
             name = spec.model or model
+            publisher = _kv_publisher(spec, host)
+            if publisher is not None:
+                publishers.append(publisher)
             engine, app = build_engine(
                 spec,
                 name,
@@ -244,6 +269,7 @@ async def run_fleet(
                 time_scale,
                 spec.seed if spec.seed is not None else seed + i,
                 created,
+                publisher,
             )
             config = uvicorn.Config(
                 app,
@@ -261,7 +287,17 @@ async def run_fleet(
             await server.startup(sockets=[sock])
             server.started = True
             running.append(
-                RunningEngine(spec.kind, name, host, sock.getsockname()[1], engine, app, server)
+                RunningEngine(
+                    spec.kind,
+                    name,
+                    host,
+                    sock.getsockname()[1],
+                    engine,
+                    app,
+                    server,
+                    kv_events=publisher.endpoint if publisher is not None else None,
+                    kv_replay=publisher.replay_endpoint if publisher is not None else None,
+                )
             )
         ticker = asyncio.get_running_loop().create_task(_tick([r.server for r in running]))
         yield Fleet(running)
@@ -277,6 +313,25 @@ async def run_fleet(
         )
         for s in sockets[len(running) :]:
             s.close()
+        for p in publishers:
+            p.close()
+
+
+def _kv_publisher(spec: EngineSpec, host: str) -> Any:
+    """A loopback KV-event publisher (ephemeral ports) for a vLLM spec with events on."""
+    if not spec.kv_events or spec.kind != "vllm":
+        return None  # TensorRT-LLM keeps its events for POST /kv_cache_events
+    if ":" in host:
+        raise FleetError("kv_events: needs an IPv4 loopback host")
+    from fleetgate.sim.vllm.kv_events import KvEventPublisher, KvEventsConfig
+
+    config = KvEventsConfig(
+        enable_kv_cache_events=True,
+        endpoint=f"tcp://{host}:*",  # '*' as the port: bind an ephemeral one
+        replay_endpoint=f"tcp://{host}:*",
+        topic="kv-events",
+    )
+    return KvEventPublisher(config, {})
 
 
 async def _tick(servers: list[uvicorn.Server]) -> None:

@@ -1,5 +1,5 @@
 """Names and label values: what the operator copies into a child object is refused at
-admission when Kubernetes would refuse the child (issue 14).
+admission when Kubernetes would refuse the child.
 
 Before these rules a 70-character name was accepted and then failed at apply
 (``ApplyFailed``: labels must be no more than 63 bytes), and so did 19 of the cases
@@ -59,6 +59,30 @@ REFUSED = [
         id="image-whitespace",
     ),
     pytest.param("ok", {"gpu": {"product": "NVIDIA H100"}}, LABEL_VALUE, id="gpu-product"),
+    pytest.param(
+        "ok",
+        {
+            "engine": {
+                "type": "vllm",
+                "image": "v:1",
+                "vllm": {"kvEvents": True, "enablePrefixCaching": False},
+            }
+        },
+        "kvEvents is on but enablePrefixCaching is off",
+        id="vllm-kv-events-without-prefix-caching",
+    ),
+    pytest.param(
+        "ok",
+        {
+            "engine": {
+                "type": "tensorrt-llm",
+                "image": "t:1.0.0",
+                "tensorrtLlm": {"kvEvents": True, "enableBlockReuse": False},
+            }
+        },
+        "kvEvents is on but enableBlockReuse is off",
+        id="trtllm-kv-events-without-block-reuse",
+    ),
     pytest.param(
         "ok", {"gpu": {"resourceName": "gpu"}}, "gpu.resourceName must be", id="resource-no-domain"
     ),
@@ -266,7 +290,9 @@ def test_children_of_values_just_inside_the_limits_pass_the_api_server(
 ) -> None:
     # What the rules let through must also build: every child the operator derives
     # from a 63-character name and the longest accepted values, dry-run on the server.
-    spec = {**BOUNDARY_SPEC, "engine": {"type": engine, "image": "engine:1"}}
+    # a TensorRT-LLM image tag must name a release (or spec.engine.version must)
+    image = "engine:1" if engine == "vllm" else "engine:1.0.0"
+    spec = {**BOUNDARY_SPEC, "engine": {"type": engine, "image": image}}
     parsed = InferenceServiceSpec.model_validate(spec)
     owner = manifests.Owner(name=MAX_NAME, namespace=k8s_namespace, uid="0" * 36)
     children = manifests.build_children(

@@ -75,7 +75,10 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
         assert config.priority is None, "no classes unless the workload sends them"
     with_classes = parse_config(cmod.fleetgate_config(c, BACKENDS, 3, priority_classes=True))
     expected_section = PrioritySection(preemption_enabled=c.preemption)
-    assert with_classes.priority == expected_section
+    if c.classes:
+        assert with_classes.priority == expected_section
+    else:
+        assert with_classes.priority is None, "a class-blind baseline gets no priority section"
 
 
 @pytest.mark.parametrize(
@@ -133,9 +136,9 @@ def test_scenario_capacity_follows_the_engine_shape() -> None:
 
 
 def test_round_robin_ablation_is_the_real_picker_and_in_the_default_set() -> None:
-    """Issue #7's "round robin" ablation runs the router's round-robin picker."""
+    """The "round robin" contender runs the router's own round-robin picker."""
     from fleetgate.router.scheduling.pipeline import default_pipeline
-    from fleetgate.router.scheduling.plugins import RoundRobinPicker
+    from fleetgate.router.scheduling.plugins.round_robin import RoundRobinPicker
 
     rr = cmod.CONTENDERS["fleetgate-round-robin"]
     assert rr.picker == "round-robin" and rr.weights is None
@@ -143,11 +146,13 @@ def test_round_robin_ablation_is_the_real_picker_and_in_the_default_set() -> Non
     assert "fleetgate-random" in cmod.CONTENDERS and "fleetgate-random" not in cmod.DEFAULT_SET
     raw = cmod.fleetgate_config(rr, BACKENDS, 3, capacities=[8, 8])
     assert raw["scheduling"] == {"seed": 3, "picker": "round-robin"}
-    # the router app builds its pipeline from this field (tests/router/test_round_robin.py
-    # runs it end to end)
+    # the router app builds its pipeline from this field
+    # (tests/router/scheduling/test_round_robin.py runs it end to end)
     picker = default_pipeline(picker=parse_config(raw).scheduling.picker).picker
     assert isinstance(picker, RoundRobinPicker)
-    others = [c for c in cmod.CONTENDERS.values() if c.kind == "fleetgate" and c is not rr]
+    others = [
+        c for c in cmod.CONTENDERS.values() if c.kind == "fleetgate" and c is not rr and c.classes
+    ]
     assert all(c.picker is None for c in others)
 
 
@@ -161,6 +166,7 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
     assert with_speed == {
         "fleetgate",
         "fleetgate-round-robin",
+        "round-robin-no-classes",  # its picker ignores every score
         "fleetgate-no-preemption",
         "fleetgate-admission",
         "fleetgate-cold2",

@@ -58,15 +58,25 @@ def test_bench_run_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_demo_short_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    png = tmp_path / "demo.png"
-    assert main(["demo", "--duration", "5", "--plot", str(png)]) == 0
+    out_dir = tmp_path / "out"
+    argv = ["demo", "--duration", "5", "--baseline", "none", "--out", str(out_dir)]
+    assert main(argv) == 0
     captured = capsys.readouterr()
     out = captured.out
-    assert "== fleetgate ==" in out
-    rows = {m[1]: int(m[2]) for m in re.finditer(r"^(critical|batch|standard)\s+(\d+)", out, re.M)}
+    rows = {
+        m[1]: int(m[2])
+        for m in re.finditer(
+            r"^(critical|batch|standard): TTFT <= \S+ s met\s+\S+ \(\d+/(\d+)\)", out, re.M
+        )
+    }
     assert set(rows) == {"critical", "batch", "standard"} and all(rows.values())
-    assert "engine prefix-cache hit rate" in out
-    load = re.search(r"^per-engine load \(generated tokens\): (.*);", out, re.M)
-    assert load is not None and load[1].count("vllm@") == 3 and load[1].count("trtllm@") == 2
+    assert "prefix-cache hit rate (engines)" in out and "router preemptions" in out
+    load = re.search(r"^fleetgate: generated tokens per engine: (.*)$", out, re.M)
+    assert load is not None and load[1].count("vLLM ") == 3 and load[1].count("TRT-LLM ") == 2
+    png = out_dir / "fleetgate-demo.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert "fleetgate  [" in captured.err, "progress bar on stderr"
+    assert f"plot: {png}" in out and f"summary: {out_dir / 'fleetgate-demo.txt'}" in out
+    assert "critical: TTFT <= 0.5 s met" in (out_dir / "fleetgate-demo.txt").read_text()
+    err = captured.err
+    assert "fleetgate  [" in err, "progress bar on stderr"
+    assert re.search(r"fleetgate\s+done in \d+ s \(start-up \d+ s, traffic 5 s", err)

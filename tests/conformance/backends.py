@@ -5,7 +5,7 @@ run as a subprocess with options equivalent to the real server's
 (realvllm.SERVER_FLAGS: served name ``tiny-llama``, ``max_model_len`` 2048,
 ``max_num_seqs`` 4, 24 KV blocks of 128 tokens like the CPU build, prompt-tokens
 details on) and reporting the real server's version, 0.32.0 (the emulator's own
-default stays engines.md's 0.33.0; fix-list F6 of docs/emulator-fidelity.md).
+default stays 0.33.0; fix-list F6 of docs/emulator-fidelity.md).
 Its address is read from the ``engine=vllm url=... model=...``
 line it prints. It is stopped by PID (SIGTERM, then SIGKILL to its group).
 """
@@ -70,12 +70,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def run_emulator(log_path: Path) -> Iterator[Backend]:
+def run_emulator(log_path: Path, engine_args: tuple[str, ...] | None = None) -> Iterator[Backend]:
+    """The fleet CLI with :data:`EMULATOR_ARGS`, or with ``engine_args`` one engine
+    from its own command line (``fleetgate sim vllm serve ...``; add ``--port {port}``)."""
     port = free_port()
     cmd = [
         sys.executable, "-m", "fleetgate", "sim", "--vllm", "1",
         "--host", "127.0.0.1", "--port", str(port), *EMULATOR_ARGS,
     ]  # fmt: skip
+    if engine_args is not None:
+        args = [str(port) if a == "{port}" else a for a in engine_args]
+        cmd = [sys.executable, "-m", "fleetgate", "sim", *args]
     with log_path.open("wb") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()

@@ -1,8 +1,7 @@
 """Endpoints, status codes, response shapes and error bodies, on both backends.
 
-Expected values come from the real vLLM 0.32 recordings
-(/work/shared/fixtures/vllm-0.32-cpu/README.md, sections 1-5 and quirks 1-3)
-and /work/shared/reference/engines.md sections 2-3.
+Expected values are what a real vLLM 0.32 server answers (its recordings:
+``tests/recordings.py``) and what vLLM 0.33's OpenAI server code returns.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ async def test_models_lists_the_served_model(backend: Backend) -> None:
 
 async def test_version_matches_system_fingerprint(backend: Backend) -> None:
     """Both say 0.32.0: the emulator is started with ``--vllm-version 0.32.0`` (its own
-    default follows engines.md, 0.33.0; fix-list F6)."""
+    default is 0.33.0, the version the router targets; fix-list F6)."""
     resp = await raw_request(backend.base_url, "GET", "/version")
     assert resp.status == 200
     body = resp.json()

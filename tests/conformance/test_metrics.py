@@ -1,7 +1,7 @@
 """The /metrics families and labels the router relies on, on both backends.
 
-Names, types and labels as seen on real vLLM 0.32 (fixture ``metrics_*.prom.txt``,
-shared/reference/real-vllm-cpu.md "Metric names seen"): every ``vllm:`` series
+Names, types and labels as seen on real vLLM 0.32 (recordings ``metrics_*.prom.txt``):
+every ``vllm:`` series
 carries ``engine="0"`` and ``model_name=<served name>``; counters are exposed
 with ``_total``; ``vllm:cache_config_info`` carries the KV geometry as labels;
 ``vllm:gpu_cache_usage_perc`` is gone in this version.

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from recordings import VLLM_032
 
 from fleetgate.engines._common import PromScanner
 from fleetgate.engines.base import LoadSnapshot, MetricsParseError
@@ -31,7 +32,7 @@ from fleetgate.sim.core.timing import build_engine_model
 from fleetgate.sim.generation import EngineOptions, GenRequest
 from fleetgate.sim.trtllm.metrics import TrtllmMetrics
 
-FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIXTURES = VLLM_032
 DATA = Path(__file__).parent / "data"
 VSOURCE = VLLM.metrics_sources[0]
 
@@ -212,7 +213,8 @@ def test_trtllm_prometheus_fixtures_without_the_histogram_are_unknown() -> None:
 
 
 def test_trtllm_iteration_stats_documented_shape() -> None:
-    """engines.md §4 example fields: iters 152-154, each ~7 ms with 3 generation requests."""
+    """trtllm-serve's documented ``/metrics`` example: iters 152-154, each ~7 ms with 3
+    generation requests."""
     snap = TRT.parse_metrics(
         ITERATION_STATS, (DATA / "trtllm_iteration_stats.json").read_bytes(), 1.0, None
     )

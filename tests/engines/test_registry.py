@@ -11,7 +11,7 @@ import pytest
 
 import fleetgate.engines as engines
 from fleetgate.engines import UnknownEngineError, adapters, get_adapter
-from fleetgate.engines.base import EngineAdapter, LaunchSpec, LoadSnapshot
+from fleetgate.engines.base import EngineAdapter, LaunchSpec, LoadSnapshot, TokenEventShapes
 from fleetgate.engines.trtllm import TrtllmAdapter
 from fleetgate.engines.vllm import VllmAdapter
 
@@ -57,6 +57,19 @@ def test_adapters_satisfy_the_protocol(name: str) -> None:
     adapter.settings_model()  # defaults are valid on their own
 
 
+@pytest.mark.parametrize("name", ["vllm", "trtllm"])
+def test_token_event_shapes_keep_the_contract(name: str) -> None:
+    """Each pattern captures ``text`` (and maybe ``ids``) and nothing else by name."""
+    shapes = get_adapter(name).token_events
+    assert isinstance(shapes, TokenEventShapes)
+    for kind in ("chat", "completions"):
+        patterns = shapes.for_kind(kind)
+        assert patterns, f"{name} declares no {kind} shape"
+        for p in patterns:
+            assert "text" in p.groupindex and set(p.groupindex) <= {"text", "ids"}
+            assert p.pattern.endswith(rb"\n\n")  # to the end of the event
+
+
 def test_non_adapters_fail_the_protocol_check() -> None:
     class Partial:
         name = "partial"
@@ -75,7 +88,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from fleetgate.engines.base import (
-    ContainerPlan, ErrorInfo, LaunchSpec, LoadSnapshot, MetricsSource, Probe,
+    ContainerPlan, ErrorInfo, LaunchSpec, LoadSnapshot, MetricsSource, Probe, TokenEventShapes,
 )
 
 
@@ -93,6 +106,7 @@ class ToyAdapter:
     accepts_token_ids_prompt = False
     returns_token_ids = False
     continues_final_message = False
+    token_events = TokenEventShapes()  # no fast path: every streamed event is read as JSON
 
     def parse_metrics(self, source, body, now, previous):
         return LoadSnapshot(scraped_at=now, running=int(body), source=source.name)
@@ -110,6 +124,9 @@ class ToyAdapter:
         probe = Probe("/ready")
         return ContainerPlan(("toy",), (launch.model_path,), launch.port, probe, probe, probe,
                              "/load")
+
+    def decode_kv_events(self, frames):
+        return ()  # publishes none: ContainerPlan.kv_events stays None
 
 
 ADAPTER = ToyAdapter()

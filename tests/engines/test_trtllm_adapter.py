@@ -204,6 +204,7 @@ def test_container_defaults() -> None:
             "free_gpu_memory_fraction": 0.9,
             "enable_block_reuse": True,
             "tokens_per_block": 32,
+            "event_buffer_max_size": 4096,  # KV-cache events: on with block reuse
         },
         "scheduler_config": {
             "capacity_scheduler_policy": "GUARANTEED_NO_EVICT",
@@ -258,6 +259,7 @@ def test_container_defaults() -> None:
                     "free_gpu_memory_fraction": 0.9,
                     "enable_block_reuse": True,
                     "tokens_per_block": 16,
+                    "event_buffer_max_size": 4096,
                 }
             },
             id="from-crd-camel-case",

@@ -1,7 +1,8 @@
 """TensorRT-LLM metrics: trtllm-serve Prometheus, draining JSON iteration stats, Triton.
 
 We test these aspects:
-* each source's fixture (written to engines.md §4/§5) gives the documented fields;
+* each source's fixture (written from trtllm-serve's and Triton's documented
+  examples) gives the documented fields;
 * prefix counters are blocks * tokensPerBlock;
 * the empty-drain carry-over policy of the JSON source, scenario by scenario;
 * None for what a source does not carry; malformed input raises MetricsParseError.

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from recordings import VLLM_032
 
 from fleetgate.engines.base import LEVEL_MAX, LEVEL_MIN, EngineError, LaunchSpec
 from fleetgate.engines.trtllm import TrtllmSettings
 from fleetgate.engines.vllm import ADAPTER, VllmSettings, routing_error_body
 
-FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIXTURES = VLLM_032
 
 
 # ------------------------------------------------------------------ priority
@@ -406,3 +406,52 @@ def test_container_is_pure_and_deterministic() -> None:
     launch = LaunchSpec("/m", "m", 8000, settings=VllmSettings(max_num_seqs=3))
     assert ADAPTER.container(launch) == ADAPTER.container(launch)
     assert isinstance(ADAPTER.settings_model(), BaseModel)
+
+
+# ------------------------------------------------------------------ streams
+def _events(name: str) -> list[bytes]:
+    resp = json.loads((FIXTURES / name).read_text())["response"]
+    if "http_chunks" in resp:
+        chunks = [c.encode() for c in resp["http_chunks"]]
+    else:
+        chunks = [part.encode() + b"\n\n" for part in resp["body"].split("\n\n") if part]
+    return [c for c in chunks if c != b"data: [DONE]\n\n"]
+
+
+def _match(kind: Any, event: bytes) -> dict[str, bytes | None] | None:
+    rest = event[event.index(b'"choices":[') + len(b'"choices":[') :]
+    for p in ADAPTER.token_events.for_kind(kind):
+        m = p.fullmatch(rest)
+        if m is not None:
+            return {k: m[k] for k in p.groupindex}
+    return None
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("completions_stream.json", "completions"),
+        ("completions_stream_return_token_ids.json", "completions"),
+        ("chat_stream.json", "chat"),
+        ("chat_stream_usage.json", "chat"),
+    ],
+)
+def test_recorded_plain_token_events_match_the_shapes(name: str, kind: Any) -> None:
+    """Every token event of a real stream but the finishing one is plain; the text and
+    ids captured are the event's own."""
+    for event in _events(name):
+        doc = json.loads(event[6:])
+        choice = (doc["choices"] or [{}])[0]
+        plain = (
+            bool(doc["choices"])
+            and choice.get("finish_reason") is None
+            and "role" not in choice.get("delta", {})
+            and doc.get("prompt_token_ids") is None
+            and choice.get("prompt_token_ids") is None
+        )
+        m = _match(kind, event)
+        assert (m is not None) == plain, event
+        if m is not None:
+            text = choice["text"] if kind == "completions" else choice["delta"]["content"]
+            assert json.loads(b'"' + (m["text"] or b"") + b'"') == text
+            assert json.loads(m["ids"] or b"null") == choice.get("token_ids")

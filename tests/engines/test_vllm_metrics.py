@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from recordings import VLLM_032
 
 from fleetgate.engines._common import PromScanner
 from fleetgate.engines.base import LoadSnapshot, MetricsParseError, MetricsSource
 from fleetgate.engines.vllm import ADAPTER
 
-FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIXTURES = VLLM_032
 DATA = Path(__file__).parent / "data"
 SOURCE = ADAPTER.metrics_sources[0]
 EXPOSITIONS = sorted(FIXTURES.glob("metrics_*.prom.txt"))

@@ -463,7 +463,7 @@ def test_operator_works_with_exactly_its_cluster_role(
         )
         assert denied.returncode != 0 and "forbidden" in denied.stderr, "the token is restricted"
 
-        trt = isvc("trt", ns, engine={"type": "tensorrt-llm", "image": "t:1"})
+        trt = isvc("trt", ns, engine={"type": "tensorrt-llm", "image": "t:1.0.0"})
         with operator(k8s_cluster, ns, kubeconfig=restricted):
             k8s_cluster.apply(trt)
             wait_for("Ready", ready_with(k8s_cluster, ns, "trt", "AllReplicasReady", "True"), 90)

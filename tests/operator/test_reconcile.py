@@ -187,8 +187,8 @@ def test_invalid_spec_becomes_degraded_not_an_exception(kube: FakeKube) -> None:
 
 
 def test_name_the_children_cannot_carry_is_invalid_spec_not_apply_failed(kube: FakeKube) -> None:
-    # Created before the CRD refused such names (issue 14: 70 characters failed at
-    # apply, "labels must be no more than 63 bytes"): say why once, write no child.
+    # Created before the CRD refused such names (70 characters would fail at apply,
+    # "labels must be no more than 63 bytes"): say why once, write no child.
     long_name = "a" * 70
     body = _isvc(kube)
     del kube.objects[("InferenceService", "ns", "svc")]
@@ -339,7 +339,7 @@ def test_service_monitor_crd_removed_behind_stale_discovery(kube: FakeKube) -> N
 
 
 def test_unknown_trtllm_version_is_a_clear_condition(kube: FakeKube) -> None:
-    """Issue 17: the release comes from spec.engine.version or the image tag, else a
+    """The release comes from spec.engine.version or the image tag, else a
     Degraded condition says how to fix it; nothing is applied meanwhile."""
     rec = _reconciler(kube)
     body = _isvc(kube, "tensorrt-llm")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -15,13 +16,18 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
+from recordings import VLLM_032
 
+from fleetgate.api.v1alpha1 import InferenceServiceSpec
 from fleetgate.operator import manifests
+from fleetgate.operator.options import OperatorOptions
 from fleetgate.router import discovery_k8s as d
 from fleetgate.router import k8s_targets as kt
 from fleetgate.router.app import build_router
 from fleetgate.router.config import ConfigError, RouterConfig, is_loopback_host
 from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.router.served import adapter_for
 from fleetgate_tools.devcluster import FAKE_NODE_TOLERATION, DevCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,6 +207,82 @@ def test_engine_type_and_trtllm_capacity() -> None:
     assert kt.desired_targets(found, {("ns", "llama"): svc}, CFG) == {}
 
 
+def test_annotations_agree_with_the_operator() -> None:
+    assert (kt.ANNOTATION_SERVED_MODEL, kt.ANNOTATION_ENGINE_VERSION) == (
+        manifests.ANNOTATION_SERVED_MODEL,
+        manifests.ANNOTATION_ENGINE_VERSION,
+    )
+
+
+def _trtllm_isvc(**engine: Any) -> dict[str, Any]:
+    svc = isvc()
+    svc["spec"]["model"] = {"uri": "hf://Qwen/Qwen2.5-7B-Instruct", "name": "qwen2.5-7b"}
+    svc["spec"]["engine"] = {"type": "tensorrt-llm", **engine}
+    return svc
+
+
+@pytest.mark.parametrize(
+    "engine, want",
+    [
+        pytest.param({"image": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0"}, "1.0.0", id="tag"),
+        pytest.param({"image": "reg:5000/trt/release:1.2.0rc3-py3"}, "1.2.0rc3", id="tag-suffix"),
+        pytest.param({"image": "trt:1.0.0", "version": "main"}, "main", id="field-wins"),
+        pytest.param({"image": "trt@sha256:abc"}, None, id="digest-only"),
+        pytest.param({}, None, id="no-image"),
+    ],
+)
+def test_release_from_the_inference_service(engine: dict[str, Any], want: str | None) -> None:
+    found = kt.addresses_from_slice(eps(), "http")
+    targets = kt.desired_targets(found, {("ns", "llama"): _trtllm_isvc(**engine)}, CFG)
+    assert {t.engine_version for t in targets.values()} == {want}
+    assert {t.model for t in targets.values()} == {"qwen2.5-7b"}
+
+
+def test_pod_annotations_win_and_vllm_has_no_release() -> None:
+    p = pod("a", "10.1.0.1")
+    p["metadata"]["annotations"] = {
+        kt.ANNOTATION_ENGINE_VERSION: "1.0",
+        kt.ANNOTATION_SERVED_MODEL: "served",
+        "other": "x",
+    }
+    found = kt.addresses_from_pod(p, "http")
+    svc = _trtllm_isvc(image="trt:1.1.0")
+    (t,) = kt.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
+    assert (t.engine_version, t.model) == ("1.0", "served")
+    # A new release is a new target: plan() replaces the endpoint (rollout).
+    bumped = kt.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    (u,) = kt.desired_targets(bumped, {("ns", "llama"): svc}, CFG).values()
+    assert u.engine_version == "1.1.0" and kt.plan({t.id: t}, {u.id: u}).remove == (t.id,)
+    vllm = isvc()
+    vllm["spec"]["engine"]["image"] = "vllm/vllm-openai:v0.11.0"
+    (v,) = kt.desired_targets(found, {("ns", "llama"): vllm}, CFG).values()
+    assert v.engine_version is None and v.engine == "vllm"
+
+
+def test_the_operators_pods_give_the_example_its_release_and_served_name() -> None:
+    """The trtllm example through the operator's manifests and the pods source."""
+    doc = yaml.safe_load((REPO / "examples" / "trtllm-qwen2.5-7b.yaml").read_text())
+    spec = InferenceServiceSpec.model_validate(doc["spec"])
+    owner = manifests.Owner(name="qwen-7b", namespace="ns", uid="u")
+    children = manifests.build_children(
+        owner, spec, OperatorOptions(), service_monitor_supported=False
+    )
+    deployment = children.by_kind("Deployment")
+    assert deployment is not None
+    template = deployment["spec"]["template"]
+    p = {
+        "metadata": {**template["metadata"], "name": "qwen-7b-0", "namespace": "ns"},
+        "spec": template["spec"],
+        "status": {"podIP": "10.1.0.9", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    found = kt.addresses_from_pod(p, "http")
+    (t,) = kt.desired_targets(found, {("ns", "qwen-7b"): doc}, CFG).values()
+    assert (t.engine, t.engine_version, t.model) == ("trtllm", "1.0", "qwen2.5-7b")
+    adapter = adapter_for(t.engine, t.engine_version)
+    assert adapter.metrics_sources[0].name == "iteration-stats"
+    assert adapter.priority_fields(3) == {}
+
+
 def test_no_or_deleting_inference_service_means_no_endpoint() -> None:
     found = kt.addresses_from_pod(pod("a", "10.1.0.1"), "http")
     assert kt.desired_targets(found, {}, CFG) == {}
@@ -334,7 +416,7 @@ async def test_reflector_keeps_its_cache_through_api_errors() -> None:
 
 # --------------------------------------------------------------------------- membership
 
-VLLM_METRICS = Path("/work/shared/fixtures/vllm-0.32-cpu/metrics_a_after_start.prom.txt")
+VLLM_METRICS = VLLM_032 / "metrics_a_after_start.prom.txt"
 
 
 def fake_engines(request: httpx.Request) -> httpx.Response:
@@ -373,6 +455,19 @@ async def test_membership_adds_polls_and_removes_only_its_own_endpoints() -> Non
         e = fleet.endpoints[EndpointId("ns/a")]
         assert (e.engine, e.pool, e.capacity_hint) == ("vllm", "chat", 16)
         await _until(lambda: e.healthy and e.models == {"llama-3"} and e.snapshot is not None, 5)
+        trt = dataclasses.replace(
+            target("ns/t", "http://127.0.1.11:8000"),
+            engine="trtllm",
+            model="qwen2.5-7b",
+            engine_version="1.0",
+        )
+        assert m.add(trt) is True
+        t = fleet.endpoints[EndpointId("ns/t")]
+        assert (t.metrics_source.name, t.served_model) == ("iteration-stats", "qwen2.5-7b")
+        assert t.adapter.priority_fields(3) == {}
+        assert m.add(dataclasses.replace(trt, id=EndpointId("ns/u"), engine_version="0.9"))
+        u = fleet.endpoints[EndpointId("ns/u")]  # unknown release: the registry's adapter
+        assert u.metrics_source.name == "prometheus"
         await m.close()
         assert list(fleet.endpoints) == ["127.0.0.1:9"]  # the static backend stays
         assert m.targets == {}
@@ -403,7 +498,9 @@ def _k8s_isvc(name: str, ns: str) -> dict[str, Any]:
     return obj
 
 
-def _k8s_pod(name: str, ns: str, service: str) -> dict[str, Any]:
+def _k8s_pod(
+    name: str, ns: str, service: str, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -411,6 +508,7 @@ def _k8s_pod(name: str, ns: str, service: str) -> dict[str, Any]:
             "name": name,
             "namespace": ns,
             "labels": {kt.LABEL_INSTANCE: service, kt.LABEL_POOL: "chat"},
+            "annotations": annotations or {},
         },
         "spec": {
             "tolerations": [FAKE_NODE_TOLERATION],
@@ -502,14 +600,28 @@ async def test_pods_join_and_leave_and_a_410_relist_loses_nothing(
         assert removed == []  # the relist replaced the cache; nothing left the fleet
         assert {f"{ns}/llama-{i}" for i in range(3)} <= set(fleet.endpoints)
 
+        # A TensorRT-LLM pod as the operator annotates it: bound to its release (no
+        # priority field, load from JSON /metrics), served under spec.model.name.
+        qwen = _k8s_isvc("qwen", ns)
+        qwen["spec"]["engine"] = {"type": "tensorrt-llm", "image": "trt/release:1.1.0"}
+        qwen["spec"]["model"]["name"] = "qwen2.5-7b"
+        notes = {kt.ANNOTATION_ENGINE_VERSION: "1.0", kt.ANNOTATION_SERVED_MODEL: "qwen2.5-7b"}
+        await asyncio.to_thread(k8s_cluster.apply, qwen, _k8s_pod("qwen-0", ns, "qwen", notes))
+        await _until(lambda: f"{ns}/qwen-0" in fleet.endpoints)
+        q = fleet.endpoints[EndpointId(f"{ns}/qwen-0")]
+        assert (q.engine, q.metrics_source.name) == ("trtllm", "iteration-stats")
+        assert q.served_model == "qwen2.5-7b" and q.adapter.priority_fields(3) == {}
+        assert e0.served_model == "llama-3"
+
         await asyncio.to_thread(
             k8s_cluster.kubectl, "-n", ns, "delete", "pod", "llama-1", "--wait=false"
         )
         await _until(lambda: f"{ns}/llama-1" not in fleet.endpoints)
         assert removed == [f"{ns}/llama-1"]
         await asyncio.to_thread(
-            k8s_cluster.kubectl, "-n", ns, "delete", "inferenceservice", "llama", "--wait=false"
-        )
+            k8s_cluster.kubectl, "-n", ns, "delete", "inferenceservice", "llama", "qwen",
+            "--wait=false",
+        )  # fmt: skip
         await _until(lambda: not any(k.startswith(f"{ns}/") for k in fleet.endpoints))
     assert fleet.endpoints == {}
 

@@ -14,18 +14,19 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
+from recordings import VLLM_032
 from routerkit import router_config
 
 from fleetgate.router.app import build_fleet
 from fleetgate.router.client import make_client
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.poller import Getter, Poller
+from fleetgate.router.rawhttp import RawUpstream
 from fleetgate.router.state import Fleet
-from fleetgate.router.upstream import RawUpstream, UpstreamBroken, UpstreamTimeout
+from fleetgate.router.upstream import UpstreamBroken, UpstreamTimeout
 from fleetgate.sim import EngineSpec, run_fleet
 
 MODEL = "m"
@@ -72,7 +73,7 @@ async def test_raw_getter_reads_what_httpx_reads() -> None:
             assert getattr(a.snapshot, field) == getattr(b.snapshot, field), field
 
 
-FIX = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIX = VLLM_032
 _BODIES = {
     b"/metrics": (FIX / "metrics_a_after_start.prom.txt").read_bytes(),
     b"/v1/models": json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode(),
@@ -244,7 +245,7 @@ def test_the_router_app_scrapes_with_raw_gets_unless_a_transport_is_injected() -
     from fleetgate.router.app import build_router
     from fleetgate.router.config import parse_config
     from fleetgate.router.poller import HttpxGetter
-    from fleetgate.router.upstream import RawUpstream
+    from fleetgate.router.rawhttp import RawUpstream
 
     raw = {
         "test_mode": True,

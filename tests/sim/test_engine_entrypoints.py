@@ -28,6 +28,7 @@ from engine_cmdlines import EXTRA_ARGS, EngineContainer, cases, engine_container
 
 from fleetgate.cli import CliError
 from fleetgate.engines.trtllm import TrtllmSettings
+from fleetgate.engines.trtllm.versions import resolve_version
 from fleetgate.sim import entrypoints
 from fleetgate.sim.fleet import build_engine, default_model_factory
 
@@ -87,7 +88,10 @@ def test_generated_command_line_parses_and_configures(spec: dict[str, Any], tmp_
         s = t if t is not None else TrtllmSettings()
         assert options.block_size == s.tokens_per_block
         assert engine.options.prefix_caching == s.enable_block_reuse
-        assert launch.overrides["waiting_queue_policy"] == s.waiting_queue_policy
+        release = resolve_version(c.spec.engine.version, c.spec.engine.image)
+        # the 1.0/1.1 lines have no waiting_queue_policy: the operator does not write it
+        expected = s.waiting_queue_policy if release.waiting_queue_policy else None
+        assert launch.overrides.get("waiting_queue_policy") == expected
         assert launch.overrides["capacity_scheduler_policy"] == s.capacity_scheduler_policy
         if s.max_batch_size is not None:
             assert options.max_num_seqs == s.max_batch_size

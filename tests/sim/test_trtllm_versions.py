@@ -1,4 +1,4 @@
-"""The emulated trtllm-serve follows the release it emulates (issue 17): strict request
+"""The emulated trtllm-serve follows the release it emulates: strict request
 validation, ``priority`` only where the request models have it, the ``trtllm_*`` gauges
 set when a request completes (main) and no load gauges before main."""
 

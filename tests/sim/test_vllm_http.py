@@ -13,15 +13,15 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from recordings import VLLM_032
 
 from fleetgate.sim.fleet import EngineSpec, Fleet, run_fleet
 
-FIX = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIX = VLLM_032
 MODEL = "tiny-llama"
 
 

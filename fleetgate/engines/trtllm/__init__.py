@@ -8,6 +8,7 @@ Modules:
 * :mod:`~.sources`: the three metrics sources, in order of preference;
 * :mod:`~.prometheus`, :mod:`~.iteration_stats`, :mod:`~.triton`: one parser each;
 * :mod:`~.errors`: error bodies (built and understood);
+* :mod:`~.stream`: the byte layout of a plain streamed token event;
 * :mod:`~.adapter`: :class:`TrtllmAdapter` tying them together as ``ADAPTER``.
 
 Metric facts (names from TensorRT-LLM's ``tensorrt_llm/metrics/collector.py`` and

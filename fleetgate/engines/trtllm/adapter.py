@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -11,6 +12,7 @@ from fleetgate.engines.base import (
     LEVEL_MAX,
     ContainerPlan,
     ErrorInfo,
+    KvEventBatch,
     LaunchSpec,
     LoadSnapshot,
     MetricsParseError,
@@ -18,10 +20,12 @@ from fleetgate.engines.base import (
 )
 from fleetgate.engines.trtllm import errors
 from fleetgate.engines.trtllm.iteration_stats import parse_iteration_stats
+from fleetgate.engines.trtllm.kv_events import decode_trtllm_kv_events
 from fleetgate.engines.trtllm.launch import container_plan
 from fleetgate.engines.trtllm.prometheus import parse_prometheus
 from fleetgate.engines.trtllm.settings import TrtllmSettings
 from fleetgate.engines.trtllm.sources import ITERATION_STATS, PROMETHEUS, TRITON
+from fleetgate.engines.trtllm.stream import TOKEN_EVENTS
 from fleetgate.engines.trtllm.triton import parse_triton
 from fleetgate.engines.trtllm.versions import TrtllmRelease, release_for
 
@@ -54,6 +58,12 @@ class TrtllmAdapter:
     #: partial assistant message (vLLM's ``continue_final_message``): it would answer
     #: it as a new turn, so a chat that must resume from text goes to an engine that can.
     continues_final_message = False
+    token_events = TOKEN_EVENTS
+    #: trtllm-serve serves one model and never checks a request's ``model``: its
+    #: answers echo it (``serve/postprocess_handlers.py``, ``ChatPostprocArgs`` and
+    #: ``CompletionPostprocArgs.from_request``: ``model=request.model``). The router
+    #: sends a served name that differs from the model path as it is.
+    accepts_any_model_name = True
 
     def __init__(self, release: TrtllmRelease | None = None) -> None:
         self.release = release
@@ -102,6 +112,10 @@ class TrtllmAdapter:
     def classify_error(self, status: int, body: bytes) -> ErrorInfo:
         """See :func:`fleetgate.engines.trtllm.errors.classify_error`."""
         return errors.classify_error(status, body)
+
+    def decode_kv_events(self, frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
+        """See :func:`fleetgate.engines.trtllm.kv_events.decode_trtllm_kv_events`."""
+        return decode_trtllm_kv_events(frames)
 
     def container(self, launch: LaunchSpec) -> ContainerPlan:
         """``trtllm-serve <model> ...`` plus the LLM-API options YAML as a config file."""

@@ -24,8 +24,9 @@ from typing import Any
 import yaml
 
 from fleetgate.engines._common import validate_launch
-from fleetgate.engines.base import ContainerPlan, LaunchSpec, Probe
-from fleetgate.engines.trtllm.settings import TrtllmSettings
+from fleetgate.engines.base import ContainerPlan, KvEventsEndpoint, LaunchSpec, Probe
+from fleetgate.engines.trtllm.kv_events import KV_EVENTS_PATH, TRTLLM_KV_EVENTS_FORMAT
+from fleetgate.engines.trtllm.settings import KV_EVENT_BUFFER, TrtllmSettings
 from fleetgate.engines.trtllm.sources import ITERATION_STATS, PROMETHEUS
 from fleetgate.engines.trtllm.versions import (
     EngineVersionError,
@@ -96,6 +97,13 @@ def container_plan(launch: LaunchSpec, release: TrtllmRelease | None = None) -> 
         config_files={CONFIG_FILE: llm_api_options_yaml(settings, release)},
         config_mount_path=mount,
         engine_version=release.line,
+        kv_events=(
+            KvEventsEndpoint(
+                transport="http-drain", format=TRTLLM_KV_EVENTS_FORMAT, path=KV_EVENTS_PATH
+            )
+            if settings.kv_events_on and release.kv_events
+            else None
+        ),
     )
 
 
@@ -112,6 +120,8 @@ def llm_api_options(settings: TrtllmSettings, release: TrtllmRelease) -> dict[st
         },
         "scheduler_config": scheduler,
     }
+    if settings.kv_events_on and release.kv_events:
+        options["kv_cache_config"]["event_buffer_max_size"] = KV_EVENT_BUFFER
     if settings.backend == "pytorch":
         # Iteration stats feed both the JSON /metrics and the collector's gauges.
         options["enable_iter_perf_stats"] = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = ["TrtllmSettings"]
@@ -19,13 +19,29 @@ _MODEL_CONFIG = ConfigDict(
 )
 
 
+_KV_EVENTS_RULE = (
+    "!has(self.kvEvents) || !self.kvEvents || !has(self.enableBlockReuse) || self.enableBlockReuse"
+)
+_KV_EVENTS_MESSAGE = (
+    "kvEvents is on but enableBlockReuse is off: an engine without block reuse has no "
+    "cached blocks to report; turn block reuse on or set kvEvents: false"
+)
+#: Events the executor keeps between two drains of ``/kv_cache_events``.
+KV_EVENT_BUFFER = 4096
+
+
 class TrtllmSettings(BaseModel):
     """TensorRT-LLM settings as embedded in an ``InferenceService`` spec (camelCase keys).
 
     ``None`` means "leave trtllm-serve's own default": the flag is not passed.
     """
 
-    model_config = _MODEL_CONFIG
+    model_config = ConfigDict(
+        **_MODEL_CONFIG,
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": _KV_EVENTS_RULE, "message": _KV_EVENTS_MESSAGE}]
+        },
+    )
 
     backend: Literal["pytorch", "tensorrt"] = Field(
         default="pytorch",
@@ -72,3 +88,22 @@ class TrtllmSettings(BaseModel):
         description="Waiting-queue order; 'priority' honours the request 'priority' field "
         "(higher is sooner) that the router sets; scheduler_config.waiting_queue_policy.",
     )
+    kv_events: bool | None = Field(
+        default=None,
+        description="Keep KV-cache events (blocks stored / removed) for the router's exact "
+        "prefix view: kv_cache_config.event_buffer_max_size "
+        f"{KV_EVENT_BUFFER}, drained by the router from POST /kv_cache_events; written "
+        "for release line main (1.3+) only, not yet verified for 1.0-1.2. "
+        "Unset: on when enableBlockReuse is on.",
+    )
+
+    @model_validator(mode="after")
+    def _kv_events_need_block_reuse(self) -> TrtllmSettings:
+        if self.kv_events and not self.enable_block_reuse:
+            raise ValueError(_KV_EVENTS_MESSAGE)
+        return self
+
+    @property
+    def kv_events_on(self) -> bool:
+        """Events are kept: asked for, or by default with block reuse."""
+        return self.enable_block_reuse if self.kv_events is None else self.kv_events

@@ -57,6 +57,10 @@ class TrtllmRelease:
     prometheus_load_gauges: bool
     """``/prometheus/metrics`` carries the ``trtllm_num_requests_*`` / KV gauges (set by
     the collector from iteration stats when a request completes)."""
+    kv_events: bool = False
+    """``kv_cache_config.event_buffer_max_size`` is a key fleetgate has verified for this
+    line (contract data) and ``POST /kv_cache_events`` drains the events; off until
+    verified for a line."""
 
 
 R1_0 = TrtllmRelease(
@@ -85,6 +89,7 @@ MAIN = TrtllmRelease(
     load_source="prometheus",
     json_metrics="completion-buffer",
     prometheus_load_gauges=True,
+    kv_events=True,
 )
 
 #: Every supported release line, oldest first.

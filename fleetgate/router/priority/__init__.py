@@ -6,7 +6,10 @@
 * :mod:`.preemption`: which in-flight request to preempt, and why.
 * :mod:`.policy`: one event-driven drain step (shed, dispatch, preempt).
 * :mod:`.continuation`: the request body that resumes a preempted/died request.
-* :mod:`.splice`: one seamless client stream/body out of all its segments.
+* :mod:`.splice`: one seamless client stream out of all of an answer's segments.
+* :mod:`.assemble`: what is rendered from an answer's totals (usage event,
+  non-streaming body).
+* :mod:`.wire`: the router's own JSON and SSE bytes, rendered as vLLM renders them.
 
 Nothing here does I/O, reads a clock or imports an HTTP library; the router
 (``fleetgate/router``) owns the sockets, timers and tasks and calls in.
@@ -20,7 +23,8 @@ the app lifespan from the YAML ``priority:`` section):
    None the request is *resumable*: its upstream body is
    ``upstream_body(body, return_token_ids=<engine returns ids>)`` and its bytes
    go through a ``StreamSplicer(kind, include_usage=<client's>,
-   return_token_ids=<client's>)``; a non-streaming client gets
+   return_token_ids=<client's>)``, told each attempt's engine with
+   ``splicer.use_token_events(adapter.token_events)``; a non-streaming client gets
    ``encode_json(splicer.assemble_response())``. Others are proxied untouched
    and reported as ``InFlight(resumable=False)``.
 2. ``queue.offer(rid, cls, tenant, now, ctx, pool=<model>)``; a ``Shed`` is

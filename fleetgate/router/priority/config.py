@@ -17,8 +17,8 @@ exactly one class, resolved by :func:`resolve_class`:
 When both are given the header wins and the body value is not even looked at.
 An unknown name raises :class:`UnknownPriorityClass`, which carries the HTTP
 status (400) and an OpenAI/vLLM-shaped error body
-(``{"error": {"message", "type", "param", "code"}}``, the envelope recorded in
-``shared/fixtures/vllm-0.32-cpu/err_priority_string.json``).
+(``{"error": {"message", "type", "param", "code"}}``, the envelope a real vLLM 0.32
+answers a string ``priority`` with; recording ``err_priority_string.json``).
 
 Levels are integers in ``[LEVEL_MIN, LEVEL_MAX]`` from
 :mod:`fleetgate.engines.base`; higher is more urgent and ``0`` is standard. The

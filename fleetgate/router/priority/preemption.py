@@ -26,7 +26,7 @@ kept), but a request that has produced a lot is also the one closest to
 finishing by itself. When ``needed_tokens`` is given, victims that free at least
 that much KV rank before those that do not. Ties: lower level first (the least
 important work), then the most recently started (as vLLM's own scheduler picks
-the newest of the lowest priority, engines.md "Preemption"), then request id.
+the newest of the lowest priority, ``v1/core/sched/scheduler.py``), then request id.
 
 Pure: the caller passes ``now`` and plain snapshots.
 """

@@ -25,8 +25,8 @@ An endpoint with fresh metrics is **over** when any of these holds:
 in-flight count for it is below ``unknown_in_flight_floor``: a small trickle
 keeps a silent endpoint useful (and produces the traffic that shows whether it
 is alive) but a stale endpoint never absorbs a burst. This is the fail-closed
-side of the llm-d staleness debate (routing-anchors.md (d)2) with a bounded
-fail-open floor.
+side of the staleness trade-off (stale metrics: trust them and overload, or
+distrust them and idle) with a bounded fail-open floor.
 
 Pure: inputs are plain values; ``scrape_age_s`` is computed by the caller from
 its injected clock.

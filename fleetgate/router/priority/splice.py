@@ -17,40 +17,38 @@ rewrites events so the client sees exactly one vLLM-shaped stream:
   died) never leaks half an event; the incomplete tail is dropped on
   :meth:`StreamSplicer.begin_continuation`;
 * the finishing token event is held until the stream ends so that, when the
-  client did not ask for usage, it carries ``system_fingerprint`` as vLLM puts
-  it there (fixtures completions_stream vs completions_stream_usage);
+  client did not ask for usage, it carries ``system_fingerprint`` where vLLM
+  puts it (on the finishing event without usage, on the usage event with it);
 * exactly one usage event (only when the client asked ``include_usage``) whose
   ``completion_tokens`` is what the client received and ``prompt_tokens`` the
   original prompt, then exactly one ``data: [DONE]``.
 
 Token counting: exact from ``token_ids`` when the engine returns them; else one
 token per choice event (vLLM emits one event per generated token without
-speculative decoding; fixtures completions_stream / chat_stream). The original
-prompt size comes from the first segment's ``prompt_token_ids`` or usage, or is
-derived from the first continuation's usage minus the tokens it was given.
+speculative decoding). The original prompt size comes from the first segment's
+``prompt_token_ids`` or usage, or is derived from the first continuation's usage
+minus the tokens it was given.
 
-JSON is re-serialized compactly with raw UTF-8 (``separators=(",", ":")``,
-``ensure_ascii=False``), which reproduces vLLM's bytes; events that need no
-change are forwarded byte for byte.
+JSON is re-rendered with :func:`~.wire.encode_json`, which reproduces vLLM's
+bytes; events that need no change are forwarded byte for byte.
 
-Fast path (the CPU per streamed token): a plain token event (one choice, no
-role, no finish, no usage, nothing to repair) of a known engine shape
-(:data:`_CHAT_SHAPES`, :data:`_COMPLETIONS_SHAPES`: vLLM 0.32 and the
-TensorRT-LLM shapes) whose bytes start with this answer's identity prefix
-(``data: {"id":..,"object":..,"created":..,"model":..,"choices":[`` exactly as
-:func:`encode_json` renders the adopted identity) is handled by one anchored
-regex match instead of ``json.loads`` + re-encoding: the text and token ids are
-taken from the bytes and the event is forwarded as is, or with its
-``"token_ids":[..]`` bytes replaced by ``null`` when the client did not ask for
-them. The output is the slow path's byte for byte: the prefix is the encoding
-of the identity, the rest of the shape is fixed literals, and a text holding an
-escape is forwarded only when :func:`encode_json` renders it the same. Anything
-else (first event, role, finish, usage, error, a continuation's events, an
-unknown shape) takes the JSON path. ``fast_path=False`` turns it off (tests
-compare both). :meth:`StreamSplicer.assemble_response`
-builds the non-streaming body in vLLM 0.32's shape (fixtures
-completions_nonstream / chat_nonstream); :func:`merge_responses` merges two
-non-streaming bodies.
+Fast path (the CPU per streamed token). A plain token event (one choice, no
+role, no finish, no usage) whose bytes start with this answer's identity prefix
+(``data: {"id":..,"object":..,"created":..,"model":..,"choices":[`` as
+:func:`~.wire.encode_json` renders the adopted identity) and whose rest matches
+one of the shapes the segment's engine declares
+(:class:`~fleetgate.engines.base.TokenEventShapes`, given with
+:meth:`StreamSplicer.use_token_events`) is read from its bytes instead of
+``json.loads`` + re-encoding, and forwarded as is (``"token_ids":[..]`` replaced
+by ``null`` when the client did not ask for them). The output is the JSON path's
+byte for byte: shapes match only compact plain events, and a text holding an
+escape is forwarded only when :func:`~.wire.encode_json` renders it the same;
+shapes decide only which events skip the parse. Everything else (first event,
+role, finish, usage, error, a pending seam, a continuation under its own id, no
+shapes given) takes the JSON path.
+
+What the router renders from the answer's totals (the closing usage event, a
+non-streaming client's body) is in :mod:`.assemble`.
 
 Pure and synchronous: bytes in, bytes out.
 """
@@ -60,59 +58,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from json.encoder import encode_basestring
 from typing import Any
 
-from fleetgate.router.priority.continuation import Delivered, Kind, Mode
-
-DONE = b"data: [DONE]\n\n"
-
-# A JSON string body without control characters, escapes complete; a token-id list.
-_STR = rb'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*'
-_INT = rb"(?:0|[1-9][0-9]{0,18})"
-_IDS = rb"\[" + _INT + rb"(?:," + _INT + rb")*\]"
-
-#: Plain token events after the identity prefix, matched to the end of the event.
-_CHAT_SHAPES = (
-    # vLLM 0.32 (token_ids: null without return_token_ids) and the TensorRT-LLM shape
-    re.compile(
-        rb'\{"index":0,"delta":\{"content":"(?P<text>' + _STR + rb')"\}'
-        rb'(?:,"logprobs":null,"finish_reason":null)?'
-        rb'(?:,"token_ids":(?P<ids>null|' + _IDS + rb"))?\}\]\}\n\n"
-    ),
-)
-_COMPLETIONS_SHAPES = (
-    # vLLM 0.32
-    re.compile(
-        rb'\{"index":0,"text":"(?P<text>' + _STR + rb')","logprobs":null,"finish_reason":null,'
-        rb'"stop_reason":null(?:,"prompt_token_ids":null)?'
-        rb'(?:,"token_ids":(?P<ids>null|' + _IDS + rb"))?\}\]\}\n\n"
-    ),
-    # TensorRT-LLM
-    re.compile(
-        rb'\{"index":0,"text":"(?P<text>' + _STR + rb')","token_ids":(?P<ids>null),'
-        rb'"logprobs":null,"finish_reason":null,"stop_reason":null\}\],"usage":null\}\n\n'
-    ),
-)
-
-
-def encode_json(obj: Any) -> str:
-    """vLLM's compact JSON rendering."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-
-
-def _encode_scalar(value: Any) -> str:
-    """:func:`encode_json` of one value; strings and ints without ``json.dumps``'s set-up
-    (the identity prefix is built once per answer, also for one-token answers)."""
-    if type(value) is str:
-        return encode_basestring(value)
-    if type(value) is int:
-        return str(value)
-    return encode_json(value)
-
-
-def sse(obj: Any) -> bytes:
-    return f"data: {encode_json(obj)}\n\n".encode()
+from fleetgate.engines.base import TokenEventShapes
+from fleetgate.router.priority.assemble import assemble_response, client_usage, usage_event
+from fleetgate.router.priority.continuation import Delivered, Kind, Mode, repair_seam
+from fleetgate.router.priority.wire import DONE, encode_json, encode_scalar, sse
 
 
 class StreamSplicer:
@@ -121,7 +72,8 @@ class StreamSplicer:
     Only for requests :func:`~.continuation.resumability` accepts (one choice,
     index 0); proxy any other request untouched and never preempt it.
     ``include_usage`` / ``return_token_ids`` are what the *client* asked for.
-    Use: :meth:`feed` upstream bytes (returns client bytes); on preemption or
+    Use: before each upstream attempt, :meth:`use_token_events` with its engine's
+    shapes; :meth:`feed` upstream bytes (returns client bytes); on preemption or
     engine death call :meth:`begin_continuation` and feed the new upstream;
     when :attr:`finished` and the upstream ended, call :meth:`finish` once.
     """
@@ -133,7 +85,6 @@ class StreamSplicer:
         include_usage: bool,
         return_token_ids: bool,
         prompt_tokens: int | None = None,
-        fast_path: bool = True,
     ) -> None:
         self.kind: Kind = kind
         self.include_usage = include_usage
@@ -163,11 +114,14 @@ class StreamSplicer:
         self._done_sent = False
         self._seam_pending = False
         self._seam_prefix: str | None = None
-        self._fast_path = fast_path
         self._prefix: bytes | None = None
         """``data: {"id":..,"object":..,"created":..,"model":..,"choices":[`` of the adopted
         identity (fast path; None until adopted)."""
-        self._shapes = _CHAT_SHAPES if kind == "chat" else _COMPLETIONS_SHAPES
+        self._rename: tuple[str, str] | None = None
+        """(engine's model name, served name) of the current attempt's endpoint."""
+        self._shapes: tuple[tuple[re.Pattern[bytes], bool], ...] = ()
+        """The fast path's patterns for this answer's kind, each with whether it has
+        an ``ids`` group (none: JSON path only)."""
 
     # -- state -----------------------------------------------------------
 
@@ -200,10 +154,26 @@ class StreamSplicer:
 
     # -- input -----------------------------------------------------------
 
+    def use_token_events(self, shapes: TokenEventShapes) -> None:
+        """The bytes fed next come from an engine writing plain token events in
+        ``shapes`` (its adapter's ``token_events``): those skip the JSON parse.
+
+        Holds until called again; any engine's shapes are correct on any stream
+        (module docstring), they only decide how much of it takes the fast path.
+        """
+        self._shapes = tuple((p, "ids" in p.groupindex) for p in shapes.for_kind(self.kind))
+
+    def rename_model(self, engine_name: str | None, served_name: str | None) -> None:
+        """The next attempt's engine calls the model ``engine_name``; clients know it as
+        ``served_name`` (trtllm-serve lists its model path): an answer identity adopted
+        from an event naming ``engine_name`` shows ``served_name``. Such events then
+        differ from the identity and take the JSON path. None: no renaming."""
+        self._rename = (engine_name, served_name) if engine_name and served_name else None
+
     def begin_continuation(self, mode: Mode, *, seam_prefix: str | None = None) -> None:
         """The next :meth:`feed` bytes come from a continuation sent in ``mode``.
 
-        ``seam_prefix`` is ``ContinuationPlan.seam_prefix`` (see :meth:`_repair_seam`).
+        ``seam_prefix`` is ``ContinuationPlan.seam_prefix`` (see :func:`.continuation.repair_seam`).
         """
         if self.finished:
             raise RuntimeError("answer already finished: nothing to continue")
@@ -249,7 +219,7 @@ class StreamSplicer:
                 held["system_fingerprint"] = self.system_fingerprint
             out += sse(held)
         if self.include_usage:
-            out += sse(self._usage_event())
+            out += sse(usage_event(self, self._usage_template))
         out += DONE
         return bytes(out)
 
@@ -266,9 +236,10 @@ class StreamSplicer:
             or not raw.startswith(prefix)
         ):
             return None
-        for shape in self._shapes:
+        for shape, has_ids in self._shapes:
             m = shape.fullmatch(raw, len(prefix))
             if m is not None:
+                ids = m["ids"] if has_ids else None
                 break
         else:
             return None
@@ -278,7 +249,6 @@ class StreamSplicer:
             text: str = json.loads(b'"' + quoted + b'"') if escaped else quoted.decode()
         except ValueError:  # not UTF-8: the JSON path decides what it is
             return None
-        ids = m["ids"]
         out = raw
         if ids is not None and ids != b"null":
             if not self.return_token_ids:
@@ -296,7 +266,7 @@ class StreamSplicer:
         return out
 
     def _event(self, raw: bytes) -> bytes:
-        if self._fast_path:
+        if self._shapes:
             fast = self._fast_event(raw)
             if fast is not None:
                 return fast
@@ -348,8 +318,10 @@ class StreamSplicer:
             self.id = obj.get("id")
             self.created = obj.get("created")
             self.model = obj.get("model")
+            if self._rename is not None and self.model == self._rename[0]:
+                self.model = self._rename[1]
             ident, kind, created, model = map(
-                _encode_scalar, (self.id, obj.get("object"), self.created, self.model)
+                encode_scalar, (self.id, obj.get("object"), self.created, self.model)
             )
             head = f'data: {{"id":{ident},"object":{kind},"created":{created},"model":{model},'
             head += '"choices":['
@@ -399,7 +371,7 @@ class StreamSplicer:
             choice["delta"] = delta
         if self._seam_pending and (text or choice.get("finish_reason") is not None):
             self._seam_pending = False
-            repaired = self._repair_seam(text)
+            repaired = repair_seam(text, self.text, self._seam_prefix)
             if repaired != text:
                 text = repaired
                 if from_completions:
@@ -433,40 +405,8 @@ class StreamSplicer:
             if out.get("prompt_token_ids") is not None:
                 out["prompt_token_ids"] = None
         if isinstance(out.get("usage"), dict):
-            out["usage"] = self._usage_counts(out["usage"])
+            out["usage"] = client_usage(out["usage"], self)
         return out
-
-    def _repair_seam(self, text: str) -> str:
-        """Undo vLLM's detokenizer leak on the first text after a seam.
-
-        vLLM's incremental detokenizer primes itself on the last few prompt
-        tokens; when every candidate suffix decodes to an incomplete or invalid
-        UTF-8 tail (a ``\ufffd``), it primes on the whole prompt and the first
-        output event then carries the *entire* decoded prompt (original prompt +
-        already delivered text) before the new text. Seen on the real vLLM 0.32
-        server in 13 of 39 seams of a random-weight model whose output holds
-        ``\ufffd`` (tests/router/priority/test_realvllm_resume.py); real models
-        hit it when a seam splits a multi-byte character.
-
-        With ``seam_prefix`` (the decoded original prompt) the repair is exact:
-        strip ``seam_prefix + delivered`` when the text starts with it. Without
-        it (chat), strip through the last occurrence of the delivered text when
-        at least 8 characters precede it (a templated prompt always does; a
-        normal one-token event never holds the whole delivered text plus 8
-        more characters in practice). Documented heuristic.
-        """
-        delivered = self.text
-        if self._seam_prefix is not None:
-            leak = self._seam_prefix + delivered
-            if leak and text.startswith(leak):
-                return text[len(leak) :]
-            return text
-        if not delivered:
-            return text
-        at = text.rfind(delivered)
-        if at >= 8:
-            return text[at + len(delivered) :]
-        return text
 
     def _hide_ids(self, obj: Mapping[str, Any], choice: dict[str, Any]) -> dict[str, Any]:
         """An event unchanged but for token-id fields the client did not ask for."""
@@ -503,158 +443,13 @@ class StreamSplicer:
             "choices": [new_choice],
         }
         if isinstance(obj.get("usage"), dict):
-            out["usage"] = self._usage_counts(obj["usage"])
+            out["usage"] = client_usage(obj["usage"], self)
         if obj.get("system_fingerprint") is not None:
             out["system_fingerprint"] = obj["system_fingerprint"]
-        return out
-
-    # -- usage -----------------------------------------------------------
-
-    def _usage_counts(self, usage: Mapping[str, Any]) -> dict[str, Any]:
-        """``usage`` with the client's counts; a continuation's cache hits (which
-        include re-fed generated tokens) are capped at the original prompt."""
-        out = dict(usage)
-        prompt = self.prompt_tokens or 0
-        out["prompt_tokens"] = prompt
-        out["total_tokens"] = prompt + self.tokens
-        out["completion_tokens"] = self.tokens
-        details = out.get("prompt_tokens_details")
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            out["prompt_tokens_details"] = {
-                **details,
-                "cached_tokens": min(details["cached_tokens"], prompt),
-            }
-        return out
-
-    def _usage_event(self) -> dict[str, Any]:
-        template = self._usage_template or {
-            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
-            "choices": [],
-            "usage": {},
-        }
-        out = self._with_identity(template)
-        if self.kind == "chat":
-            out["object"] = "chat.completion.chunk"
-        out["usage"] = self._usage_counts(
-            {"prompt_tokens": 0, "total_tokens": 0, "completion_tokens": 0}
-            | {k: v for k, v in (template.get("usage") or {}).items()}
-        )
-        if self.system_fingerprint is not None:
-            out["system_fingerprint"] = self.system_fingerprint
         return out
 
     # -- non-streaming clients -----------------------------------------
 
     def assemble_response(self) -> dict[str, Any]:
-        """The non-streaming JSON body of the whole answer (vLLM 0.32 shape)."""
-        ids = list(self.token_ids) if self.return_token_ids and self.token_ids is not None else None
-        prompt_ids = (
-            list(self.prompt_token_ids)
-            if self.return_token_ids and self.prompt_token_ids is not None
-            else None
-        )
-        prompt = self.prompt_tokens or 0
-        usage = {
-            "prompt_tokens": prompt,
-            "total_tokens": prompt + self.tokens,
-            "completion_tokens": self.tokens,
-            "prompt_tokens_details": None,
-            "completion_tokens_details": None,
-        }
-        head = {"id": self.id}
-        if self.kind == "completions":
-            return {
-                **head,
-                "object": "text_completion",
-                "created": self.created,
-                "model": self.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": self.text,
-                        "logprobs": None,
-                        "finish_reason": self.finish_reason,
-                        "stop_reason": self.stop_reason,
-                        "token_ids": ids,
-                        "prompt_logprobs": None,
-                        "prompt_token_ids": prompt_ids,
-                        "routed_experts": None,
-                    }
-                ],
-                "service_tier": None,
-                "system_fingerprint": self.system_fingerprint,
-                "usage": usage,
-                "kv_transfer_params": None,
-                "ec_transfer_params": None,
-                "metrics": None,
-            }
-        return {
-            **head,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": self.text,
-                        "refusal": None,
-                        "annotations": None,
-                        "audio": None,
-                        "function_call": None,
-                        "reasoning": None,
-                    },
-                    "logprobs": None,
-                    "finish_reason": self.finish_reason,
-                    "stop_reason": self.stop_reason,
-                    "token_ids": ids,
-                    "routed_experts": None,
-                }
-            ],
-            "service_tier": None,
-            "system_fingerprint": self.system_fingerprint,
-            "usage": usage,
-            "prompt_logprobs": None,
-            "prompt_token_ids": prompt_ids,
-            "prompt_text": None,
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
-            "metrics": None,
-        }
-
-
-def merge_responses(
-    first: Mapping[str, Any], continuation: Mapping[str, Any], *, generated_before: int
-) -> dict[str, Any]:
-    """Merge two non-streaming bodies of one answer (``first`` cut, ``continuation`` done).
-
-    ``first`` is the client-shaped body of what was delivered (e.g. from
-    :meth:`StreamSplicer.assemble_response` at the cut); ``continuation`` may be
-    a completions body even for a chat answer (``chat-token-ids`` mode).
-    ``generated_before`` is the completion tokens ``first`` holds.
-    """
-    out = json.loads(encode_json(first))
-    choice = out["choices"][0]
-    cont_choice = continuation["choices"][0]
-    if "message" in cont_choice:
-        cont_text = cont_choice["message"].get("content") or ""
-    else:
-        cont_text = cont_choice.get("text") or ""
-    if "message" in choice:
-        choice["message"]["content"] = (choice["message"].get("content") or "") + cont_text
-    else:
-        choice["text"] = (choice.get("text") or "") + cont_text
-    if choice.get("token_ids") is not None and cont_choice.get("token_ids") is not None:
-        choice["token_ids"] = [*choice["token_ids"], *cont_choice["token_ids"]]
-    choice["finish_reason"] = cont_choice.get("finish_reason")
-    choice["stop_reason"] = cont_choice.get("stop_reason")
-    cont_usage = continuation.get("usage") or {}
-    produced = generated_before + int(cont_usage.get("completion_tokens") or 0)
-    usage = dict(out.get("usage") or {})
-    prompt = int(usage.get("prompt_tokens") or 0)
-    usage.update(prompt_tokens=prompt, total_tokens=prompt + produced, completion_tokens=produced)
-    out["usage"] = usage
-    if continuation.get("system_fingerprint") is not None:
-        out["system_fingerprint"] = continuation["system_fingerprint"]
-    return dict(out)
+        """The non-streaming JSON body of the whole answer (:func:`.assemble.assemble_response`)."""
+        return assemble_response(self)

@@ -1,9 +1,8 @@
 """Fresh and honest load: last scrape + the router's own traffic, decayed by age.
 
 Scraped gauges are always a little old, and a burst that lands between two
-scrapes is invisible to them (the "reacts one cycle late" pain in
-``routing-anchors.md`` (d)2). Router-side counting alone misses other
-routers' traffic. fleetgate combines both (``routing-anchors.md`` (e)4):
+scrapes is invisible to them (a scrape-only router reacts one cycle late).
+Router-side counting alone misses other routers' traffic. fleetgate combines both:
 
     requests = scraped(running + waiting + paused)
                + dispatched_since_scrape - finished_since_scrape

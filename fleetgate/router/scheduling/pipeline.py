@@ -30,21 +30,24 @@ import dataclasses
 import random
 from collections.abc import Sequence
 
-from fleetgate.router.scheduling.plugins import (
-    ContextFitsFilter,
-    EngineSpeedScorer,
+from fleetgate.router.scheduling.plugins.base import (
     Filter,
-    HealthyFilter,
-    KvHeadroomScorer,
-    LoadScorer,
-    NotEjectedFilter,
     Picker,
     PickerName,
-    PrefixAffinityScorer,
-    ServesModelFilter,
     WeightedScorer,
-    make_picker,
 )
+from fleetgate.router.scheduling.plugins.engine_speed import EngineSpeedScorer
+from fleetgate.router.scheduling.plugins.filters import (
+    ContextFitsFilter,
+    HealthyFilter,
+    NotEjectedFilter,
+    ServesModelFilter,
+)
+from fleetgate.router.scheduling.plugins.kv_headroom import KvHeadroomScorer
+from fleetgate.router.scheduling.plugins.load_scorer import LoadScorer
+from fleetgate.router.scheduling.plugins.max_score import MaxScorePicker
+from fleetgate.router.scheduling.plugins.prefix_affinity import PrefixAffinityScorer
+from fleetgate.router.scheduling.plugins.round_robin import RoundRobinPicker
 from fleetgate.router.scheduling.types import (
     Decision,
     DecisionReason,
@@ -200,6 +203,15 @@ class PipelineWeights:
     load: float = 2.0
     kv: float = 1.0
     speed: float = 1.0
+
+
+def make_picker(name: PickerName) -> Picker:
+    """The picker a ``scheduling.picker`` value names (a fresh instance each call)."""
+    if name == "max-score":
+        return MaxScorePicker()
+    if name == "round-robin":
+        return RoundRobinPicker()
+    raise ValueError(f"unknown picker {name!r}; known: max-score, round-robin")
 
 
 def default_pipeline(

@@ -4,8 +4,8 @@ Rendering (``render_prompt``) turns a request body into bytes that two equal
 prompts always share, deterministically and completely:
 
 * chat: EVERY message, its role included, in order (routing on the first
-  message only gives silent 0% hits, ``routing-anchors.md`` (d)4, sglang
-  #26263); ``tools`` too, because chat templates put them in the prompt.
+  message only gives silent 0% hits when conversations share a system prompt,
+  sglang #26263); ``tools`` too, because chat templates put them in the prompt.
   Non-string content (parts lists) is rendered as canonical JSON.
 * completions: the prompt string, or token ids as decimal text.
 * The model name leads, so two models never share chains.

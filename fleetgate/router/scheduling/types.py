@@ -4,7 +4,8 @@ Everything here is a frozen dataclass built by the HTTP layer once per request
 (``fleetgate.router.state``) and handed to the pure pipeline
 (``fleetgate.router.scheduling.pipeline``). Plugins never see mutable router
 state, so a plugin is a function of its inputs and is unit-tested on plain
-values (the GIE "Logic separate from State" rule, ``style-anchors.md`` §5).
+values (the Gateway API Inference Extension keeps plugin logic apart from state
+the same way).
 """
 
 from __future__ import annotations

@@ -33,9 +33,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Literal, Protocol
 
+from fleetgate.engines.base import BlockStored
 from fleetgate.sim.core import textgen
 from fleetgate.sim.core.api import EngineStats, SimRequest, StepResult, TokenEvent
-from fleetgate.sim.core.kv_vllm import BlockPool, extend_block_hashes
+from fleetgate.sim.core.kv_vllm import MEDIUM, BlockPool, extend_block_hashes, external_hash
 
 QueuePolicy = Literal["fcfs", "priority"]
 
@@ -286,6 +287,10 @@ class BaseEngine:
     def has_work(self) -> bool:
         return bool(self.requests)
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block (vLLM's ``/reset_prefix_cache``); False while busy."""
+        return self.pool.reset()
+
     def stats(self) -> EngineStats:
         c = self.counters
         return EngineStats(
@@ -374,6 +379,21 @@ class BaseEngine:
         extend_block_hashes(st.hashes, st.tokens, self.block_size, upto=st.num_computed)
         for i in range(st.num_cached_blocks, full):
             self.pool.cache(st.blocks[i], st.hashes[i])
+        if self.pool.kv_events is not None and self.pool.enable_caching:
+            # vLLM's cache_full_blocks: one BlockStored per request and step for all its
+            # newly full blocks, chained to the last block cached before them.
+            first, bs = st.num_cached_blocks, self.block_size
+            self.pool.kv_events.append(
+                BlockStored(
+                    block_hashes=tuple(external_hash(h) for h in st.hashes[first:full]),
+                    parent_hash=external_hash(st.hashes[first - 1]) if first else None,
+                    token_ids=tuple(st.tokens[first * bs : full * bs]),
+                    block_size=bs,
+                    medium=MEDIUM,
+                    group=0,
+                    spec_kind="full_attention",
+                )
+            )
         st.num_cached_blocks = full
 
     def _sample(self, st: RequestState) -> TokenEvent:

@@ -2,8 +2,8 @@
 
 Same data structure as vLLM's pool (``kv_vllm.BlockPool``: refcounts, chained
 hashes over full blocks, an LRU free queue whose idle cached blocks stay
-reusable until evicted) with TensorRT-LLM's accounting, per
-``shared/reference/engines.md`` sections 4 and 6:
+reusable until evicted) with TensorRT-LLM's accounting (its ``KvCacheConfig`` and
+the ``kvCacheStats`` of trtllm-serve's ``/metrics``):
 
 * ``KvCacheConfig.tokens_per_block`` defaults to **32**; ``enable_block_reuse``
   defaults to True.

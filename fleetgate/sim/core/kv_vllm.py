@@ -1,8 +1,7 @@
 """A vLLM V1-style paged KV block pool with prefix caching.
 
-Modelled on vLLM's ``v1/core/block_pool.py`` and ``kv_cache_utils.py`` as
-summarised in ``shared/reference/engines.md`` (sections 1 and 2) and checked
-against the real vLLM 0.32 recordings in ``shared/fixtures/vllm-0.32-cpu``:
+Modelled on vLLM's ``v1/core/block_pool.py`` and ``kv_cache_utils.py`` and
+checked against the recordings of a real vLLM 0.32 server (``tests/recordings.py``):
 
 * **Block 0 is the null block** and never handed out, so a pool of ``N`` blocks
   has ``N - 1`` usable ones and ``usage = 1 - free / (N - 1)``
@@ -24,6 +23,15 @@ against the real vLLM 0.32 recordings in ``shared/fixtures/vllm-0.32-cpu``:
   ``queries += num_tokens``, ``hits += hit_blocks * block_size`` - the fixture
   pair A/B (377 shared tokens, 128-token blocks) shows ``hits = 256``.
 
+* **KV-cache events** (off unless :meth:`BlockPool.enable_kv_events`): a hash that
+  leaves the index at eviction is one ``BlockRemoved`` (one per hash, as vLLM's
+  ``_emit_block_removed_events``), :meth:`BlockPool.reset` is ``AllBlocksCleared``;
+  ``BlockStored`` needs the tokens and is added by the engine
+  (``BaseEngine._cache_full_blocks``). Hashes are published as unsigned 64-bit ints,
+  like vLLM's default ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``
+  (:func:`external_hash`). Whoever publishes drains them with
+  :meth:`BlockPool.take_kv_events` after each step.
+
 Pure data structure: no clock, no I/O.
 """
 
@@ -31,6 +39,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+
+from fleetgate.engines.base import AllBlocksCleared, BlockRemoved, KvEvent
 
 #: Parent "hash" of the first block: a fixed int (a str would be salted by PYTHONHASHSEED).
 NONE_HASH = 0x5F3759DF_9E3779B9
@@ -45,6 +55,15 @@ def extend_block_hashes(
     for i in range(len(hashes), full):
         parent = hash((parent, tuple(token_ids[i * block_size : (i + 1) * block_size])))
         hashes.append(parent)
+
+
+#: Where vLLM's GPU block pool says its blocks live (``MEDIUM_GPU``).
+MEDIUM = "GPU"
+
+
+def external_hash(block_hash: int) -> int:
+    """A block hash as published in KV events: an unsigned 64-bit int."""
+    return block_hash & 0xFFFF_FFFF_FFFF_FFFF
 
 
 class BlockPool:
@@ -75,6 +94,31 @@ class BlockPool:
         # TensorRT-LLM's block-level reuse accounting (kv_trtllm); vLLM leaves them 0.
         self.reused_blocks = 0
         self.missed_blocks = 0
+        self.kv_events: list[KvEvent] | None = None
+        """Pending KV-cache events, or None while events are off."""
+
+    # -- KV-cache events ---------------------------------------------------------
+    def enable_kv_events(self) -> None:
+        if self.kv_events is None:
+            self.kv_events = []
+
+    def take_kv_events(self) -> list[KvEvent]:
+        """The events since the last call, oldest first (empty while events are off)."""
+        if not self.kv_events:
+            return []
+        events, self.kv_events = self.kv_events, []
+        return events
+
+    def reset(self) -> bool:
+        """Forget every cached hash (vLLM ``reset_prefix_cache``); False while any block
+        is in use, as vLLM refuses then."""
+        if self.num_used:
+            return False
+        self._cached.clear()
+        self._hash = [None] * self.num_blocks
+        if self.kv_events is not None:
+            self.kv_events.append(AllBlocksCleared())
+        return True
 
     # -- gauges ------------------------------------------------------------
     @property
@@ -94,7 +138,7 @@ class BlockPool:
         return len(self._cached)
 
     def usage(self) -> float:
-        """``1 - free/(total - 1)`` (engines.md section 1)."""
+        """``1 - free/(total - 1)``, as vLLM's ``BlockPool.get_usage`` (``kv_cache_usage_perc``)."""
         return 1.0 - self.num_free / self.num_usable
 
     def ref_count(self, block_id: int) -> int:
@@ -142,6 +186,10 @@ class BlockPool:
                 if self._cached.get(h) == b:
                     del self._cached[h]
                     self.evictions += 1
+                    if self.kv_events is not None:
+                        self.kv_events.append(
+                            BlockRemoved((external_hash(h),), medium=MEDIUM, group=0)
+                        )
                 self._hash[b] = None
             self._ref[b] = 1
             out.append(b)

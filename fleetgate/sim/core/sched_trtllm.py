@@ -1,6 +1,6 @@
 """A model of TensorRT-LLM's in-flight batching scheduler.
 
-Facts used (``shared/reference/engines.md`` section 6):
+Facts used (TensorRT-LLM's ``llmapi/llm_args.py`` and its "Useful Runtime Options" docs):
 
 * The **capacity scheduler** decides which requests may hold KV:
 

@@ -1,6 +1,6 @@
 """A model of the vLLM V1 scheduler (``vllm/v1/core/sched/scheduler.py``).
 
-Per iteration, following ``shared/reference/engines.md`` section 2:
+Per iteration, as that scheduler does:
 
 1. **Running requests first**, in running order: each gets the tokens it still
    needs (1 for a decode, the rest of its prompt - or as much of it as the

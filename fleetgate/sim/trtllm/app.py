@@ -39,7 +39,7 @@ from fleetgate.sim.asgi import (
     send_bytes,
     send_json,
 )
-from fleetgate.sim.core.api import EngineModel
+from fleetgate.sim.core.api import EngineModel, StepResult
 from fleetgate.sim.driver import EngineDriver
 from fleetgate.sim.generation import (
     EngineOptions,
@@ -49,6 +49,7 @@ from fleetgate.sim.generation import (
     Tokenizer,
     generate,
 )
+from fleetgate.sim.trtllm.kv_events import TrtllmKvEventBuffer
 from fleetgate.sim.trtllm.metrics import TrtllmMetrics
 from fleetgate.sim.trtllm.protocol import request_model
 from fleetgate.sim.trtllm.requests import DEFAULT_PRIORITY, HttpError, gen_request
@@ -64,18 +65,41 @@ def build_trtllm(
     tokenizer: Tokenizer,
     time_scale: float,
     error_body: ErrorBody,
+    kv_event_buffer: int | None = None,
 ) -> tuple[SimEngine, TrtllmApp]:
+    """One emulated trtllm-serve; ``kv_event_buffer`` > 0 keeps that many KV-cache events
+    for ``POST /kv_cache_events`` (``kv_cache_config.event_buffer_max_size``)."""
     metrics = TrtllmMetrics(options, model, time.time())
-    driver = EngineDriver(model, time_scale=time_scale, on_step=metrics.on_step)
+    on_step = metrics.on_step
+    pool = getattr(model, "pool", None)
+    events: TrtllmKvEventBuffer | None = None
+    if kv_event_buffer and pool is not None:
+        pool.enable_kv_events()
+        buffer = events = TrtllmKvEventBuffer(
+            kv_event_buffer, options.max_model_len, options.num_gpu_blocks
+        )
+
+        def on_step(now: float, result: StepResult) -> None:
+            metrics.on_step(now, result)
+            buffer.add(pool.take_kv_events())
+
+    driver = EngineDriver(model, time_scale=time_scale, on_step=on_step)
     engine = SimEngine(options, tokenizer, driver, metrics)
-    return engine, TrtllmApp(engine, metrics, error_body)
+    return engine, TrtllmApp(engine, metrics, error_body, events)
 
 
 class TrtllmApp:
     """ASGI app of one emulated trtllm-serve."""
 
-    def __init__(self, engine: SimEngine, metrics: TrtllmMetrics, error_body: ErrorBody) -> None:
+    def __init__(
+        self,
+        engine: SimEngine,
+        metrics: TrtllmMetrics,
+        error_body: ErrorBody,
+        kv_events: TrtllmKvEventBuffer | None = None,
+    ) -> None:
         self.engine = engine
+        self.kv_events = kv_events
         self.metrics = metrics
         self.error_body = error_body
         self.created = int(time.time())
@@ -100,6 +124,14 @@ class TrtllmApp:
                 )
                 return
             await gets[path](send)
+            return
+        if path == "/kv_cache_events":
+            if method != "POST":
+                await send_json(
+                    send, 405, {"detail": "Method Not Allowed"}, extra=((b"allow", b"POST"),)
+                )
+                return
+            await send_json(send, 200, self.kv_events.drain() if self.kv_events else [])
             return
         if path in ("/v1/completions", "/v1/chat/completions"):
             if method != "POST":

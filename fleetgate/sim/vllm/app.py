@@ -26,11 +26,12 @@ import contextlib
 import hashlib
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from fleetgate.engines.base import KvEvent
 from fleetgate.sim.asgi import (
     Receive,
     Scope,
@@ -43,7 +44,7 @@ from fleetgate.sim.asgi import (
     send_bytes,
     send_json,
 )
-from fleetgate.sim.core.api import EngineModel
+from fleetgate.sim.core.api import EngineModel, StepResult
 from fleetgate.sim.driver import EngineDriver
 from fleetgate.sim.generation import (
     Delta,
@@ -94,12 +95,31 @@ def build_vllm(
     time_scale: float,
     error_body: ErrorBody,
     created: float,
+    kv_events: KvEventSink | None = None,
 ) -> tuple[SimEngine, VllmApp]:
-    """One emulated vLLM: metrics observer, driver, engine and ASGI app."""
+    """One emulated vLLM: metrics observer, driver, engine and ASGI app.
+
+    With ``kv_events`` the model's block pool records KV-cache events and each
+    step's events go to the sink (``fleetgate.sim.vllm.kv_events.KvEventPublisher``).
+    """
     metrics = VllmMetrics(options, model, created)
-    driver = EngineDriver(model, time_scale=time_scale, on_step=metrics.on_step)
+    on_step = metrics.on_step
+    pool = getattr(model, "pool", None)
+    if kv_events is not None and pool is not None:
+        pool.enable_kv_events()
+        sink = kv_events
+
+        def on_step(now: float, result: StepResult) -> None:
+            metrics.on_step(now, result)
+            sink.publish(pool.take_kv_events())
+
+    driver = EngineDriver(model, time_scale=time_scale, on_step=on_step)
     engine = SimEngine(options, tokenizer, driver, metrics)
     return engine, VllmApp(engine, metrics, error_body, int(created))
+
+
+class KvEventSink(Protocol):
+    def publish(self, events: Sequence[KvEvent]) -> None: ...
 
 
 def default_fingerprint(version: str, model_name: str) -> str:
@@ -111,7 +131,11 @@ class VllmApp:
     """ASGI app of one emulated vLLM engine."""
 
     def __init__(
-        self, engine: SimEngine, metrics: VllmMetrics, error_body: ErrorBody, created: int
+        self,
+        engine: SimEngine,
+        metrics: VllmMetrics,
+        error_body: ErrorBody,
+        created: int,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
@@ -130,6 +154,7 @@ class VllmApp:
             "/v1/chat/completions": self._chat,
             "/tokenize": self._tokenize,
             "/detokenize": self._detokenize,
+            "/reset_prefix_cache": self._reset_prefix_cache,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -557,6 +582,17 @@ class VllmApp:
                         }
                     )
         await sse.done()
+
+    # -- dev endpoints (vLLM: VLLM_SERVER_DEV_MODE=1) ------------------------
+
+    async def _reset_prefix_cache(
+        self, scope: Scope, body: bytes, receive: Receive, send: Send
+    ) -> None:
+        # Its AllBlocksCleared stays with the pool until the next step publishes it, as
+        # vLLM publishes a step's events in Scheduler.update_from_output.
+        reset = getattr(self.engine.driver.model, "reset_prefix_cache", None)
+        success = bool(reset()) if reset is not None else False
+        await send_json(send, 200, {"success": success})
 
     # -- tokenizer endpoints ------------------------------------------------
 

@@ -12,6 +12,7 @@ from fleetgate.router.priority.continuation import (
     ContinuationError,
     Delivered,
     build_continuation,
+    repair_seam,
     request_kind,
     resumability,
     upstream_body,
@@ -310,3 +311,29 @@ def test_assistant_prefix_extends_an_existing_prefill() -> None:
     )
     assert plan.body["messages"][-1] == {"role": "assistant", "content": "Sure: 3 375 883"}
     assert len(plan.body["messages"]) == 2
+
+
+# -- the seam -------------------------------------------------------------------
+
+_PROMPT = "Preemption test: the quick brown fox jumps over the lazy dog."
+_DELIVERED = " 40091 994\ufffdquest1808 923"
+
+
+@pytest.mark.parametrize(
+    ("text", "seam_prefix", "expected"),
+    [
+        pytest.param(_PROMPT + _DELIVERED + " 290", _PROMPT, " 290", id="leak-exact"),
+        pytest.param(" 290", _PROMPT, " 290", id="no-leak"),
+        pytest.param(_DELIVERED + " 290", _PROMPT, _DELIVERED + " 290", id="prefix-missing"),
+        pytest.param("<|user|>\nhi\n" + _DELIVERED + " 290", None, " 290", id="chat-leak"),
+        pytest.param("x" + _DELIVERED + "y", None, "x" + _DELIVERED + "y", id="chat-too-short"),
+        pytest.param(" 290", None, " 290", id="chat-no-leak"),
+    ],
+)
+def test_repair_seam(text: str, seam_prefix: str | None, expected: str) -> None:
+    assert repair_seam(text, _DELIVERED, seam_prefix) == expected
+
+
+def test_repair_seam_with_nothing_delivered_keeps_the_text() -> None:
+    assert repair_seam("<|user|>\nhi\n 290", "", None) == "<|user|>\nhi\n 290"
+    assert repair_seam("abc", "", "") == "abc"

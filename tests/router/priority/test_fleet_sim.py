@@ -27,7 +27,8 @@ from fleetgate.router.priority.policy import Dispatch, Preempt, drain
 from fleetgate.router.priority.preemption import InFlight
 from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
 from fleetgate.router.priority.saturation import SaturationThresholds, SaturationView
-from fleetgate.router.priority.splice import DONE, StreamSplicer, encode_json
+from fleetgate.router.priority.splice import StreamSplicer
+from fleetgate.router.priority.wire import DONE, encode_json
 
 DT = 0.05
 SLOTS = 4

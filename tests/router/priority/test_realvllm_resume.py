@@ -11,9 +11,11 @@ and the client's bytes must equal those of an uninterrupted run (the response
 
 Seen on this server: vLLM's incremental detokenizer leaks the whole decoded
 prompt into the first event after a token-id prompt whose tail decodes to
-``\ufffd`` (13 of 39 cuts before :meth:`StreamSplicer._repair_seam`; none
-after). The last test measures whether outputs stay identical when the resumed request
-shares its batch with other requests (batch composition changes the CPU
+``\ufffd`` (13 of 39 cuts before
+:func:`~fleetgate.router.priority.continuation.repair_seam`; none after). The
+splicers read vLLM's plain token events through its adapter's shapes, as the
+router does. The last test measures whether outputs stay identical when the
+resumed request shares its batch with other requests (batch composition changes the CPU
 kernels' reduction shapes); it prints what it saw and asserts only the
 structural invariants, because bit-for-bit equality there is a property of the
 engine, not of fleetgate.
@@ -29,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 
+from fleetgate.engines import get_adapter
 from fleetgate.router.priority.continuation import (
     build_continuation,
     request_kind,
@@ -54,6 +57,7 @@ def _stream(
     cut: int | None,
 ) -> bytes:
     """Feed one upstream stream into ``s``; stop after ``cut`` tokens (closing the socket)."""
+    s.use_token_events(get_adapter("vllm").token_events)
     out = b""
     with client.stream("POST", base + path, json=body) as resp:
         assert resp.status_code == 200, resp.read()

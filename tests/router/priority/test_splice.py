@@ -1,6 +1,6 @@
 """Stream splicing, byte for byte against real vLLM 0.32 recordings.
 
-Each case takes a real recording from shared/fixtures/vllm-0.32-cpu, cuts it
+Each case takes a real vLLM 0.32 recording (``tests/recordings.py``), cuts it
 where a preemption or an engine death would, builds the continuation body,
 fakes the continuation's stream in vLLM's own shape (the recorded remaining
 events re-identified as a new request), and checks that the client's bytes
@@ -10,18 +10,17 @@ equal an uninterrupted recording with the client's own options.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from recordings import VLLM_032
 
-from fleetgate.router.priority.continuation import (
-    COMPLETIONS_PATH,
-    build_continuation,
-)
-from fleetgate.router.priority.splice import DONE, StreamSplicer, encode_json, merge_responses, sse
+from fleetgate.engines import get_adapter
+from fleetgate.router.priority.continuation import COMPLETIONS_PATH, Kind, build_continuation
+from fleetgate.router.priority.splice import StreamSplicer
+from fleetgate.router.priority.wire import DONE, encode_json, sse
 
-FIX = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIX = VLLM_032
 
 
 def _rec(name: str) -> dict[str, Any]:
@@ -54,6 +53,13 @@ def _body(name: str) -> dict[str, Any]:
     return body
 
 
+def _splicer(kind: Kind, **options: Any) -> StreamSplicer:
+    """A splicer as the router sets it up for a vLLM endpoint (fast path on)."""
+    s = StreamSplicer(kind, **options)
+    s.use_token_events(get_adapter("vllm").token_events)
+    return s
+
+
 def _run(splicer: StreamSplicer, chunks: list[bytes]) -> bytes:
     out = b"".join(splicer.feed(c) for c in chunks)
     return out + splicer.finish()
@@ -76,7 +82,7 @@ def _run(splicer: StreamSplicer, chunks: list[bytes]) -> bytes:
 )
 def test_single_segment_is_byte_identical(name: str, kind: Any, usage: bool) -> None:
     chunks = _chunks(name)
-    s = StreamSplicer(kind, include_usage=usage, return_token_ids=False)
+    s = _splicer(kind, include_usage=usage, return_token_ids=False)
     assert _run(s, chunks) == b"".join(chunks)
     assert s.finished and s.finish() == b""
 
@@ -105,14 +111,14 @@ def test_router_added_fields_are_hidden_exactly_as_vllm_renders(
     upstream: str, client_view: str, kind: Any
 ) -> None:
     up = _chunks(upstream)
-    s = StreamSplicer(kind, include_usage=False, return_token_ids=False)
+    s = _splicer(kind, include_usage=False, return_token_ids=False)
     assert _run(s, up) == _reid(_chunks(client_view), _id(up))
 
 
 def test_chunking_does_not_matter() -> None:
     chunks = _chunks("completions_stream_usage.json")
     whole = b"".join(chunks)
-    s = StreamSplicer("completions", include_usage=True, return_token_ids=False)
+    s = _splicer("completions", include_usage=True, return_token_ids=False)
     out = b"".join(s.feed(whole[i : i + 1]) for i in range(len(whole))) + s.finish()
     assert out == whole
 
@@ -120,7 +126,7 @@ def test_chunking_does_not_matter() -> None:
 def test_crlf_events_and_keepalives() -> None:
     chunks = _chunks("completions_stream.json")
     noisy = [b": keep-alive\r\n\r\n"] + [c.replace(b"\n", b"\r\n") for c in chunks]
-    s = StreamSplicer("completions", include_usage=False, return_token_ids=False)
+    s = _splicer("completions", include_usage=False, return_token_ids=False)
     assert _run(s, noisy) == b"".join(chunks)
 
 
@@ -167,7 +173,7 @@ def test_completions_preempted_resumed_from_token_ids(cut: int, client_usage: bo
     original = _body("completions_stream_usage.json")
     if not client_usage:
         del original["stream_options"]
-    s = StreamSplicer("completions", include_usage=client_usage, return_token_ids=False)
+    s = _splicer("completions", include_usage=client_usage, return_token_ids=False)
     out = b"".join(s.feed(c) for c in up[:cut])
     out += s.feed(up[cut][:37])  # the engine was cancelled mid-event
     assert not s.finished
@@ -218,7 +224,7 @@ def _chat_upstream_with_ids() -> tuple[list[bytes], list[int], list[int]]:
 @pytest.mark.parametrize("cut_tokens", [1, 3, 7])
 def test_chat_resumed_through_completions_token_ids(cut_tokens: int) -> None:
     up, prompt_ids, gen_ids = _chat_upstream_with_ids()
-    s = StreamSplicer("chat", include_usage=True, return_token_ids=False)
+    s = _splicer("chat", include_usage=True, return_token_ids=False)
     out = b"".join(s.feed(c) for c in up[: 1 + cut_tokens])
     delivered = s.delivered()
     assert delivered.prompt_token_ids == tuple(prompt_ids)
@@ -270,7 +276,7 @@ def test_chat_resumed_through_completions_token_ids(cut_tokens: int) -> None:
 
 def test_chat_resumed_by_assistant_prefix_does_not_repeat_role() -> None:
     up = _chunks("chat_stream_usage.json")
-    s = StreamSplicer("chat", include_usage=True, return_token_ids=False)
+    s = _splicer("chat", include_usage=True, return_token_ids=False)
     out = b"".join(s.feed(c) for c in up[:4])  # role + 3 tokens
     delivered = s.delivered()
     assert delivered.token_ids is None and delivered.tokens == 3
@@ -294,7 +300,7 @@ def test_chat_resumed_by_assistant_prefix_does_not_repeat_role() -> None:
 
 def test_preempted_before_first_token_restarts_transparently() -> None:
     up = _chunks("completions_stream_usage.json")
-    s = StreamSplicer("completions", include_usage=True, return_token_ids=False)
+    s = _splicer("completions", include_usage=True, return_token_ids=False)
     assert s.feed(up[0][:20]) == b""
     delivered = s.delivered()
     plan = build_continuation(
@@ -311,7 +317,7 @@ def test_preempted_before_first_token_restarts_transparently() -> None:
 
 def test_engine_error_event_is_not_forwarded_and_resume_follows() -> None:
     up = _chunks("completions_stream_usage.json")
-    s = StreamSplicer("completions", include_usage=True, return_token_ids=False)
+    s = _splicer("completions", include_usage=True, return_token_ids=False)
     out = s.feed(up[0]) + s.feed(up[1])
     err = b'data: {"error":{"message":"engine dead","type":"InternalServerError","code":500}}\n\n'
     assert s.feed(err) == b""
@@ -345,7 +351,7 @@ def test_engine_error_event_is_not_forwarded_and_resume_follows() -> None:
 )
 def test_other_error_shapes_are_upstream_errors(event: bytes) -> None:
     up = _chunks("completions_stream.json")
-    s = StreamSplicer("completions", include_usage=False, return_token_ids=False)
+    s = _splicer("completions", include_usage=False, return_token_ids=False)
     first = s.feed(up[0])
     assert first == up[0]
     assert s.feed(event) == b""
@@ -355,7 +361,7 @@ def test_other_error_shapes_are_upstream_errors(event: bytes) -> None:
 
 def test_finish_is_once_and_nothing_follows_the_finish() -> None:
     up = _chunks("completions_stream.json")
-    s = StreamSplicer("completions", include_usage=False, return_token_ids=False)
+    s = _splicer("completions", include_usage=False, return_token_ids=False)
     body = b"".join(s.feed(c) for c in up[:-1])  # upstream died right before [DONE]
     assert s.finished
     with pytest.raises(RuntimeError, match="finished"):
@@ -368,7 +374,7 @@ def test_finish_is_once_and_nothing_follows_the_finish() -> None:
 
 def test_usage_when_engine_never_sent_one() -> None:
     up = _chunks("completions_stream.json")
-    s = StreamSplicer("completions", include_usage=True, return_token_ids=False, prompt_tokens=8)
+    s = _splicer("completions", include_usage=True, return_token_ids=False, prompt_tokens=8)
     out = _run(s, up)
     events = out.split(b"\n\n")
     assert events[-1] == b"" and events[-2] == b"data: [DONE]"
@@ -382,7 +388,7 @@ def test_usage_when_engine_never_sent_one() -> None:
 def test_client_asked_token_ids_keeps_them_and_hides_continuation_prompt_ids() -> None:
     up = _chunks("completions_stream_return_token_ids.json")
     events = _events(up)
-    s = StreamSplicer("completions", include_usage=False, return_token_ids=True)
+    s = _splicer("completions", include_usage=False, return_token_ids=True)
     out = b"".join(s.feed(c) for c in up[:2])
     plan = build_continuation(
         _body("completions_stream_return_token_ids.json"),
@@ -396,65 +402,9 @@ def test_client_asked_token_ids_keeps_them_and_hides_continuation_prompt_ids() -
     assert out == b"".join(up)
 
 
-# -- non-streaming clients --------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("stream", "nonstream", "kind"),
-    [
-        pytest.param(
-            "completions_stream_usage.json",
-            "completions_nonstream.json",
-            "completions",
-            id="completions",
-        ),
-        pytest.param("chat_stream_usage.json", "chat_nonstream.json", "chat", id="chat"),
-    ],
-)
-def test_assembled_body_matches_vllm_nonstream_bytes(
-    stream: str, nonstream: str, kind: Any
-) -> None:
-    up = _chunks(stream)
-    s = StreamSplicer(kind, include_usage=False, return_token_ids=False)
-    _run(s, up)
-    expected = _rec(nonstream)["response"]["body"]
-    expected_id = json.loads(expected)["id"]
-    assert encode_json(s.assemble_response()) == expected.replace(expected_id, _id(up))
-
-
-def test_assembled_body_with_token_ids() -> None:
-    up = _chunks("completions_stream_return_token_ids.json")
-    s = StreamSplicer("completions", include_usage=False, return_token_ids=True)
-    _run(s, up)
-    got = s.assemble_response()
-    ref = json.loads(_rec("completions_return_token_ids.json")["response"]["body"])
-    assert got["choices"][0]["token_ids"] == ref["choices"][0]["token_ids"]
-    assert got["choices"][0]["prompt_token_ids"] == ref["choices"][0]["prompt_token_ids"]
-    assert got["choices"][0]["text"] == ref["choices"][0]["text"]
-    assert got["usage"] == ref["usage"]
-
-
-def test_merge_responses_of_cut_and_continuation() -> None:
-    up = _chunks("completions_stream_usage.json")
-    s = StreamSplicer("completions", include_usage=False, return_token_ids=False)
-    for c in up[:3]:
-        s.feed(c)
-    s.prompt_tokens = 8
-    first = s.assemble_response()
-    assert first["choices"][0]["finish_reason"] is None
-    full = json.loads(_rec("completions_nonstream.json")["response"]["body"])
-    cont = json.loads(json.dumps(full))
-    cont["id"] = "cmpl-other"
-    cont["choices"][0]["text"] = full["choices"][0]["text"][len(first["choices"][0]["text"]) :]
-    cont["usage"] = {"prompt_tokens": 11, "total_tokens": 16, "completion_tokens": 5}
-    merged = merge_responses(first, cont, generated_before=3)
-    full["id"] = first["id"]
-    assert merged == full
-
-
 def test_role_is_stripped_from_a_continuation_delta_that_carries_content() -> None:
     up = _chunks("chat_stream.json")
-    s = StreamSplicer("chat", include_usage=False, return_token_ids=False)
+    s = _splicer("chat", include_usage=False, return_token_ids=False)
     out = s.feed(up[0]) + s.feed(up[1])
     s.begin_continuation("chat-assistant-prefix")
     ev = _events(up)[2]
@@ -493,7 +443,7 @@ _LEAK_DELIVERED = " 40091 994\ufffdquest1808 923"
 def test_seam_repair_of_vllm_detokenizer_leak(
     seam_prefix: str | None, first_text: str, expected: str
 ) -> None:
-    s = StreamSplicer("completions", include_usage=False, return_token_ids=False)
+    s = _splicer("completions", include_usage=False, return_token_ids=False)
     first = {
         "id": "cmpl-1",
         "object": "text_completion",
@@ -526,7 +476,7 @@ def test_seam_repair_of_vllm_detokenizer_leak(
 
 def test_continuation_cache_hits_are_capped_at_the_original_prompt() -> None:
     up = _chunks("completions_stream_return_token_ids.json")
-    s = StreamSplicer("completions", include_usage=True, return_token_ids=False)
+    s = _splicer("completions", include_usage=True, return_token_ids=False)
     for c in up[:3]:
         s.feed(c)
     s.begin_continuation("token-ids")

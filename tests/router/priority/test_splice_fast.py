@@ -1,28 +1,32 @@
 """The splicer's byte-level fast path: same bytes and same state as the JSON path.
 
-``StreamSplicer(fast_path=False)`` sends every event through ``json.loads`` and
-re-encoding (the reference); the default handles plain token events from
-their bytes. Every case feeds both the same upstream bytes and compares the
-client's bytes and everything a resume reads (``delivered()``, tokens, usage).
-Streams: the real vLLM 0.32 recordings, the emulator's and TensorRT-LLM's
+A splicer never told an engine's token-event shapes sends every event through
+``json.loads`` and re-encoding (the reference); one given the shapes with
+``use_token_events`` (as the exchange does) reads plain token events from their
+bytes. Every case feeds both the same upstream bytes and compares the client's
+bytes and everything a resume reads (``delivered()``, tokens, usage). Streams:
+recordings of a real vLLM 0.32 server, the emulator's vLLM and TensorRT-LLM
 shapes, and seeded random texts (escapes, quotes, non-ASCII, several ids per
-event) under random chunking.
+event) under random chunking; also every engine's shapes on the other engine's
+streams (shapes decide only what skips the parse, never the output).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
+from recordings import VLLM_032
 
+from fleetgate.engines import get_adapter
 from fleetgate.router.priority import splice
 from fleetgate.router.priority.continuation import build_continuation
-from fleetgate.router.priority.splice import DONE, StreamSplicer, encode_json
+from fleetgate.router.priority.splice import StreamSplicer
+from fleetgate.router.priority.wire import DONE, encode_json
 
-FIX = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIX = VLLM_032
 STREAMS = [
     ("completions_stream.json", "completions"),
     ("completions_stream_usage.json", "completions"),
@@ -41,11 +45,16 @@ def _chunks(name: str) -> list[bytes]:
     return [part.encode() + b"\n\n" for part in resp["body"].split("\n\n") if part]
 
 
-def _pair(kind: Any, usage: bool, ids: bool) -> tuple[StreamSplicer, StreamSplicer]:
-    return (
-        StreamSplicer(kind, include_usage=usage, return_token_ids=ids),
-        StreamSplicer(kind, include_usage=usage, return_token_ids=ids, fast_path=False),
-    )
+ENGINES = ("vllm", "trtllm")
+
+
+def _pair(
+    kind: Any, usage: bool, ids: bool, engine: str = "vllm"
+) -> tuple[StreamSplicer, StreamSplicer]:
+    """(fast path with ``engine``'s shapes, JSON path only)."""
+    fast = StreamSplicer(kind, include_usage=usage, return_token_ids=ids)
+    fast.use_token_events(get_adapter(engine).token_events)
+    return fast, StreamSplicer(kind, include_usage=usage, return_token_ids=ids)
 
 
 def _state(s: StreamSplicer) -> tuple[Any, ...]:
@@ -98,7 +107,7 @@ def test_fast_path_takes_the_plain_token_events(monkeypatch: pytest.MonkeyPatch)
     events = [c for c in chunks if c != DONE]
     counting = _CountingLoads()
     monkeypatch.setattr(splice.json, "loads", counting)
-    s = StreamSplicer("completions", include_usage=False, return_token_ids=False)
+    s, _ = _pair("completions", False, False)
     out = b"".join(s.feed(c) for c in chunks)
     assert counting.calls == 2  # first event (identity, prompt ids) and the finish
     assert len(events) == 8
@@ -171,6 +180,22 @@ def _trt_completions(texts: list[str]) -> list[bytes]:
     return [("data: " + encode_json(ev) + "\n\n").encode() for ev in out] + [DONE]
 
 
+def _trt_chat(texts: list[str]) -> list[bytes]:
+    head = {**IDENT, "id": "chatcmpl-de55df4068754d02", "object": "chat.completion.chunk"}
+    head = {k: head[k] for k in ("id", "object", "created", "model")}
+    out: list[dict[str, Any]] = [
+        {**head, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}
+    ]
+    for n, text in enumerate(texts):
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}}
+        if n == len(texts) - 1:
+            choice["finish_reason"] = "length"
+        out.append({**head, "choices": [choice]})
+    usage = {"prompt_tokens": 2, "total_tokens": 2 + len(texts), "completion_tokens": len(texts)}
+    out.append({**head, "choices": [], "usage": usage})
+    return [("data: " + encode_json(ev) + "\n\n").encode() for ev in out] + [DONE]
+
+
 _ALPHABET = ["a", " ", "é", "日", "😀", '"', "\\", "\n", "\t", "\x01", "/", "\u2028", "x"]
 
 
@@ -203,10 +228,58 @@ def test_random_texts_and_chunking_same_bytes_and_state(seed: int, usage: bool, 
             _feed_both(fast, slow, pieces)
             assert fast.finish() == slow.finish()
             assert fast.text == "".join(texts)
-    fast, slow = _pair("completions", usage, ids)
-    _feed_both(fast, slow, _rechunk(rng, _trt_completions(texts)))
-    assert fast.finish() == slow.finish()
-    assert fast.tokens == len(texts) and fast.delivered().token_ids is None
+    for kind, trt in (("completions", _trt_completions(texts)), ("chat", _trt_chat(texts))):
+        for pieces in (trt, _rechunk(rng, trt)):
+            fast, slow = _pair(kind, usage, ids, "trtllm")
+            _feed_both(fast, slow, pieces)
+            assert fast.finish() == slow.finish()
+            assert fast.tokens == len(texts) and fast.delivered().token_ids is None
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_each_engine_shape_takes_its_plain_events(
+    engine: str, kind: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each engine's shapes cover its own plain token events: only the role (chat),
+    the finishing and the usage events are parsed."""
+    texts = ["a", " b", "\u00e9", "c", "d"]  # no escapes (their text goes through json.loads)
+    build = {
+        ("vllm", "chat"): lambda: _vllm_chat(texts, None),
+        ("vllm", "completions"): lambda: _chunks("completions_stream.json"),
+        ("trtllm", "chat"): lambda: _trt_chat(texts),
+        ("trtllm", "completions"): lambda: _trt_completions(texts),
+    }
+    chunks = build[(engine, kind)]()
+    counting = _CountingLoads()
+    monkeypatch.setattr(splice.json, "loads", counting)
+    fast, _ = _pair(kind, True, False, engine)
+    for c in chunks:
+        fast.feed(c)
+    # chat: the role event (it sets the identity), the finish and the usage event;
+    # completions: the first token event (identity), the finish and the usage event
+    # (the vLLM recording has none)
+    parsed = 2 if (engine, kind) == ("vllm", "completions") else 3
+    assert counting.calls == parsed
+
+
+@pytest.mark.parametrize(("shapes", "stream"), [("vllm", "trtllm"), ("trtllm", "vllm")])
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_another_engines_shapes_change_nothing(shapes: str, stream: str, kind: Any) -> None:
+    rng = random.Random(7)
+    texts = _texts(rng, 30)
+    if stream == "vllm":
+        chunks = (
+            _vllm_chat(texts, [[n] for n in range(30)])
+            if kind == "chat"
+            else _chunks("completions_stream_return_token_ids.json")
+        )
+    else:
+        chunks = _trt_chat(texts) if kind == "chat" else _trt_completions(texts)
+    for usage, ids in OPTIONS:
+        fast, slow = _pair(kind, usage, ids, shapes)
+        _feed_both(fast, slow, chunks)
+        assert fast.finish() == slow.finish()
 
 
 def test_escapes_an_engine_renders_differently_fall_back_to_the_json_path() -> None:
@@ -276,7 +349,7 @@ def test_resume_after_fast_path_splices_as_the_json_path(cut: int, ids: bool) ->
     tail = fast.finish()
     assert tail == slow.finish()
     out += tail
-    whole = StreamSplicer("chat", include_usage=True, return_token_ids=ids, fast_path=False)
+    whole = StreamSplicer("chat", include_usage=True, return_token_ids=ids)
     uninterrupted = b"".join(whole.feed(c) for c in up) + whole.finish()
     assert out == uninterrupted
     assert fast.text == "".join(texts) and fast.tokens == 8

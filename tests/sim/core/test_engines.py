@@ -103,7 +103,7 @@ def test_shared_prefix_hit_rate_is_the_shared_fraction_in_whole_blocks(kind: str
 
 
 def test_vllm_reproduces_the_fixture_prefix_pair() -> None:
-    """shared/fixtures/vllm-0.32-cpu prefix_cache_summary.json: 377 shared tokens, 128-token
+    """Recording prefix_cache_summary.json: 377 shared tokens, 128-token
     blocks, two 388-token prompts: queries +388 each, hits +0 then +256."""
     engine = build_engine_model(
         "vllm",

@@ -6,7 +6,10 @@ emulated fleet and the contender as subprocesses on free loopback ports,
 replays the identical seeded schedule (seed + repeat index: every contender
 sees the same arrivals within a repeat) and stops both. Results are medians
 over repeats with (min-max) spread, written as JSON (``--json``) and as a
-Markdown report with PNG plots (``--report DIR``, default ``bench/results``).
+Markdown report with PNG plots (``--report DIR``; default a new directory
+``~/.cache/fleetgate/bench/<UTC time>``, never the committed ``bench/results``).
+An existing report or JSON file is not overwritten without ``--force``: checked
+before anything runs.
 Peer routers are installed on first use into ``~/.cache/fleetgate/peers``; a
 peer that cannot be installed or started is recorded with its exact error and
 the other contenders still run.
@@ -28,6 +31,7 @@ from fleetgate.cli import CliError
 from fleetgate_tools.bench import contenders as cmod
 from fleetgate_tools.bench import infperf_run, peers, report, runner, scenarios
 from fleetgate_tools.bench.summary import RunRecord, RunSummary, aggregate, summarise_run
+from fleetgate_tools.paths import cache_dir
 
 
 def build_parser(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +61,12 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--mixed", action="store_true", help="alternate TensorRT-LLM and vLLM engines")
     p.add_argument("--json", type=Path, help="write every run and the medians as JSON")
     p.add_argument(
-        "--report", type=Path, default=Path("bench/results"), help="Markdown + PNG directory"
+        "--report",
+        type=Path,
+        default=None,
+        help="Markdown + PNG directory (default a new ~/.cache/fleetgate/bench/<UTC time>)",
     )
+    p.add_argument("--force", action="store_true", help="overwrite an existing report or JSON file")
     p.add_argument("--no-report", action="store_true", help="skip the Markdown/PNG report")
     p.add_argument(
         "--report-name",
@@ -238,10 +246,45 @@ def command_line(args: argparse.Namespace, settings: Settings) -> str:
     return " ".join(parts)
 
 
+def default_report_dir(now: float | None = None) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    return cache_dir() / "bench" / stamp
+
+
+def report_name(args: argparse.Namespace, settings: Settings) -> str:
+    return args.report_name or ("-".join(settings.workloads) + ("-mixed" if settings.mixed else ""))
+
+
+def existing_outputs(args: argparse.Namespace, settings: Settings) -> list[Path]:
+    """Files this run would overwrite: the JSON, the report and its plots."""
+    found: list[Path] = []
+    if args.json is not None and args.json.exists():
+        found.append(args.json)
+    if not args.no_report and args.report.is_dir():
+        md = args.report / f"{report_name(args, settings)}.md"
+        if md.exists():
+            found.append(md)
+        prefix = f"{args.report_name}-" if args.report_name else ""
+        found += [
+            args.report / f"{prefix}{w}.png"
+            for w in settings.workloads
+            if (args.report / f"{prefix}{w}.png").exists()
+        ]
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
     if args.action == "infperf":
         return infperf_run.run(args)
     settings = resolve(args)
+    if args.report is None:
+        args.report = default_report_dir()
+    clobber = existing_outputs(args, settings)
+    if clobber and not args.force:
+        shown = ", ".join(str(p) for p in clobber[:4]) + (" ..." if len(clobber) > 4 else "")
+        raise CliError(
+            f"would overwrite {shown}: pass --force, or another --report / --json / --report-name"
+        )
     if args.source is not None and not (args.source / "fleetgate" / "__init__.py").exists():
         raise CliError(f"--source {args.source}: no fleetgate package there")
     peers_root = args.peers_dir or peers.default_root()
@@ -270,9 +313,7 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1))
     if not args.no_report:
-        name = args.report_name or (
-            "-".join(settings.workloads) + ("-mixed" if settings.mixed else "")
-        )
+        name = report_name(args, settings)
         prefix = f"{args.report_name}-" if args.report_name else ""
         plots = report.write_plots(aggs, args.report, prefix)
         md = report.render_markdown(

@@ -41,6 +41,11 @@ fleetgate ablations are configuration variations of the same router
   by default when ``router_replicas`` > 1 (the Helm chart's 2 replicas)
 * ``fleetgate-no-speed``     default weights with the engine-speed scorer off; only
   differs on class workloads over engines of different speeds (mixed-engine)
+* ``round-robin-no-classes`` the ``fleetgate demo`` baseline: what a plain load
+  balancer does (a Kubernetes Service, a round-robin proxy): endpoints take
+  turns and the requests' priority classes are not sent (no ``priority:``
+  section, no ``x-fleetgate-priority`` header), so every engine serves its
+  queue first come, first served
 
 A contender's ``weights`` tuple (prefix, load, kv) turns exactly those scorers on:
 its config also sets ``speed: 0``, so the engine-speed scorer (urgent work to the
@@ -91,6 +96,9 @@ class Contender:
     sends no classes (every request is ``standard``), as the Helm chart deploys it."""
     scheduling: tuple[tuple[str, Any], ...] = ()
     """Further fleetgate ``scheduling`` settings, as (key, value) pairs."""
+    classes: bool = True
+    """Send the workload's priority classes (``x-fleetgate-priority``; fleetgate: its
+    ``priority:`` section). False: a class-blind load balancer, the header not sent."""
 
 
 CONTENDERS: dict[str, Contender] = {
@@ -188,6 +196,13 @@ CONTENDERS: dict[str, Contender] = {
             weights=(3.0, 2.0, 1.0),
             description="default weights with the engine-speed scorer off",
         ),
+        Contender(
+            "round-robin-no-classes",
+            "fleetgate",
+            picker="round-robin",
+            classes=False,
+            description="round robin, priority classes not sent (a plain load balancer)",
+        ),
         Contender("vllm-router-cache_aware", "vllm-router", policy="cache_aware"),
         Contender("vllm-router-power_of_two", "vllm-router", policy="power_of_two"),
         Contender("vllm-router-round_robin", "vllm-router", policy="round_robin"),
@@ -278,7 +293,7 @@ def fleetgate_config(
         "pools": [{"name": "default", "backends": pool_backends}],
         "scheduling": {"seed": seed},
     }
-    if priority_classes or contender.admission:
+    if (priority_classes and contender.classes) or contender.admission:
         priority: dict[str, Any] = {} if contender.preemption else {"preemption_enabled": False}
         if time_scale != 1.0:
             priority["classes"] = [_scaled_class(c, time_scale) for c in DEFAULT_CLASSES]

@@ -91,6 +91,7 @@ async def _one_turn(
             "POST", url + "/v1/chat/completions", json=body, headers=headers
         ) as resp:
             result.status = resp.status_code
+            result.endpoint = resp.headers.get("x-fleetgate-endpoint")
             if resp.status_code != 200:
                 raw = await resp.aread()
                 result.error = raw[:200].decode("utf-8", "replace")
@@ -108,6 +109,8 @@ async def _one_turn(
                 usage = event.get("usage")
                 if usage:
                     result.output_tokens = int(usage.get("completion_tokens") or 0)
+                    if usage.get("prompt_tokens") is not None:
+                        result.prompt_tokens = int(usage["prompt_tokens"])
                     details = usage.get("prompt_tokens_details") or {}
                     if details.get("cached_tokens") is not None:
                         result.cached_tokens = int(details["cached_tokens"])
@@ -140,6 +143,7 @@ async def run_sessions(
     keep_text: bool = False,
     priority_header: Callable[[str], str | None] | None = None,
     send_until_s: float | None = None,
+    on_send: Callable[[], None] | None = None,
 ) -> list[RequestResult]:
     """Replay ``sessions`` against ``base_url``; never runs past ``deadline_s``.
 
@@ -147,7 +151,8 @@ async def run_sessions(
     first turns are the schedule and always go, even when a busy loop wakes late);
     requests still in flight at the deadline are returned with the error
     ``unfinished at deadline`` so that a slow contender's worst requests count
-    as misses instead of vanishing.
+    as misses instead of vanishing. ``on_send`` is called as each request goes out
+    (with ``on_result``: what is in flight).
     """
     require_loopback(base_url)
     results: list[RequestResult] = []
@@ -173,6 +178,8 @@ async def run_sessions(
                         session.session_id, k, session.priority_class or "standard", clock() - t0
                     )
                     pending[id(res)] = res
+                    if on_send is not None:
+                        on_send()
                     text = await _one_turn(
                         client, base_url, model, session, k, answers, res, clock, priority_header
                     )

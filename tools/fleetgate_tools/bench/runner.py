@@ -272,11 +272,14 @@ async def twin_mismatches(
     timeout_s: float,
     priority_header: Callable[[str], str | None] | None,
     preempted: set[str] | None = None,
+    *,
+    sample: int = TWIN_SAMPLE,
+    max_in_flight: int = 8,
 ) -> dict[str, Any]:
     """Replay completed single-turn requests unloaded and compare their texts.
 
     Every request in ``preempted`` (ids as :func:`loadgen.request_id` makes them)
-    that completed is replayed, then up to :data:`TWIN_SAMPLE` others (batch first),
+    that completed is replayed, then up to ``sample`` others (batch first),
     so ``resumed_mismatches`` covers every resumed answer the run produced.
     """
     by_id = {s.session_id: s for s in scenario.sessions()}
@@ -292,19 +295,19 @@ async def twin_mismatches(
 
     done.sort(key=lambda r: (not was_preempted(r), r.priority_class != "batch", r.sent_at))
     n_resumed = sum(1 for r in done if was_preempted(r))
-    sample = done[: n_resumed + TWIN_SAMPLE]
-    sessions = [dataclasses.replace(by_id[r.session_id], start_s=0.0) for r in sample]
+    chosen = done[: n_resumed + sample]
+    sessions = [dataclasses.replace(by_id[r.session_id], start_s=0.0) for r in chosen]
     twins = await loadgen.run_sessions(
         url,
         MODEL,
         sessions,
         deadline_s=timeout_s,
-        max_in_flight=8,
+        max_in_flight=max_in_flight,
         keep_text=True,
         priority_header=priority_header,
     )
     twin_text = {r.session_id: r.text for r in twins if r.ok}
-    compared = [r for r in sample if r.session_id in twin_text]
+    compared = [r for r in chosen if r.session_id in twin_text]
     out: dict[str, Any] = {
         "twin_compared": len(compared),
         "mismatches": sum(1 for r in compared if r.text != twin_text[r.session_id]),
@@ -316,6 +319,28 @@ async def twin_mismatches(
             1 for r in comp_resumed if r.text != twin_text[r.session_id]
         )
     return out
+
+
+def _no_header(_cls: str) -> str | None:
+    """A class-blind contender: no ``x-fleetgate-priority`` header at all."""
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """What a caller (``fleetgate demo``'s progress display) may follow of a run."""
+
+    on_phase: Callable[[str], None] | None = None
+    """Called with ``starting`` (fleet and router), ``sending`` (the load begins),
+    ``checking`` (the unloaded replay of answers) and ``stopping``."""
+    on_send: Callable[[], None] | None = None
+    """Called as each request goes out."""
+    twin_sample: int = TWIN_SAMPLE
+    """Answers replayed unloaded besides every preempted one."""
+    twin_in_flight: int = 8
+    extra_drain_s: float = 0.0
+    """Wall seconds more than the default (1.5 x the traffic + 20 s) for requests to
+    finish: a workload whose backlog does not shrink with the duration (``flood``)."""
 
 
 def _to_model_time(results: list[RequestResult], scale: float) -> None:
@@ -335,29 +360,35 @@ async def _drive(
     router: procs.Proc,
     url: str,
     on_result: Callable[[RequestResult], None] | None,
+    hooks: Hooks,
 ) -> tuple[list[RequestResult], list[EngineWindow], float | None, dict[str, Any]]:
     wall = scenario.duration_s * scenario.time_scale
     sessions = scenario.sessions()
     classes = any(s.priority_class for s in sessions)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
-        mapping = None
-        if contender.kind == "fleetgate" and classes:
+        mapping: Callable[[str], str | None] | None = None
+        if not contender.classes:
+            mapping = _no_header
+        elif contender.kind == "fleetgate" and classes:
             mapping = await priority_mapping(client, url)
         before = await scrape(client, fleet.engines)
         counters_before = await router_counters(client, url) if classes else {}
         decisions_before = await _decisions(client, url, contender)
         cpu0, sim0, wall0 = router.cpu(), fleet.proc.cpu(), time.monotonic()
         gen0 = time.process_time()
+        if hooks.on_phase is not None:
+            hooks.on_phase("sending")
         results = await loadgen.run_sessions(
             url,
             MODEL,
             wall_sessions(sessions, scenario.time_scale),
-            deadline_s=wall * 1.5 + 20.0,
+            deadline_s=wall * 1.5 + 20.0 + hooks.extra_drain_s,
             send_until_s=wall,
             request_timeout_s=wall + 60.0,
             on_result=on_result,
             keep_text=classes,
             priority_header=mapping,
+            on_send=hooks.on_send,
         )
         cpu1, sim1, wall1 = router.cpu(), fleet.proc.cpu(), time.monotonic()
         gen1 = time.process_time()
@@ -371,7 +402,13 @@ async def _drive(
         # the load generator's own process (same caveat as the emulator's)
         extra["loadgen_cpu_share"] = round((gen1 - gen0) / max(wall1 - wall0, 1e-9), 3)
         if classes:
-            extra["priority_header"] = "class names" if mapping is None else "integer levels"
+            extra["priority_header"] = (
+                "class names"
+                if mapping is None
+                else "not sent"
+                if mapping is _no_header
+                else "integer levels"
+            )
             counters = await router_counters(client, url)
             for key in ("preemptions", "resumes", "resume_refed_tokens"):
                 if key in counters:
@@ -379,8 +416,19 @@ async def _drive(
             preempted = None
             if contender.kind == "fleetgate":
                 preempted = preempted_ids(router.log.read_text(errors="replace"))
+            if hooks.on_phase is not None:
+                hooks.on_phase("checking")
             extra.update(
-                await twin_mismatches(url, scenario, results, wall + 60.0, mapping, preempted)
+                await twin_mismatches(
+                    url,
+                    scenario,
+                    results,
+                    wall + 60.0,
+                    mapping,
+                    preempted,
+                    sample=hooks.twin_sample,
+                    max_in_flight=hooks.twin_in_flight,
+                )
             )
     kinds: dict[str, int] = {}
     for r in results:
@@ -405,6 +453,7 @@ def run_one(
     peers_root: Path | None = None,
     on_result: Callable[[RequestResult], None] | None = None,
     source: Path | None = None,
+    hooks: Hooks | None = None,
 ) -> RunRecord:
     """One contender on one fresh fleet; a start-up failure becomes ``record.error``.
 
@@ -425,22 +474,27 @@ def run_one(
         results=[],
         router_cpu_s=None,
     )
+    hooks = hooks or Hooks()
     fleet: Fleet | None = None
     router: procs.Proc | None = None
     try:
+        if hooks.on_phase is not None:
+            hooks.on_phase("starting")
         fleet = start_fleet(scenario, run_dir, env=env)
         classes = any(s.priority_class for s in scenario.sessions())
         router, url = start_contender(
             contender, fleet, run_dir, scenario, peers_root, env=env, priority_classes=classes
         )
         results, engines, cpu, extra = asyncio.run(
-            _drive(scenario, contender, fleet, router, url, on_result)
+            _drive(scenario, contender, fleet, router, url, on_result, hooks)
         )
         record.results, record.engines, record.router_cpu_s = results, engines, cpu
         record.extra = extra
     except (procs.ProcessError, httpx.HTTPError, OSError, ValueError) as e:
         record.error = f"{type(e).__name__}: {e}"[:300]
     finally:
+        if hooks.on_phase is not None:
+            hooks.on_phase("stopping")
         if router is not None:
             router.stop()
         if fleet is not None:

@@ -92,6 +92,16 @@ LOADS: dict[str, Load] = {
         mixed=True,
         shape="priority",
     ),
+    # the demo: the router's default class objectives (priority/config.py
+    # DEFAULT_CLASSES), a flood sized from the fleet's slots; rate unused
+    "flood": Load(
+        "flood",
+        0.0,
+        1.0,
+        {"critical": 0.5, "standard": 2.0, "batch": 60.0, "*": 2.0},
+        mixed=True,
+        shape="priority",
+    ),
     "mixed-engine": Load(
         "priority-storm",
         11.0,
@@ -123,8 +133,17 @@ class Scenario:
 
     def params(self) -> WorkloadParams:
         return WorkloadParams(
-            duration_s=self.duration_s, rate=self.rate, scale=self.load.scale, seed=self.seed
+            duration_s=self.duration_s,
+            rate=self.rate,
+            scale=self.load.scale,
+            seed=self.seed,
+            slots=self.slots(),
         )
+
+    def slots(self) -> int:
+        """Concurrent sequences of the whole fleet (0 when a limit is unknown)."""
+        caps = [self.capacity(k) for k in self.engine_kinds()]
+        return 0 if any(c is None for c in caps) else sum(c or 0 for c in caps)
 
     def sessions(self) -> list[Session]:
         return build(self.load.generator, self.params())

@@ -20,6 +20,10 @@ class RequestResult:
     itl: list[float] = dataclasses.field(default_factory=list)
     output_tokens: int = 0
     cached_tokens: int | None = None
+    prompt_tokens: int | None = None
+    """From the answer's usage, when it has one."""
+    endpoint: str | None = None
+    """The router's ``x-fleetgate-endpoint`` answer header: where the answer began."""
     error: str | None = None
     text: str | None = None
     """The streamed answer, kept only when the caller asks (twin-run comparisons)."""

@@ -26,7 +26,12 @@ Workloads and what they imitate:
     Interactive ``critical`` chat plus ``batch`` traffic at about 1.5x fleet
     capacity, with bursts of critical requests.
 ``mixed-traffic``
-    ``standard`` chat-multiturn plus a priority storm at once (``fleetgate demo``).
+    ``standard`` chat-multiturn plus a priority storm at once.
+``flood``
+    What ``fleetgate demo`` shows: a ``batch`` flood sized from the fleet's
+    concurrent-sequence capacity (``slots``), so that it saturates the fleet at
+    any duration, ``critical`` requests in bursts through it and ``standard``
+    multi-turn chat over shared system prompts.
 
 Text is built from a fixed word list so that one word is about one token for the
 emulator's tokenizer; ``tokens`` below means those words.
@@ -97,6 +102,9 @@ class WorkloadParams:
     scale: float = 1.0
     """Multiplies token lengths (use < 1 for small emulated fleets)."""
     seed: int = 0
+    slots: int = 0
+    """Concurrent sequences of the whole fleet (sum of the engines' slot limits);
+    workloads sized from capacity (``flood``) use it, 0 means 32."""
 
 
 def _text(rng: random.Random, n: int) -> str:
@@ -218,12 +226,85 @@ def mixed_traffic(p: WorkloadParams) -> list[Session]:
     )
 
 
+#: ``flood``: batch requests decode this many tokens: about 1 modelled second on a
+#: vLLM Llama-8B/H100 engine at 8 sequences (6.4 ms per step), 0.75 s on TensorRT-LLM.
+FLOOD_BATCH_TOKENS = 160
+#: ``flood``: a slot frees about every BATCH_ROUND_S / slots seconds under the flood.
+FLOOD_BATCH_ROUND_S = 0.9
+
+
+def flood(p: WorkloadParams) -> list[Session]:
+    """A batch flood sized from the fleet's capacity, critical bursts through it,
+    and multi-turn chat (``fleetgate demo``); ``duration_s`` is modelled seconds.
+
+    The flood does not wait for a long run to build up: ``2 x slots`` batch requests
+    arrive in the first 5% of the run (every slot busy and about one more request
+    queued per slot, so a class-blind engine queue makes a new request wait about
+    one batch request's decode time, longer than the critical objective), then
+    batch keeps arriving at about 0.45 x what the fleet completes until 65% of the
+    run, while critical and standard traffic also take slots. Critical requests
+    (short, over one shared system prompt) arrive from 5% to 70% of the run, 40%
+    of them in two bursts. Standard chat sessions (3-5 turns, their history
+    re-sent, over 3 shared system prompts) start in the first 60%: the part of the
+    prompt an engine may already hold. ``rate`` is not used: every count follows
+    from ``slots`` and ``duration_s``.
+    """
+    rng = random.Random(p.seed)
+    slots = p.slots or 32
+    d = p.duration_s
+    sessions: list[Session] = []
+    n_front = 2 * slots
+    n_steady = round(0.45 * slots / FLOOD_BATCH_ROUND_S * 0.6 * d)
+    starts = sorted(
+        [rng.uniform(0.0, 0.05 * d) for _ in range(n_front)]
+        + [rng.uniform(0.05 * d, 0.65 * d) for _ in range(n_steady)]
+    )
+    for i, t0 in enumerate(starts):
+        turn = Turn(content=_text(rng, rng.randint(200, 600)), max_tokens=FLOOD_BATCH_TOKENS)
+        sessions.append(
+            Session(f"batch-{i}", t0, None, (turn,), priority_class="batch", tenant=f"t{i % 3}")
+        )
+    crit_system = _text(random.Random(p.seed + 5), 200)
+    n_crit = max(16, round(0.4 * slots * d))
+    n_burst = round(0.2 * n_crit)
+    starts = sorted(
+        [rng.uniform(0.05 * d, 0.7 * d) for _ in range(n_crit - 2 * n_burst)]
+        + [rng.uniform(0.25 * d, 0.29 * d) for _ in range(n_burst)]
+        + [rng.uniform(0.5 * d, 0.54 * d) for _ in range(n_burst)]
+    )
+    for i, t0 in enumerate(starts):
+        turn = Turn(content=_text(rng, rng.randint(40, 160)), max_tokens=rng.randint(32, 64))
+        sessions.append(Session(f"crit-{i}", t0, crit_system, (turn,), priority_class="critical"))
+    systems = [_text(random.Random(p.seed * 1000 + 11 + i), 300) for i in range(3)]
+    for i in range(max(6, round(0.1 * slots * d))):
+        turns = tuple(
+            Turn(
+                content=_text(rng, rng.randint(30, 120)),
+                max_tokens=rng.randint(32, 96),
+                think_s=0.0 if k == 0 else rng.uniform(0.1, 0.4),
+            )
+            for k in range(rng.randint(3, 5))
+        )
+        sessions.append(
+            Session(
+                f"chat-{i}",
+                rng.uniform(0.0, 0.6 * d),
+                rng.choice(systems),
+                turns,
+                priority_class="standard",
+            )
+        )
+    sessions.sort(key=lambda s: s.start_s)
+    return sessions
+
+
 WORKLOADS: dict[str, Callable[[WorkloadParams], list[Session]]] = {
     "chat-multiturn": chat_multiturn,
     "shared-prefix": shared_prefix,
     "agentic": agentic,
     "priority-storm": priority_storm,
     "mixed-traffic": mixed_traffic,
+    "flood": flood,
 }
 
 

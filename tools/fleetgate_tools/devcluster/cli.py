@@ -9,13 +9,19 @@
   removes its work dir and the state file.
 * ``which TOOL`` prints the path of one built tool (building nothing: it fails with a
   one-line error if the tool is absent).
+* ``operator [ARGS...]`` runs ``fleetgate operator`` in the foreground against the
+  detached cluster of the state file: it applies ``crds/`` first and gives every engine
+  pod the toleration of the fake GPU nodes' kwok taint, so ``kubectl apply -f
+  examples/...`` schedules as written. ``ARGS`` go to ``fleetgate operator``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +32,7 @@ from fleetgate_tools import procs
 from fleetgate_tools.devcluster import bins
 from fleetgate_tools.devcluster.cluster import ClusterConfig, DevCluster
 from fleetgate_tools.devcluster.errors import DevClusterError
+from fleetgate_tools.devcluster.manifests import operator_command
 from fleetgate_tools.devcluster.state import (
     ClusterState,
     default_state_path,
@@ -48,6 +55,13 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
     down.add_argument("--state", type=Path, default=None, help="state file (default: in the cache)")
     which = sub.add_parser("which", help="print the path of a built tool")
     which.add_argument("tool", help=", ".join(bins.TOOLS))
+    op = sub.add_parser(
+        "operator",
+        help="run fleetgate operator against the detached cluster (CRDs applied, engine "
+        "pods tolerate the fake nodes)",
+    )
+    op.add_argument("--state", type=Path, default=None, help="state file (default: in the cache)")
+    op.add_argument("operator_args", nargs=argparse.REMAINDER, help="passed to fleetgate operator")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         return _up(args)
     if args.action == "down":
         return _down(args.state or default_state_path())
+    if args.action == "operator":
+        return _operator(args.state or default_state_path(), args.operator_args)
     raise CliError(f"unknown action {args.action!r}")
 
 
@@ -146,6 +162,34 @@ def _foreground(cluster: DevCluster) -> int:
         outcome = cluster.stop()
         print("stopped: " + ", ".join(f"{k} {v}" for k, v in outcome.items()))
     return code
+
+
+def _operator(state_path: Path, extra: list[str]) -> int:
+    try:
+        state = read_state(state_path)
+    except DevClusterError as e:
+        raise CliError(f"{e} (start one with: fleetgate dev-cluster up --detach ...)") from e
+    kubectl = bins.expected_binset().path("kubectl")
+    crds = bins.repo_root() / "crds"
+    res = subprocess.run(
+        [
+            str(kubectl),
+            f"--kubeconfig={state.kubeconfig}",
+            "apply",
+            "--server-side",
+            "-f",
+            str(crds),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if res.returncode != 0:
+        raise CliError(f"kubectl apply -f {crds} failed: {res.stderr.strip()}")
+    argv = operator_command(sys.executable, Path(state.kubeconfig), list(extra))
+    print(f"CRDs applied; running: {' '.join(argv[1:])}", flush=True)
+    os.execv(argv[0], argv)
+    return 0  # not reached
 
 
 def _down(state_path: Path) -> int:

@@ -55,6 +55,27 @@ FAKE_NODE_TOLERATION: dict[str, str] = {
 }
 
 
+def fake_node_toleration_flag() -> str:
+    """:data:`FAKE_NODE_TOLERATION` as the operator's ``--extra-toleration`` value."""
+    t = FAKE_NODE_TOLERATION
+    return f"{t['key']}={t['value']}:{t['effect']}"
+
+
+def operator_command(python: str, kubeconfig: Path, extra_args: list[str]) -> list[str]:
+    """``fleetgate operator`` against the dev cluster: every engine pod it makes
+    tolerates the fake nodes' taint, so InferenceServices as users write them (the
+    ``examples/``) schedule with no toleration of their own."""
+    return [
+        python,
+        "-m",
+        "fleetgate",
+        "operator",
+        f"--kubeconfig={kubeconfig}",
+        f"--extra-toleration={fake_node_toleration_flag()}",
+        *extra_args,
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class GpuNodePool:
     """``count`` identical fake nodes named ``{prefix}-{i}``."""

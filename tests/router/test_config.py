@@ -23,7 +23,7 @@ from fleetgate.router.config import (
     parse_config,
     with_backends,
 )
-from fleetgate.router.scheduling.plugins import PrefixAffinityScorer
+from fleetgate.router.scheduling.plugins.prefix_affinity import PrefixAffinityScorer
 
 
 @pytest.mark.parametrize(

@@ -19,16 +19,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from pathlib import Path
 
 import pytest
+from recordings import VLLM_032
 
 from fleetgate.engines import get_adapter
 from fleetgate.engines.base import LoadSnapshot
 from fleetgate.router.config import ConfigError, parse_config
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.pipeline import PipelineWeights, default_pipeline
-from fleetgate.router.scheduling.plugins import NEUTRAL_SPEED_SCORE, EngineSpeedScorer
+from fleetgate.router.scheduling.plugins.engine_speed import (
+    NEUTRAL_SPEED_SCORE,
+    EngineSpeedScorer,
+)
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.speed import DecodeSpeed, SpeedParams
 from fleetgate.router.scheduling.types import (
@@ -39,7 +42,7 @@ from fleetgate.router.scheduling.types import (
 )
 from fleetgate.router.state import Endpoint, Fleet
 
-FIXTURES = Path("/work/shared/fixtures/vllm-0.32-cpu")
+FIXTURES = VLLM_032
 
 
 def snap(

@@ -25,13 +25,10 @@ from routerkit import router_config, serve
 
 from fleetgate.router.app import build_router
 from fleetgate.router.config import ConfigError, Scheduling, parse_config
-from fleetgate.router.scheduling.pipeline import default_pipeline
-from fleetgate.router.scheduling.plugins import (
-    MaxScorePicker,
-    PickerName,
-    RoundRobinPicker,
-    make_picker,
-)
+from fleetgate.router.scheduling.pipeline import default_pipeline, make_picker
+from fleetgate.router.scheduling.plugins.base import PickerName
+from fleetgate.router.scheduling.plugins.max_score import MaxScorePicker
+from fleetgate.router.scheduling.plugins.round_robin import RoundRobinPicker
 from fleetgate.router.scheduling.types import (
     EndpointId,
     EndpointView,

@@ -29,7 +29,8 @@ from routerkit import router_config, serve
 
 from fleetgate.engines.base import LoadSnapshot
 from fleetgate.router.app import build_router
-from fleetgate.router.upstream import NonLoopbackUpstream, RawUpstream, UpstreamConnectError
+from fleetgate.router.rawhttp import RawUpstream
+from fleetgate.router.upstream import NonLoopbackUpstream, UpstreamConnectError
 from fleetgate.sim import EngineSpec, run_fleet
 
 MODEL = "m"
@@ -308,6 +309,10 @@ async def test_two_router_replicas_place_new_prefixes_alike() -> None:
                 for url in (a, b):
                     resp = await c.post(url + "/v1/completions", json=body)
                     placed[k].add(resp.headers["x-fleetgate-endpoint"])
+                    # Replicas agree while engines have free slots. Let a scrape interval
+                    # (0.05 s) pass, or the other replica's class queue may see the
+                    # request just answered still waiting in its engine and pass it by.
+                    await asyncio.sleep(0.15)
             assert all(len(v) == 1 for v in placed.values()), placed
             assert len({next(iter(v)) for v in placed.values()}) > 1  # and they spread
 

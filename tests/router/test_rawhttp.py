@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from fleetgate.router.upstream import RawUpstream, UpstreamBroken
+from fleetgate.router.rawhttp import RawUpstream
+from fleetgate.router.upstream import UpstreamBroken
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 

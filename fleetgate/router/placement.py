@@ -1,0 +1,61 @@
+"""Placement: the scheduling pipeline over the endpoints a request may use.
+
+Both admissions place through one :class:`Placer`, so the router has one
+definition of "can serve" (the pipeline's own hard filters,
+``Pipeline.eligible``: healthy, not ejected, serves the model) and one way to
+reserve the pick (``Request.reserve``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection
+
+from fleetgate.router.metrics import RouterMetrics
+from fleetgate.router.request import Request
+from fleetgate.router.scheduling.pipeline import NoEndpointError, Pipeline
+from fleetgate.router.state import Endpoint, Fleet
+
+
+class Placer:
+    """The scheduling pipeline over the endpoints a request may use; reserves its pick."""
+
+    def __init__(
+        self, fleet: Fleet, pipeline: Pipeline, metrics: RouterMetrics, rng: random.Random
+    ) -> None:
+        self.fleet = fleet
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self.rng = rng
+
+    def eligible(self, req: Request, now: float) -> list[Endpoint]:
+        """Endpoints that can serve ``req`` (pipeline hard filters), preferring the ones
+        it has not failed on, and for a text-only chat resume the ones that continue a
+        partial assistant message (with no such engine, any: documented risk)."""
+        views = self.pipeline.eligible(req.view, self.fleet.views((), [], now))
+        out = [self.fleet.endpoints[v.id] for v in views]
+        if req.failed:
+            out = [e for e in out if e.id not in req.failed] or out
+        if req.needs_final_message and req.parked_at is not None:
+            out = [e for e in out if e.adapter.continues_final_message] or out
+        return out
+
+    def pick(self, req: Request, allowed: Collection[str], now: float) -> Endpoint | None:
+        """The pipeline's best endpoint among ``allowed`` (None: the filters left none)."""
+        views = [v for v in self.fleet.views(req.chain, req.order, now) if v.id in allowed]
+        try:
+            decision = self.pipeline.schedule(req.view, views, self.rng)
+        except NoEndpointError:
+            return None
+        self.metrics.child(
+            self.metrics.decisions, req.model, decision.reason, decision.decided_by
+        ).inc()
+        for eid in decision.ranking:
+            if eid in allowed:
+                return self.fleet.endpoints[eid]
+        return None
+
+    def reserve(self, req: Request, e: Endpoint) -> Endpoint:
+        matched = self.fleet.index.match(e.id, req.chain) if req.chain else 0
+        req.reserve(e, matched)
+        return e

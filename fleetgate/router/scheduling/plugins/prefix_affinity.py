@@ -1,0 +1,166 @@
+"""The ``prefix-affinity`` scorer: send a prompt where its prefix is cached, within
+bounds on load and queued prefill, and place a new prefix by rendezvous hashing.
+
+Also the prefill arithmetic the router shares with it (:func:`uncached_tokens`,
+:func:`prefill_cost`): the request record counts the same uncached tokens as the
+engine's queued prefill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from fleetgate.router.scheduling.types import EndpointId, EndpointView, RequestView
+
+
+def over_bound(e: EndpointView, mean_work: float, bound: float, slack_requests: float) -> bool:
+    """Consistent hashing with bounded loads: is ``e`` past ``(1 + bound) x mean``?
+
+    ``slack_requests`` (in requests, converted to that engine's work units)
+    keeps a nearly idle pool from spilling on every single request.
+    """
+    return e.load.work > (1.0 + bound) * mean_work + slack_requests / max(1, e.load.capacity)
+
+
+def uncached_tokens(request: RequestView, matched_chunks: int) -> int:
+    """Prompt tokens to prefill where ``matched_chunks`` leading chunks are cached."""
+    if request.chunks <= 0:
+        return request.prompt_tokens
+    cached = min(1.0, max(0, matched_chunks) / request.chunks)
+    return round(request.prompt_tokens * (1.0 - cached))
+
+
+def prefill_cost(request: RequestView, e: EndpointView) -> int:
+    """Prompt tokens to prefill on ``e`` before this request's first token: the router's
+    own backlog there (requests without a first token yet) plus this prompt's uncached part.
+
+    On an engine that spends its steps on prompt tokens (a long-document prefill costs
+    tens of milliseconds per thousand tokens, a decode step a few), the first token
+    arrives after roughly this many prompt tokens: a cost in the engine's own currency,
+    comparable between a warm engine with a queue and a cold idle one.
+    """
+    return max(0, e.pending_prefill_tokens) + uncached_tokens(request, e.prefix_match)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefixAffinityScorer:
+    """Longest believed prefix match scores high; a new prefix goes where the least
+    prefill is queued (by rendezvous among near-equals).
+
+    * Some eligible endpoint holds part of the prompt: score = matched / total chunks.
+    * None does (a cold prefix, or every holder is ineligible below): among the
+      eligible endpoints whose prefill cost is within ``prefill_slack_tokens`` of the
+      least (a new prefix is prefilled in full, so it goes where the fewest prompt
+      tokens are queued), the first ``cold_choices`` in rendezvous order (of the
+      prompt's first chunk) score 1, 0.99, ... and the load and KV scorers choose
+      between them: the power of d choices; ``None`` = all of them, so the least
+      loaded wins. With d = 1 router replicas that share no state agree on the engine
+      whenever their backlogs agree (plain rendezvous when no prefill is queued);
+      with more, one router balances new prefixes better, but replicas would place
+      the same new prefix on different engines (a second copy), hence
+      ``scheduling.router_replicas``. A spilled hot prefix goes the same way
+      (consistent hashing with bounded loads), and the engine it lands on then holds
+      the prefix too (the router records it), so it spreads instead of hot-spotting
+      one engine.
+    * Eligible means all of:
+
+      - bounded load: work at most ``(1 + bound) x`` the pool mean (plus
+        ``slack_requests``), where ``bound`` is ``load_bound`` scaled by what this
+        endpoint's cache saves (:meth:`bounds`, when ``bound_tokens`` is set): a
+        spill costs a second prefill of the prompt part only this endpoint holds,
+        so a 3000-token document may keep its engine up to the full bound while a
+        conversation whose few hundred history tokens are the only difference
+        spills near the mean;
+      - no queueing: not a full batch (work >= ``queue_work``) while another
+        endpoint has a free slot;
+      - prefill cost (:func:`prefill_cost`, when ``prefill_slack`` is not None): at
+        most ``(1 + prefill_slack) x`` the cheapest endpoint's plus
+        ``prefill_slack_tokens``. A cache hit saves this prompt's prefill; it is
+        worth nothing if the warm engine has more prompt tokens queued than
+        recomputing the whole prompt on an idle engine would cost. The slack
+        keeps the hit (and the copy it avoids) when the two are close.
+
+    * A prompt shorter than one chunk has nothing to reuse: all score 0.
+    """
+
+    load_bound: float = 0.25
+    slack_requests: float = 2.0
+    queue_work: float = 1.0
+    """Affinity never sends a request to queue (work >= this) while another engine
+    is below it: waiting behind a full batch costs more than a cache miss."""
+    cold_choices: int | None = 1
+    """Rendezvous candidates a cold prefix may go to (the load scorers pick among them);
+    None = every eligible endpoint."""
+    prefill_slack: float | None = 0.25
+    """Relative slack of the prefill-cost rule; None turns the rule off."""
+    prefill_slack_tokens: int = 512
+    bound_tokens: int | None = None
+    """Saved prompt tokens at which an endpoint gets the full ``load_bound``; fewer
+    scale it down linearly (:meth:`bounds`). None: ``load_bound`` everywhere."""
+    name: str = "prefix-affinity"
+
+    def score(
+        self, request: RequestView, endpoints: Sequence[EndpointView]
+    ) -> dict[EndpointId, float]:
+        if request.chunks <= 0 or not endpoints:
+            return {e.id: 0.0 for e in endpoints}
+        ok = self.eligible(request, endpoints)
+        if any(e.prefix_match and ok[e.id] for e in endpoints):
+            return {
+                e.id: (min(1.0, e.prefix_match / request.chunks) if ok[e.id] else 0.0)
+                for e in endpoints
+            }
+        if self.prefill_slack is not None and any(ok.values()):
+            costs = {e.id: prefill_cost(request, e) for e in endpoints if ok[e.id]}
+            near = min(costs.values()) + self.prefill_slack_tokens
+            ok = {eid: eid in costs and costs[eid] <= near for eid in ok}
+        scores = {e.id: 0.0 for e in endpoints}
+        chosen = 0
+        limit = len(endpoints) if self.cold_choices is None else self.cold_choices
+        for e in sorted(endpoints, key=lambda v: v.rendezvous_rank):
+            if chosen >= limit:
+                break
+            if ok[e.id]:
+                # 1, 0.99, ...: rendezvous order breaks ties (replicas agree when
+                # loads are level); about one request of load difference overrides it
+                scores[e.id] = 1.0 - 0.01 * chosen
+                chosen += 1
+        return scores
+
+    def eligible(
+        self, request: RequestView, endpoints: Sequence[EndpointView]
+    ) -> dict[EndpointId, bool]:
+        """Which endpoints may get affinity credit (the three rules in the class doc)."""
+        mean = sum(e.load.work for e in endpoints) / len(endpoints)
+        bounds, slack = self.bounds(request, endpoints), self.slack_requests
+        room = min(e.load.work for e in endpoints) < self.queue_work
+        ok = {
+            e.id: not over_bound(e, mean, bounds[e.id], slack)
+            and not (room and e.load.work >= self.queue_work)
+            for e in endpoints
+        }
+        if self.prefill_slack is not None:
+            costs = {e.id: prefill_cost(request, e) for e in endpoints}
+            limit = (1.0 + self.prefill_slack) * min(costs.values()) + self.prefill_slack_tokens
+            ok = {eid: fine and costs[eid] <= limit for eid, fine in ok.items()}
+        return ok
+
+    def bounds(
+        self, request: RequestView, endpoints: Sequence[EndpointView]
+    ) -> dict[EndpointId, float]:
+        """Each endpoint's load bound: ``load_bound x min(1, saved / bound_tokens)``.
+
+        ``saved`` = prompt tokens this endpoint holds beyond the endpoint that holds
+        the least of this prompt, i.e. the prefill a spill would repeat. A system
+        prompt every engine holds saves nothing against the others, so it earns no
+        extra load; a long document only one engine holds earns the full bound.
+        """
+        if not self.bound_tokens:
+            return {e.id: self.load_bound for e in endpoints}
+        uncached = {e.id: uncached_tokens(request, e.prefix_match) for e in endpoints}
+        most = max(uncached.values())
+        return {
+            eid: self.load_bound * min(1.0, (most - u) / self.bound_tokens)
+            for eid, u in uncached.items()
+        }

@@ -1,0 +1,137 @@
+"""KV-cache events in the manifests: flags/config, named ports, the discovery annotation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pydantic
+import pytest
+import yaml
+
+from fleetgate.api.v1alpha1 import InferenceServiceSpec
+from fleetgate.operator import manifests
+from fleetgate.operator.options import OperatorOptions
+
+OWNER = manifests.Owner(name="svc", namespace="ns", uid="uid-123")
+#: KV events are written only for a release line whose options were verified (main).
+TRT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0"
+
+
+def _spec(kind: str, settings: dict[str, Any] | None = None) -> InferenceServiceSpec:
+    engine: dict[str, Any] = {"type": kind, "image": TRT_IMAGE if kind != "vllm" else "vllm:1"}
+    if settings is not None:
+        engine["vllm" if kind == "vllm" else "tensorrtLlm"] = settings
+    return InferenceServiceSpec.model_validate(
+        {"model": {"uri": "hf://org/model", "name": "org/M"}, "engine": engine}
+    )
+
+
+def _children(spec: InferenceServiceSpec) -> manifests.Children:
+    return manifests.build_children(OWNER, spec, OperatorOptions(), service_monitor_supported=False)
+
+
+def _parts(children: manifests.Children) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    dep = children.by_kind("Deployment")
+    svc = children.by_kind("Service")
+    assert dep is not None and svc is not None
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    pod_ann = dep["spec"]["template"]["metadata"]["annotations"]
+    return container, pod_ann, svc["metadata"].get("annotations", {})
+
+
+def test_vllm_events_on_by_default_with_prefix_caching() -> None:
+    container, pod_ann, svc_ann = _parts(_children(_spec("vllm")))
+    args = container["args"]
+    config = json.loads(args[args.index("--kv-events-config") + 1])
+    assert config == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+        "replay_endpoint": "tcp://*:5558",
+        "topic": "kv-events",
+    }
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8000, "kv-events": 5557, "kv-replay": 5558}
+    expected = {
+        "transport": "zmq",
+        "format": "vllm-zmq-msgpack",
+        "port": 5557,
+        "replayPort": 5558,
+        "topic": "kv-events",
+    }
+    assert json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS]) == expected
+    assert json.loads(svc_ann[manifests.ANNOTATION_KV_EVENTS]) == expected
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param({"kvEvents": False}, id="off"),
+        pytest.param({"enablePrefixCaching": False}, id="no-prefix-caching"),
+    ],
+)
+def test_vllm_events_off(settings: dict[str, Any]) -> None:
+    container, pod_ann, svc_ann = _parts(_children(_spec("vllm", settings)))
+    assert "--kv-events-config" not in container["args"]
+    assert [p["name"] for p in container["ports"]] == ["http"]
+    assert manifests.ANNOTATION_KV_EVENTS not in pod_ann
+    assert manifests.ANNOTATION_KV_EVENTS not in svc_ann
+
+
+def test_trtllm_events_keep_a_buffer_drained_over_http() -> None:
+    children = _children(_spec("tensorrt-llm"))
+    container, pod_ann, _svc = _parts(children)
+    cm = children.by_kind("ConfigMap")
+    assert cm is not None
+    options = yaml.safe_load(next(iter(cm["data"].values())))
+    assert options["kv_cache_config"]["event_buffer_max_size"] == 4096
+    assert [p["name"] for p in container["ports"]] == ["http"]
+    assert json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS]) == {
+        "transport": "http-drain",
+        "format": "trtllm-http-json",
+        "path": "/kv_cache_events",
+    }
+
+
+def test_trtllm_events_not_written_for_an_unverified_release() -> None:
+    spec = InferenceServiceSpec.model_validate(
+        {
+            "model": {"uri": "hf://org/model"},
+            "engine": {
+                "type": "tensorrt-llm",
+                "image": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+            },
+        }
+    )
+    children = _children(spec)
+    cm = children.by_kind("ConfigMap")
+    assert cm is not None
+    assert (
+        "event_buffer_max_size"
+        not in yaml.safe_load(next(iter(cm["data"].values())))["kv_cache_config"]
+    )
+    assert manifests.ANNOTATION_KV_EVENTS not in _parts(children)[1]
+
+
+def test_trtllm_events_off_without_block_reuse() -> None:
+    children = _children(_spec("tensorrt-llm", {"enableBlockReuse": False}))
+    cm = children.by_kind("ConfigMap")
+    assert cm is not None
+    options = yaml.safe_load(next(iter(cm["data"].values())))
+    assert "event_buffer_max_size" not in options["kv_cache_config"]
+    assert manifests.ANNOTATION_KV_EVENTS not in _parts(children)[1]
+
+
+@pytest.mark.parametrize(
+    ("kind", "settings", "words"),
+    [
+        ("vllm", {"kvEvents": True, "enablePrefixCaching": False}, "enablePrefixCaching is off"),
+        ("tensorrt-llm", {"kvEvents": True, "enableBlockReuse": False}, "enableBlockReuse is off"),
+    ],
+)
+def test_events_without_prefix_caching_are_refused(
+    kind: str, settings: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(pydantic.ValidationError, match=words):
+        _spec(kind, settings)

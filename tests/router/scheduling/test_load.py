@@ -1,0 +1,77 @@
+"""The load estimate (``scheduling.load``): router traffic since the scrape counts at
+once, staleness is pessimistic, engines are normalised by their own capacity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fleetgate.router.scheduling.load import (
+    RouterCounts,
+    estimate_load,
+    kv_tokens_needed,
+)
+
+from .views import P, snap
+
+
+def test_burst_between_scrapes_is_seen_at_once() -> None:
+    s = snap(running=1, waiting=0)
+    idle = estimate_load(s, RouterCounts(), 100.1, P)
+    burst = estimate_load(s, RouterCounts(in_flight=6, dispatched_since_scrape=6), 100.1, P)
+    assert idle.requests == 1 and burst.requests == 7
+    assert burst.work > idle.work
+    assert burst.work == pytest.approx(7 / 8)
+
+
+def test_finished_since_scrape_subtracts_but_never_below_own_in_flight() -> None:
+    s = snap(running=4)
+    est = estimate_load(s, RouterCounts(in_flight=2, finished_since_scrape=5), 100.0, P)
+    assert est.requests == 2
+
+
+@pytest.mark.parametrize(
+    ("age", "conf"),
+    [
+        pytest.param(0.1, 1.0, id="fresh"),
+        pytest.param(1.75, 0.5, id="half"),
+        pytest.param(10.0, 0.0, id="stale"),
+    ],
+)
+def test_confidence_falls_with_age(age: float, conf: float) -> None:
+    est = estimate_load(snap(running=0, kv_usage=0.0), RouterCounts(), 100.0 + age, P)
+    assert est.confidence == pytest.approx(conf)
+
+
+def test_stale_or_failing_scrape_never_reads_idle() -> None:
+    idle = snap(running=0, waiting=0, kv_usage=0.0, blocks_free=1000)
+    fresh = estimate_load(idle, RouterCounts(), 100.0, P)
+    stale = estimate_load(idle, RouterCounts(), 200.0, P)
+    failing = estimate_load(idle, RouterCounts(), 100.0, P, scrape_failing=True)
+    never = estimate_load(None, RouterCounts(), 100.0, P)
+    assert fresh.work == 0.0
+    for est in (stale, failing, never):
+        assert est.work >= P.stale_work
+        assert est.kv_fraction >= P.stale_kv
+        assert est.confidence == 0.0
+    assert math.isinf(never.age)
+
+
+def test_mixed_engines_normalised_by_their_own_capacity() -> None:
+    vllm = estimate_load(snap(running=64, max_running=256), RouterCounts(), 100.0, P)
+    trt = estimate_load(snap(running=16, max_running=64, block_size=32), RouterCounts(), 100.0, P)
+    assert vllm.work == pytest.approx(trt.work) == pytest.approx(0.25)
+
+
+def test_kv_estimate_counts_tokens_dispatched_since_scrape() -> None:
+    s = snap(kv_usage=0.1, blocks_total=100, blocks_free=90, block_size=16)
+    est = estimate_load(s, RouterCounts(dispatched_tokens_since_scrape=800), 100.0, P)
+    assert est.free_kv_tokens == 90 * 16 - 800
+    assert est.kv_fraction == pytest.approx(1 - (1440 - 800) / 1600)
+
+
+def test_kv_tokens_needed_rounds_to_block_size() -> None:
+    assert kv_tokens_needed(100, 30, 16) == 144
+    assert kv_tokens_needed(100, 30, 128) == 256

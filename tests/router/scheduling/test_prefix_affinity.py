@@ -1,0 +1,185 @@
+"""The ``prefix-affinity`` scorer, alone and in the default pipeline.
+
+We test these aspects:
+* the load bound zeroes affinity; a cold prefix goes to its rendezvous target(s);
+* prefill cost: a warm engine keeps affinity unless its prefill backlog exceeds
+  recomputing the prompt elsewhere (plus slack); a cold prefix skips a rendezvous
+  target with a backlog;
+* the hit-weighted load bound: a long cached document keeps a loaded engine, a few
+  hundred tokens of history do not.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fleetgate.router.scheduling.pipeline import default_pipeline
+from fleetgate.router.scheduling.plugins.prefix_affinity import (
+    PrefixAffinityScorer,
+    prefill_cost,
+    uncached_tokens,
+)
+from fleetgate.router.scheduling.types import EndpointId
+
+from .views import DOC, req, view
+
+
+def test_affinity_zero_when_over_bound() -> None:
+    eps = [view("hot", work=3.0, match=4), view("b", work=0.1, match=0), view("c", work=0.1)]
+    got = PrefixAffinityScorer(load_bound=0.25, slack_requests=1).score(req(), eps)
+    assert got[EndpointId("hot")] == 0.0
+
+
+def test_cold_prefix_goes_to_rendezvous_target() -> None:
+    eps = [view("a", rank=1), view("b", rank=0), view("c", rank=2)]
+    for seed in range(20):  # level loads: rendezvous order decides, never the dice
+        d = default_pipeline().schedule(req(), eps, random.Random(seed))
+        assert d.pick == EndpointId("b") and d.reason == "cold"
+
+
+def test_cold_prefix_takes_the_less_loaded_of_two_rendezvous_candidates() -> None:
+    # b is the rendezvous target but busier than a, the second candidate; c (third) is idle
+    eps = [view("a", rank=1, work=0.1), view("b", rank=0, work=0.3), view("c", rank=2)]
+    d = default_pipeline(cold_choices=2).schedule(req(), eps, random.Random(0))
+    assert d.pick == EndpointId("a") and d.reason == "cold"
+    assert d.decided_by == "scorer:load"
+    # d = 1 (the default) is plain rendezvous: b, though busier (within the load bound)
+    d = default_pipeline().schedule(req(), eps, random.Random(0))
+    assert d.pick == EndpointId("b") and d.reason == "cold"
+    # d = 3 lets the idle third candidate win
+    d = default_pipeline(cold_choices=3).schedule(req(), eps, random.Random(0))
+    assert d.pick == EndpointId("c") and d.reason == "cold"
+
+
+def test_cold_prefix_one_request_of_load_difference_overrides_rendezvous_order() -> None:
+    cap = 64  # one request on a 64-sequence engine (the default capacity)
+    eps = [view("first", rank=0, work=1 / cap), view("second", rank=1, work=0.0)]
+    d = default_pipeline(cold_choices=2).schedule(req(), eps, random.Random(0))
+    assert d.pick == EndpointId("second")
+    for seed in range(10):  # level loads with d = 2: still the rendezvous target
+        eps = [view("first", rank=0), view("second", rank=1)]
+        d = default_pipeline(cold_choices=2).schedule(req(), eps, random.Random(seed))
+        assert d.pick == EndpointId("first")
+
+
+def test_uncached_tokens_and_prefill_cost() -> None:
+    r = req(**DOC)
+    assert uncached_tokens(r, 0) == 3000 and uncached_tokens(r, 97) == 90
+    assert uncached_tokens(r, 100) == 0 and uncached_tokens(r, 500) == 0
+    assert uncached_tokens(req(chunks=0, prompt_tokens=7), 0) == 7
+    assert prefill_cost(r, view("w", match=97, backlog=1000)) == 1090
+
+
+@pytest.mark.parametrize(
+    ("backlog", "pick", "reason"),
+    [
+        (0, "warm", "affinity-hit"),
+        # 3090 tokens ahead vs recomputing 3000 on an idle engine: within the slack
+        (3000, "warm", "affinity-hit"),
+        # limit = 1.25 x 3000 + 512 = 4262 tokens: just under keeps it, just over spills
+        (4172, "warm", "affinity-hit"),
+        (4173, "cold", "spill"),
+        (12000, "cold", "spill"),
+    ],
+)
+def test_warm_engine_keeps_affinity_until_its_backlog_outweighs_the_prompt(
+    backlog: int, pick: str, reason: str
+) -> None:
+    eps = [view("warm", match=97, backlog=backlog, rank=0), view("cold", rank=1)]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId(pick) and d.reason == reason
+
+
+def test_spill_for_prefill_cost_goes_to_the_cheapest_rendezvous_candidate() -> None:
+    # rendezvous order: warm, busy, idle; busy has a backlog over the limit as well
+    eps = [
+        view("warm", match=97, backlog=9000, rank=0),
+        view("busy", backlog=6000, rank=1),
+        view("idle", rank=2),
+    ]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("idle") and d.reason == "spill"
+
+
+def test_cold_prefix_skips_a_rendezvous_target_with_a_prefill_backlog() -> None:
+    eps = [view("target", rank=0, backlog=6000), view("second", rank=1, backlog=200)]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("second") and d.reason == "spill"
+    # a backlog within the slack leaves rendezvous alone (replicas keep agreeing)
+    eps = [view("target", rank=0, backlog=300), view("second", rank=1, backlog=0)]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("target") and d.reason == "cold"
+
+
+def test_prefill_rule_off_is_the_load_bound_alone() -> None:
+    eps = [view("warm", match=97, backlog=50000, rank=0), view("cold", rank=1)]
+    d = default_pipeline(prefill_slack=None).schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("warm") and d.reason == "affinity-hit"
+    scorer = PrefixAffinityScorer(prefill_slack=None)
+    assert scorer.eligible(req(**DOC), eps) == {EndpointId("warm"): True, EndpointId("cold"): True}
+
+
+def test_cold_prefix_goes_where_the_fewest_prompt_tokens_are_queued() -> None:
+    # rendezvous: a, b, c; backlogs 2000 / 900 / 0: only c is within 512 tokens of the least
+    eps = [
+        view("a", rank=0, backlog=2000),
+        view("b", rank=1, backlog=900),
+        view("c", rank=2, backlog=0, work=0.2),  # busier in requests, within the load bound
+    ]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("c") and d.reason == "spill"  # passed over a and b
+    # within the slack of each other, rendezvous order decides again (replicas agree)
+    eps = [view("a", rank=0, backlog=400), view("b", rank=1, backlog=0)]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("a") and d.reason == "cold"
+
+
+def test_cold_choices_none_lets_the_least_loaded_near_cheapest_endpoint_win() -> None:
+    eps = [
+        view("target", rank=0, work=0.25),
+        view("idle", rank=2, work=0.0),
+        view("queued", rank=1, work=0.0, backlog=3000),  # idle slots, but prefill queued
+    ]
+    d = default_pipeline(cold_choices=None).schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("idle") and d.reason == "cold"
+    d = default_pipeline(cold_choices=1).schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("target") and d.reason == "cold"
+
+
+def test_bound_scales_with_the_prompt_tokens_a_spill_would_prefill_again() -> None:
+    scorer = PrefixAffinityScorer(load_bound=1.0, bound_tokens=2048)
+    r = req(**DOC)  # 3000 tokens in 100 chunks
+    eps = [
+        view("doc", match=100),  # saves all 3000 tokens against "none": the full bound
+        view("half", match=34),  # saves 1020 tokens: about half of it
+        view("none"),  # holds nothing: bound 0
+    ]
+    b = scorer.bounds(r, eps)
+    assert b[EndpointId("doc")] == 1.0 and b[EndpointId("none")] == 0.0
+    assert b[EndpointId("half")] == pytest.approx(1020 / 2048)
+    # a prefix every endpoint holds (a shared system prompt) saves nothing anywhere
+    shared = [view("a", match=10), view("b", match=10)]
+    assert set(scorer.bounds(r, shared).values()) == {0.0}
+    # unset: the flat bound for every endpoint
+    flat = PrefixAffinityScorer(load_bound=1.0).bounds(r, eps)
+    assert set(flat.values()) == {1.0}
+
+
+@pytest.mark.parametrize(
+    ("match", "keeps"),
+    [
+        (100, True),  # a 3000-token document: staying at 1.75x the mean beats a re-prefill
+        (10, False),  # 300 tokens of history: spill to the idle engines
+    ],
+)
+def test_a_loaded_engine_keeps_a_long_prefix_but_not_a_short_one(match: int, keeps: bool) -> None:
+    # mean work 0.4: "warm" at 1.75x the mean, over a flat bound of 0.25, under 1.0
+    eps = [view("warm", match=match, work=0.7, rank=1), view("a", work=0.3), view("b", work=0.2)]
+    scorer = PrefixAffinityScorer(load_bound=1.0, slack_requests=0, bound_tokens=2048)
+    assert scorer.eligible(req(**DOC), eps)[EndpointId("warm")] is keeps
+    d = default_pipeline(load_bound=1.0, bound_tokens=2048).schedule(
+        req(**DOC), eps, random.Random(0)
+    )
+    assert (d.pick == EndpointId("warm")) is keeps

@@ -1,0 +1,92 @@
+"""Both admissions: eligibility from the pipeline, reservation, queue, drain on release."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from pathkit import request, services
+
+from fleetgate.engines.base import LoadSnapshot
+from fleetgate.router.admission import ClassQueueAdmission, ImmediateAdmission, Refusal
+from fleetgate.router.placement import Placer
+from fleetgate.router.services import Services
+from fleetgate.router.state import Endpoint
+
+
+def ok(_: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json={})
+
+
+def placer(s: Services) -> Placer:
+    return Placer(s.fleet, s.pipeline, s.metrics, s.rng)
+
+
+async def test_immediate_places_at_once_and_never_twice_on_a_failed_endpoint() -> None:
+    s, _, (a, b) = services(ok)
+    adm = ImmediateAdmission(s.config, placer(s), s.classes, s.clock)
+    req = request(s, {"prompt": "x"})
+    first = await adm.admit(req)
+    assert isinstance(first, Endpoint) and first.counts.in_flight == 1
+    adm.release(req)
+    req.failed.add(first.id)
+    req.failures, req.last_cause = 1, "connect"
+    second = await adm.admit(req)
+    assert isinstance(second, Endpoint) and second is not first
+    adm.forget(req)
+    req.failed.add(second.id)
+    refused = await adm.admit(req)
+    assert isinstance(refused, Refusal) and refused.status == 503 and "connect" in refused.message
+    assert a.counts.in_flight == b.counts.in_flight == 0
+
+
+async def test_eligibility_is_the_pipelines_hard_filters() -> None:
+    s, _, (a, b) = services(ok)
+    a.healthy = False
+    b.models = frozenset({"other"})
+    adm = ImmediateAdmission(s.config, placer(s), s.classes, s.clock)
+    got = await adm.admit(request(s, {"prompt": "x"}))
+    assert isinstance(got, Refusal) and "serves model" in got.message
+
+
+def saturate(e: Endpoint, now: float) -> None:
+    """A fresh scrape: every slot of the engine's 8 taken, 2 more waiting."""
+    e.scraped(LoadSnapshot(scraped_at=now, running=8, waiting=2, kv_usage=0.5, max_running=8))
+
+
+async def test_class_queue_places_while_free_then_queues_and_drains_on_release() -> None:
+    s, _, (a, b) = services(ok, priority={})
+    assert s.config.priority is not None
+    adm = ClassQueueAdmission(s.config.priority, placer(s), s.classes, s.clock)
+    now = s.clock()
+    saturate(b, now)
+    a.scraped(LoadSnapshot(scraped_at=now, running=7, waiting=0, kv_usage=0.5, max_running=8))
+    first = request(s, {"prompt": "one"})
+    got = await adm.admit(first)
+    assert got is a and first.id in adm.running  # the one free slot
+    waiting = request(s, {"prompt": "two"}, headers={"x-fleetgate-priority": "batch"})
+    task = asyncio.get_running_loop().create_task(adm.admit(waiting))
+    await asyncio.sleep(0.01)
+    assert not task.done() and waiting.queued, "pool saturated: it waits in the router"
+    adm.release(first)  # a slot frees: the drain dispatches the queued request
+    placed = await asyncio.wait_for(task, 2)
+    assert placed is a and not waiting.queued
+    adm.forget(waiting)
+    adm.close()
+    assert a.counts.in_flight == 0
+
+
+async def test_class_queue_refuses_a_full_class_at_once() -> None:
+    classes = [{"name": "only", "level": 0, "ttft_objective_s": 1, "max_queue_time_s": 5,
+                "max_queued": 1, "sheddable": True}]  # fmt: skip
+    s, _, endpoints = services(ok, priority={"classes": classes, "default_class": "only"})
+    assert s.config.priority is not None
+    adm = ClassQueueAdmission(s.config.priority, placer(s), s.classes, s.clock)
+    for e in endpoints:
+        saturate(e, s.clock())
+    queued = asyncio.get_running_loop().create_task(adm.admit(request(s, {"prompt": "1"})))
+    await asyncio.sleep(0.01)
+    refused = await adm.admit(request(s, {"prompt": "2"}))
+    assert isinstance(refused, Refusal) and refused.shed and refused.status == 429
+    queued.cancel()
+    adm.close()
