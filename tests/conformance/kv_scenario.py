@@ -84,6 +84,35 @@ def _b64(frames: Sequence[bytes]) -> list[str]:
     return [base64.b64encode(f).decode() for f in frames]
 
 
+_MONITORS: dict[int, Any] = {}
+
+
+def watch_connection(sub: zmq.Socket[bytes]) -> None:
+    """Before ``sub.connect``: watch for the connection, so ``record`` can wait for it."""
+    _MONITORS[id(sub)] = sub.get_monitor_socket(zmq.EVENT_CONNECTED)
+
+
+def wait_connected(sub: zmq.Socket[bytes], timeout_s: float = 60.0) -> None:
+    """Block until ``sub`` is connected to the publisher, then a moment more.
+
+    ZeroMQ drops what a PUB socket sends before a subscriber's connection and its
+    subscription reached it (the "slow joiner"). The engine binds its endpoint only
+    when it starts, so on a loaded machine the first request's events could be
+    published before the SUB socket's reconnect found it.
+    """
+    monitor = _MONITORS.pop(id(sub), None)
+    if monitor is None:
+        return
+    try:
+        if not monitor.poll(int(timeout_s * 1000)):
+            raise AssertionError(f"the SUB socket never connected within {timeout_s} s")
+        monitor.recv_multipart()
+        time.sleep(0.5)  # the subscription travels to the publisher after the connection
+    finally:
+        sub.disable_monitor()
+        monitor.close()
+
+
 def record(
     base_url: str,
     model: str,
@@ -93,6 +122,7 @@ def record(
 ) -> None:
     """Run the scenario; append every message received to ``out``, in order (so a
     failed run still leaves what it saw)."""
+    wait_connected(sub)
     with httpx.Client(base_url=base_url, timeout=120.0) as http:
 
         def complete(prompt: list[int]) -> None:

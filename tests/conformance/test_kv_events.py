@@ -42,6 +42,7 @@ def sub_socket() -> Iterator[tuple[zmq.Socket[bytes], str]]:
     sub.setsockopt(zmq.SUBSCRIBE, sc.TOPIC.encode())
     with tempfile.TemporaryDirectory(prefix="fg-kv-") as tmp:
         endpoint = f"ipc://{tmp}/pub.ipc"
+        sc.watch_connection(sub)
         sub.connect(endpoint)
         try:
             yield sub, endpoint
