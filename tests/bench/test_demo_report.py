@@ -124,7 +124,6 @@ def test_summary_table_is_side_by_side_with_engine_names_not_ports() -> None:
 
 
 def test_plot_has_title_settings_objectives_and_per_run_labels(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     fig = demo.build_figure(runs(), scenario(), 30.0)
     texts = [t.get_text() for t in fig.findobj() if hasattr(t, "get_text")]
     joined = "\n".join(texts)
