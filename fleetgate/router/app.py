@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from fleetgate.router.tokenizer_files import load_tokenizers
 from fleetgate.router.admission import Admission, ClassQueueAdmission, ImmediateAdmission
 from fleetgate.router.asgi import RequestHandler
 from fleetgate.router.client import make_client
@@ -158,6 +159,7 @@ def build_router(
         clock=clock,
         rng=rng or random.Random(sched.seed),
         new_id=new_id,
+        tokenizers=load_tokenizers(sched.tokenizers),
     )
     placer = Placer(fleet, pipeline, metrics, services.rng)
     admission: Admission

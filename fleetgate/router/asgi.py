@@ -32,10 +32,16 @@ from starlette.types import Receive, Scope, Send
 from fleetgate.router.errors import BufferedSend, ClientSend, error_body, send_bytes, send_error
 from fleetgate.router.identity import OPEN, Gatekeeper, IdentityError, TenantLimiter
 from fleetgate.router.request import ParseSettings, Request, RequestError, parse_request
+from fleetgate.router.scheduling.tokenize import prompt_token_ids
 from fleetgate.router.serve import ServeLoop
 from fleetgate.router.services import Services
 
 log = logging.getLogger("fleetgate.router")
+
+#: Request bodies above this size are tokenized off the event loop (when the tokenizer
+#: releases the GIL): about 2k tokens of English, where inline encoding of the tiny
+#: Llama's BPE passes ~1 ms (bench/bench_tokenize.py, docs/router.md).
+OFF_LOOP_BYTES = 8192
 
 
 class RequestHandler:
@@ -55,8 +61,7 @@ class RequestHandler:
         sched = services.config.scheduling
         self.settings = ParseSettings(
             priority=services.config.classes,
-            chunk_bytes=sched.chunk_bytes,
-            bytes_per_token=sched.bytes_per_token,
+            chunk_tokens=sched.chunk_tokens,
             default_max_tokens=sched.default_max_tokens,
             drop_headers=gate.dropped_headers() if gate is not None else frozenset(),
         )
@@ -107,6 +112,7 @@ class RequestHandler:
                 )
                 return
             model = req.model
+            await self._tokenize(req)
             if self.limiter is not None:
                 try:
                     self.limiter.acquire(req.tenant, now)
@@ -135,6 +141,21 @@ class RequestHandler:
                 endpoint,
                 (s.clock() - arrival) * 1000,
             )
+
+    async def _tokenize(self, req: Request) -> None:
+        """The prompt as the engine's token ids, for the exact KV view (only when the
+        fleet has one). A large prompt for a tokenizer that releases the GIL
+        (``kind: hf``) is tokenized off the event loop (docs/router.md has the CPU
+        figures); a prompt that cannot be tokenized keeps the approximate view only."""
+        if self.s.fleet.kv_index is None:
+            return
+        tok = self.s.tokenizers.get(req.model)
+        if tok is not None and getattr(tok, "off_loop", False) and len(req.body) > OFF_LOOP_BYTES:
+            ids = await asyncio.to_thread(prompt_token_ids, req.doc, tok)
+        else:
+            ids = prompt_token_ids(req.doc, tok)
+        if ids:
+            req.set_tokens(ids)
 
     def _check_head(self, scope: Scope) -> tuple[int, str] | None:
         """Refuse before reading the body: too many / too large headers (431), a body
