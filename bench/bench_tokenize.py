@@ -30,11 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleetgate.router.config import TokenizerSpec
 from fleetgate.router.scheduling.kvindex import block_keys
 from fleetgate.router.scheduling.prefix import chunk_prompt, render_prompt
 from fleetgate.router.scheduling.tokenize import EmulatorTokenizer, Tokenizer
 from fleetgate.router.tokenizer_files import load_tokenizer
-from fleetgate.router.config import TokenizerSpec
 
 PROSE = (
     "The router keeps a view of which engine holds which blocks of the prompt cache, "
@@ -96,37 +96,34 @@ async def stall(tok: Tokenizer, msgs: list[dict[str, str]], threaded: bool) -> f
     return statistics.median(gaps) * 1000
 
 
+def time_one(name: str, tok: Tokenizer, target: int, repeats: int) -> dict[str, Any]:
+    msgs = messages_for(tok, target)
+    ids = tok.encode_chat(msgs)
+    body = {"model": "m", "messages": msgs}
+    return {
+        "kind": name,
+        "target": target,
+        "tokens": len(ids),
+        "encode_chat_ms": round(median_ms(lambda: tok.encode_chat(msgs), repeats), 3),
+        "keys16_ms": round(median_ms(lambda: block_keys(ids, 16), repeats), 3),
+        "approx_ms": round(median_ms(lambda: chunk_prompt(render_prompt(body), 32), repeats), 3),
+        "loop_stall_inline_ms": round(asyncio.run(stall(tok, msgs, False)), 3),
+        "loop_stall_thread_ms": round(asyncio.run(stall(tok, msgs, True)), 3),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument(
-        "--model-dir", default=str(Path.home() / ".cache/fleetgate/models/tiny-llama")
-    )
+    ap.add_argument("--model-dir", default=str(Path.home() / ".cache/fleetgate/models/tiny-llama"))
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
     kinds: dict[str, Tokenizer] = {
         "hf": load_tokenizer("m", TokenizerSpec(kind="hf", path=args.model_dir)),
         "emulator": EmulatorTokenizer(),
     }
-    rows = []
     for target in (1024, 4096, 16384):
         for name, tok in kinds.items():
-            msgs = messages_for(tok, target)
-            ids = tok.encode_chat(msgs)
-            body = {"model": "m", "messages": msgs}
-            row = {
-                "kind": name,
-                "target": target,
-                "tokens": len(ids),
-                "encode_chat_ms": round(median_ms(lambda: tok.encode_chat(msgs), args.repeats), 3),
-                "keys16_ms": round(median_ms(lambda: block_keys(ids, 16), args.repeats), 3),
-                "approx_ms": round(
-                    median_ms(lambda: chunk_prompt(render_prompt(body), 32), args.repeats), 3
-                ),
-            }
-            row["loop_stall_inline_ms"] = round(asyncio.run(stall(tok, msgs, False)), 3)
-            row["loop_stall_thread_ms"] = round(asyncio.run(stall(tok, msgs, True)), 3)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps(time_one(name, tok, target, args.repeats)), flush=True)
 
 
 if __name__ == "__main__":

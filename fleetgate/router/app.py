@@ -29,7 +29,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleetgate.router.tokenizer_files import load_tokenizers
 from fleetgate.router.admission import Admission, ClassQueueAdmission, ImmediateAdmission
 from fleetgate.router.asgi import RequestHandler
 from fleetgate.router.client import make_client
@@ -49,6 +48,7 @@ from fleetgate.router.serve import ServeLoop
 from fleetgate.router.served import adapter_for
 from fleetgate.router.services import Services, random_request_id
 from fleetgate.router.state import Endpoint, Fleet
+from fleetgate.router.tokenizer_files import load_tokenizers
 from fleetgate.router.upstream import HttpxUpstream, Upstream
 
 

@@ -44,9 +44,9 @@ from fleetgate.router.priority.config import (
 )
 from fleetgate.router.priority.continuation import Kind, request_kind, resumability
 from fleetgate.router.priority.splice import StreamSplicer
+from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.load import kv_tokens_needed
 from fleetgate.router.scheduling.plugins import uncached_tokens
-from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.prefix import (
     chunk_key,
     chunk_prompt,

@@ -103,7 +103,9 @@ def _prompt_token_ids(doc: Mapping[str, Any], tokenizer: Tokenizer | None) -> li
             return list(prompt)
         return None
     if isinstance(prompt, str) and tokenizer is not None:
-        return tokenizer.encode_text(prompt, add_special_tokens=_bool(doc, "add_special_tokens", True))
+        return tokenizer.encode_text(
+            prompt, add_special_tokens=_bool(doc, "add_special_tokens", True)
+        )
     return None
 
 

@@ -21,8 +21,8 @@ from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.kvindex import KvIndex
 from fleetgate.router.scheduling.pipeline import default_pipeline
 from fleetgate.router.scheduling.tokenize import EmulatorTokenizer
-from fleetgate.router.services import Services
 from fleetgate.router.scheduling.types import EndpointId, EndpointView, RequestView
+from fleetgate.router.services import Services
 from fleetgate.router.state import Endpoint
 
 from .views import load
@@ -110,7 +110,9 @@ class Router:
     async def ask(self, question: str) -> str:
         transport = httpx.ASGITransport(app=self.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://router") as c:
-            r = await c.post("/v1/chat/completions", json={"model": MODEL, "messages": chat(question)})
+            r = await c.post(
+                "/v1/chat/completions", json={"model": MODEL, "messages": chat(question)}
+            )
         assert r.status_code == 200, r.text
         return self.got[-1]
 
@@ -236,11 +238,17 @@ def test_exact_and_approximate_compete_in_tokens() -> None:
     pipe = default_pipeline()
 
     # approximate: 6 of 10 chunks ~ 600 tokens; exact: 640 resident tokens
-    d = pipe.schedule(REQ, [ev("approx", match=6), ev("exact", exact=640, rank=1)], random.Random(0))
+    d = pipe.schedule(
+        REQ, [ev("approx", match=6), ev("exact", exact=640, rank=1)], random.Random(0)
+    )
     assert d.pick == "exact" and d.reason == "affinity-hit" and d.cache_source == "events"
     assert d.predicted_cached_tokens == 640
-    d = pipe.schedule(REQ, [ev("approx", match=7), ev("exact", exact=640, rank=1)], random.Random(0))
-    assert d.pick == "approx" and d.cache_source == "approximate" and d.predicted_cached_tokens == 700
+    d = pipe.schedule(
+        REQ, [ev("approx", match=7), ev("exact", exact=640, rank=1)], random.Random(0)
+    )
+    assert (
+        d.pick == "approx" and d.cache_source == "approximate" and d.predicted_cached_tokens == 700
+    )
     # a live feed that says "nothing resident" is believed over a stale approximate guess
     d = pipe.schedule(REQ, [ev("a", exact=0), ev("b", exact=0, rank=1)], random.Random(0))
     assert d.reason == "cold" and d.predicted_cached_tokens == 0

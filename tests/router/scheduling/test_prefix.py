@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from fleetgate.router.scheduling.prefix import (
-    chunk_prompt,
     PrefixIndex,
     chunk_chain,
+    chunk_prompt,
     first_chunk_key,
     render_prompt,
     rendezvous_order,

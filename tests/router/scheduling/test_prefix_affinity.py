@@ -18,8 +18,8 @@ import pytest
 from fleetgate.router.scheduling.pipeline import default_pipeline
 from fleetgate.router.scheduling.plugins.prefix_affinity import (
     PrefixAffinityScorer,
-    prefill_cost,
     approximate_cached,
+    prefill_cost,
     uncached_tokens,
 )
 from fleetgate.router.scheduling.types import EndpointId

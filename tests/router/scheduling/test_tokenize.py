@@ -28,7 +28,12 @@ CONVERSATIONS: list[list[dict[str, Any]]] = [
         {"role": "assistant", "content": "Yes: order 10234 shipped."},
         {"role": "user", "content": "Und der Preis? ÄÖÜ ß 東京 🙂"},
     ],
-    [{"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "two"}]}],
+    [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "two"}],
+        }
+    ],
 ]
 
 
@@ -78,7 +83,9 @@ def small_model(tmp_path: Path, *, template_in_config: bool) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     specials = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>"]
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(["hello world, the cache is warm 0123456789"] * 50, trainer)
     from tokenizers import decoders
