@@ -38,10 +38,11 @@ from fleetgate.router.services import Services
 
 log = logging.getLogger("fleetgate.router")
 
-#: Request bodies above this size are tokenized off the event loop (when the tokenizer
-#: releases the GIL): about 2k tokens of English, where inline encoding of the tiny
-#: Llama's BPE passes ~1 ms (bench/bench_tokenize.py, docs/router.md).
-OFF_LOOP_BYTES = 8192
+#: Request bodies above this size (about 8k tokens of English) are tokenized off the
+#: event loop when the tokenizer releases the GIL (``kind: hf``). Measured
+#: (bench/bench_tokenize.py, docs/router.md): at 4k tokens a thread did not shorten the
+#: loop's stall (the encode is about one GIL switch interval long); at 16k it cut it 2-3x.
+OFF_LOOP_BYTES = 32768
 
 
 class RequestHandler:

@@ -576,3 +576,28 @@ def with_backends(config: RouterConfig, flags: list[str]) -> RouterConfig:
     else:
         pools.append(Pool(name="default", backends=extra))
     return config.model_copy(update={"pools": tuple(pools)})
+
+
+def parse_tokenizer_flag(flag: str) -> tuple[str, TokenizerSpec]:
+    """``MODEL=hf:DIR`` or ``MODEL=emulator`` from ``--tokenizer``."""
+    model, sep, rest = flag.partition("=")
+    kind, _, path = rest.partition(":")
+    if not sep or not model or kind not in ("hf", "emulator"):
+        raise ConfigError(
+            f"--tokenizer {flag!r}: expected MODEL=hf:DIR or MODEL=emulator, "
+            "e.g. llama=hf:/models/llama"
+        )
+    try:
+        return model, TokenizerSpec(kind=kind, path=path or None)
+    except ValidationError as e:
+        raise ConfigError(f"--tokenizer {flag!r}: {_describe(e)}") from None
+
+
+def with_tokenizers(config: RouterConfig, flags: list[str]) -> RouterConfig:
+    """Add ``--tokenizer`` flags to ``scheduling.tokenizers`` (a flag wins over the file)."""
+    if not flags:
+        return config
+    found = dict(config.scheduling.tokenizers)
+    found.update(parse_tokenizer_flag(f) for f in flags)
+    sched = config.scheduling.model_copy(update={"tokenizers": found})
+    return config.model_copy(update={"scheduling": sched})

@@ -218,3 +218,26 @@ def test_hf_kind_equals_transformers_apply_chat_template_on_the_tiny_model() -> 
     tok = load_tokenizer("tiny-llama", TokenizerSpec(kind="hf", path=str(model)))
     got = [prompt_token_ids({"messages": c}, tok) for c in text_only]
     assert got == want
+
+
+def test_tokenizer_cli_flag() -> None:
+    import argparse
+
+    from fleetgate.router.cli import build_parser, resolve_config
+
+    parser = argparse.ArgumentParser()
+    build_parser(parser)
+    args = parser.parse_args(
+        ["--port", "1", "--backend", "vllm=http://127.0.0.1:1",
+         "--tokenizer", "a=emulator", "--tokenizer", "b=hf:/models/b"]
+    )  # fmt: skip
+    cfg = resolve_config(args)
+    assert cfg.scheduling.tokenizers["a"].kind == "emulator"
+    assert cfg.scheduling.tokenizers["b"].path == "/models/b"
+    from fleetgate.router.cli import CliError
+
+    for bad in ("a", "a=bpe:/x", "a=hf", "=emulator"):
+        args = parser.parse_args(["--port", "1", "--backend", "vllm=http://127.0.0.1:1",
+                                  "--tokenizer", bad])  # fmt: skip
+        with pytest.raises(CliError, match="--tokenizer"):
+            resolve_config(args)
