@@ -151,10 +151,14 @@ class RequestHandler:
         if self.s.fleet.kv_index is None:
             return
         tok = self.s.tokenizers.get(req.model)
-        if tok is not None and getattr(tok, "off_loop", False) and len(req.body) > OFF_LOOP_BYTES:
-            ids = await asyncio.to_thread(prompt_token_ids, req.doc, tok)
-        else:
-            ids = prompt_token_ids(req.doc, tok)
+        try:
+            if tok is not None and tok.off_loop and len(req.body) > OFF_LOOP_BYTES:
+                ids = await asyncio.to_thread(prompt_token_ids, req.doc, tok)
+            else:
+                ids = prompt_token_ids(req.doc, tok)
+        except Exception as e:  # a tokenizer library failure never fails the request
+            log.warning("%s: tokenizing failed (%s): approximate view", req.label, e)
+            return
         if ids:
             req.set_tokens(ids)
 

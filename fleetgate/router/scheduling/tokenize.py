@@ -31,7 +31,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -177,7 +177,8 @@ class HfTokenizer:
 
     Rendering follows transformers' ``apply_chat_template`` for the common case: a
     sandboxed Jinja environment with ``trim_blocks`` / ``lstrip_blocks`` and the
-    loop-controls extension, ``tojson``, ``raise_exception`` and ``strftime_now``;
+    loop-controls extension, ``tojson``, ``raise_exception`` and ``strftime_now``
+    (the injected ``now``);
     variables ``messages``, ``tools``, ``add_generation_prompt`` and the special
     tokens of tokenizer_config.json (``bos_token``, ``eos_token``, ...). Text content
     parts are joined with newlines (vLLM's "string" content format); any other part
@@ -188,7 +189,12 @@ class HfTokenizer:
     off_loop = True
 
     def __init__(
-        self, tokenizer_json: str, config: Mapping[str, Any], chat_template: str | None
+        self,
+        tokenizer_json: str,
+        config: Mapping[str, Any],
+        chat_template: str | None,
+        *,
+        now: Callable[[], datetime] = datetime.now,
     ) -> None:
         import jinja2
         import jinja2.sandbox
@@ -211,7 +217,7 @@ class HfTokenizer:
                 return json.dumps(value, indent=indent, ensure_ascii=False)
 
             def strftime_now(fmt: str) -> str:
-                return datetime.now().strftime(fmt)  # templates print dates; not a decision
+                return now().strftime(fmt)  # some templates print today's date
 
             env = jinja2.sandbox.ImmutableSandboxedEnvironment(
                 trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
@@ -254,10 +260,12 @@ class HfTokenizer:
             raise TokenizeError(f"chat template: {e}") from None
         if continue_final_message and clean and isinstance(clean[-1]["content"], str):
             # end the text at the last message's content, as transformers does
-            last = clean[-1]["content"]
-            cut = text.rfind(last.strip()) if last.strip() else -1
-            if cut >= 0:
-                text = text[: cut + len(last.strip())]
+            last: str = clean[-1]["content"]
+            cut = text.rfind(last.strip())
+            if not last.strip() or cut < 0:
+                raise TokenizeError("continue_final_message: the final message is not in the text")
+            keep = len(last.lstrip()) if text[cut:].startswith(last.lstrip()) else len(last.strip())
+            text = text[: cut + keep]
         return str(text)
 
     def encode_chat(

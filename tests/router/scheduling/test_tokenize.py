@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from realvllm import real_vllm  # noqa: F401  (the session fixture)
 from recordings import VLLM_032
 from tokenizers import Tokenizer as HfTok
 from tokenizers import models, pre_tokenizers, trainers
@@ -241,3 +242,39 @@ def test_tokenizer_cli_flag() -> None:
                                   "--tokenizer", bad])  # fmt: skip
         with pytest.raises(CliError, match="--tokenizer"):
             resolve_config(args)
+
+
+@pytest.mark.realvllm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_hf_kind_equals_a_running_real_vllm(real_vllm: Any) -> None:
+    """A real vLLM 0.32 on the same tiny model: its /tokenize and the prompt_tokens
+    of a real chat completion equal the hf kind's ids and count."""
+    from realvllm import ensure_model, ensure_venv
+
+    tok = load_tokenizer(
+        "tiny-llama", TokenizerSpec(kind="hf", path=str(ensure_model(ensure_venv())))
+    )
+    text_only = [c for c in CONVERSATIONS if all(isinstance(m["content"], str) for m in c)]
+    with httpx.Client(base_url=real_vllm.base_url, timeout=60) as c:
+        for messages in text_only:
+            body = {"model": real_vllm.model, "messages": messages}
+            r = c.post("/tokenize", json={**body, "add_generation_prompt": True})
+            assert r.status_code == 200, r.text
+            assert prompt_token_ids(body, tok) == r.json()["tokens"]
+            r = c.post("/v1/chat/completions", json={**body, "max_tokens": 1})
+            assert r.json()["usage"]["prompt_tokens"] == len(prompt_token_ids(body, tok) or [])
+        for prompt in ("The prefix cache is warm.", "order 10234 total 4512.75"):
+            r = c.post("/tokenize", json={"model": real_vllm.model, "prompt": prompt})
+            assert prompt_token_ids({"prompt": prompt}, tok) == r.json()["tokens"]
+
+
+def test_hf_kind_continue_final_message_ends_at_the_last_content(tmp_path: Path) -> None:
+    d = small_model(tmp_path, template_in_config=True)
+    tok = load_tokenizer("m", TokenizerSpec(kind="hf", path=str(d)))
+    assert isinstance(tok, HfTokenizer)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello wor"}]
+    text = tok.render_chat(msgs, continue_final_message=True)
+    assert text == "<s><|user|>\nhi</s>\n<|assistant|>\nhello wor"
+    body = {"messages": msgs, "continue_final_message": True, "add_generation_prompt": False}
+    assert prompt_token_ids(body, tok) == tok.encode_text(text, add_special_tokens=False)
