@@ -247,7 +247,7 @@ def test_tokenizer_cli_flag() -> None:
 @pytest.mark.realvllm
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_hf_kind_equals_a_running_real_vllm(real_vllm: Any) -> None:
+def test_hf_kind_equals_a_running_real_vllm(real_vllm: Any) -> None:  # noqa: F811
     """A real vLLM 0.32 on the same tiny model: its /tokenize and the prompt_tokens
     of a real chat completion equal the hf kind's ids and count."""
     from realvllm import ensure_model, ensure_venv
