@@ -48,6 +48,7 @@ from fleetgate.router.serve import ServeLoop
 from fleetgate.router.served import adapter_for
 from fleetgate.router.services import Services, random_request_id
 from fleetgate.router.state import Endpoint, Fleet
+from fleetgate.router.tokenizer_files import load_tokenizers
 from fleetgate.router.upstream import HttpxUpstream, Upstream
 
 
@@ -158,6 +159,7 @@ def build_router(
         clock=clock,
         rng=rng or random.Random(sched.seed),
         new_id=new_id,
+        tokenizers=load_tokenizers(sched.tokenizers),
     )
     placer = Placer(fleet, pipeline, metrics, services.rng)
     admission: Admission

@@ -32,10 +32,17 @@ from starlette.types import Receive, Scope, Send
 from fleetgate.router.errors import BufferedSend, ClientSend, error_body, send_bytes, send_error
 from fleetgate.router.identity import OPEN, Gatekeeper, IdentityError, TenantLimiter
 from fleetgate.router.request import ParseSettings, Request, RequestError, parse_request
+from fleetgate.router.scheduling.tokenize import prompt_token_ids
 from fleetgate.router.serve import ServeLoop
 from fleetgate.router.services import Services
 
 log = logging.getLogger("fleetgate.router")
+
+#: Request bodies above this size (about 8k tokens of English) are tokenized off the
+#: event loop when the tokenizer releases the GIL (``kind: hf``). Measured
+#: (bench/bench_tokenize.py, docs/router.md): at 4k tokens a thread did not shorten the
+#: loop's stall (the encode is about one GIL switch interval long); at 16k it cut it 2-3x.
+OFF_LOOP_BYTES = 32768
 
 
 class RequestHandler:
@@ -55,8 +62,7 @@ class RequestHandler:
         sched = services.config.scheduling
         self.settings = ParseSettings(
             priority=services.config.classes,
-            chunk_bytes=sched.chunk_bytes,
-            bytes_per_token=sched.bytes_per_token,
+            chunk_tokens=sched.chunk_tokens,
             default_max_tokens=sched.default_max_tokens,
             drop_headers=gate.dropped_headers() if gate is not None else frozenset(),
         )
@@ -107,6 +113,7 @@ class RequestHandler:
                 )
                 return
             model = req.model
+            await self._tokenize(req)
             if self.limiter is not None:
                 try:
                     self.limiter.acquire(req.tenant, now)
@@ -135,6 +142,25 @@ class RequestHandler:
                 endpoint,
                 (s.clock() - arrival) * 1000,
             )
+
+    async def _tokenize(self, req: Request) -> None:
+        """The prompt as the engine's token ids, for the exact KV view (only when the
+        fleet has one). A large prompt for a tokenizer that releases the GIL
+        (``kind: hf``) is tokenized off the event loop (docs/router.md has the CPU
+        figures); a prompt that cannot be tokenized keeps the approximate view only."""
+        if self.s.fleet.kv_index is None:
+            return
+        tok = self.s.tokenizers.get(req.model)
+        try:
+            if tok is not None and tok.off_loop and len(req.body) > OFF_LOOP_BYTES:
+                ids = await asyncio.to_thread(prompt_token_ids, req.doc, tok)
+            else:
+                ids = prompt_token_ids(req.doc, tok)
+        except Exception as e:  # a tokenizer library failure never fails the request
+            log.warning("%s: tokenizing failed (%s): approximate view", req.label, e)
+            return
+        if ids:
+            req.set_tokens(ids)
 
     def _check_head(self, scope: Scope) -> tuple[int, str] | None:
         """Refuse before reading the body: too many / too large headers (431), a body

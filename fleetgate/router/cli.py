@@ -25,6 +25,7 @@ from fleetgate.router.config import (
     is_loopback_host,
     load_config,
     with_backends,
+    with_tokenizers,
 )
 
 #: Seconds a SIGTERM drain waits for in-flight requests (charts/fleetgate sets the
@@ -44,6 +45,14 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         help="add an engine endpoint, e.g. vllm=http://127.0.0.1:18100 (repeatable)",
     )
     parser.add_argument(
+        "--tokenizer",
+        action="append",
+        default=[],
+        metavar="MODEL=hf:DIR|MODEL=emulator",
+        help="a served model's tokenizer for the exact KV view: hf:DIR (tokenizer.json + "
+        "chat template) or emulator (repeatable; scheduling.tokenizers in the config)",
+    )
+    parser.add_argument(
         "--loop", choices=("auto", "uvloop", "asyncio"), default="auto", help="event loop"
     )
     parser.add_argument("--log-level", default="warning", help="python log level (default warning)")
@@ -61,6 +70,7 @@ def resolve_config(args: argparse.Namespace) -> RouterConfig:
     try:
         config = load_config(args.config) if args.config else RouterConfig()
         config = with_backends(config, list(args.backend))
+        config = with_tokenizers(config, list(getattr(args, "tokenizer", [])))
         config.backends()
         config.check_loopback()
     except ConfigError as e:

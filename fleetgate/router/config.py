@@ -114,6 +114,26 @@ class Weights(_Strict):
     ``scheduling.pipeline.PipelineWeights``). 0 turns it off."""
 
 
+class TokenizerSpec(_Strict):
+    """Where one model's tokenizer comes from (``scheduling.tokenizers.<model>``).
+
+    ``hf``: a directory holding the model's ``tokenizer.json`` and its chat template
+    (``tokenizer_config.json``'s ``chat_template`` or ``chat_template.jinja``), read at
+    start-up (``fleetgate.router.tokenizer_files``). ``emulator``: the emulator's own
+    tokenizer, exactly what emulated engines compute (no files)."""
+
+    kind: Literal["hf", "emulator"]
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _path_for_hf(self) -> TokenizerSpec:
+        if self.kind == "hf" and not self.path:
+            raise ValueError("kind hf needs a path (the directory with tokenizer.json)")
+        if self.kind == "emulator" and self.path:
+            raise ValueError("kind emulator takes no path")
+        return self
+
+
 class Scheduling(_Strict):
     weights: Weights = Weights()
     picker: Literal["max-score", "round-robin"] = "max-score"
@@ -123,10 +143,14 @@ class Scheduling(_Strict):
     Same values as ``scheduling.plugins.PickerName`` (a test keeps them equal)."""
     seed: int = 0
     """Seed of the picker's tie-break random generator."""
-    chunk_bytes: int = Field(128, ge=16)
-    """Prefix chunk size in rendered bytes (~32 tokens of English)."""
-    bytes_per_token: float = Field(4.0, gt=0)
-    """Used to estimate prompt tokens without a tokenizer."""
+    chunk_tokens: int = Field(32, ge=4)
+    """Approximate prefix view: chunk size in ESTIMATED tokens (a regex pre-tokenizer
+    counts words, digits and punctuation, ``scheduling.prefix``), so chunk boundaries
+    follow tokens whatever the bytes per token of the text."""
+    tokenizers: dict[str, TokenizerSpec] = {}
+    """Per served model: its tokenizer, so requests become the engine's token ids and
+    are scored against the exact KV view (KV events) where an endpoint's feed is live.
+    A model without one is scored by the approximate view only."""
     index_capacity: int = Field(65536, ge=1)
     """Chain hashes remembered per endpoint (LRU)."""
     cold_choices: int | Literal["all"] | None = None
@@ -552,3 +576,28 @@ def with_backends(config: RouterConfig, flags: list[str]) -> RouterConfig:
     else:
         pools.append(Pool(name="default", backends=extra))
     return config.model_copy(update={"pools": tuple(pools)})
+
+
+def parse_tokenizer_flag(flag: str) -> tuple[str, TokenizerSpec]:
+    """``MODEL=hf:DIR`` or ``MODEL=emulator`` from ``--tokenizer``."""
+    model, sep, rest = flag.partition("=")
+    kind, _, path = rest.partition(":")
+    if not sep or not model or kind not in ("hf", "emulator"):
+        raise ConfigError(
+            f"--tokenizer {flag!r}: expected MODEL=hf:DIR or MODEL=emulator, "
+            "e.g. llama=hf:/models/llama"
+        )
+    try:
+        return model, TokenizerSpec(kind=kind, path=path or None)
+    except ValidationError as e:
+        raise ConfigError(f"--tokenizer {flag!r}: {_describe(e)}") from None
+
+
+def with_tokenizers(config: RouterConfig, flags: list[str]) -> RouterConfig:
+    """Add ``--tokenizer`` flags to ``scheduling.tokenizers`` (a flag wins over the file)."""
+    if not flags:
+        return config
+    found = dict(config.scheduling.tokenizers)
+    found.update(parse_tokenizer_flag(f) for f in flags)
+    sched = config.scheduling.model_copy(update={"tokenizers": found})
+    return config.model_copy(update={"scheduling": sched})

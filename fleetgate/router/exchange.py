@@ -42,6 +42,7 @@ from fleetgate.router.priority.continuation import (
     upstream_body,
 )
 from fleetgate.router.request import HOP_HEADERS, Headers, Request
+from fleetgate.router.scheduling.types import CacheSource
 from fleetgate.router.services import Services
 from fleetgate.router.state import Endpoint
 from fleetgate.router.upstream import UpstreamError, UpstreamResponse
@@ -148,7 +149,7 @@ class Exchange:
             req.segments += 1
             rid = req.id if req.segments == 1 else f"{req.id}-{req.segments}"
             headers = [*req.headers, (b"x-request-id", rid.encode())]
-            predicted = s.fleet.index.match(e.id, req.chain) if req.chain else 0
+            predicted = s.fleet.believed_cached(e, req.chain, req.prompt, req.view)
             try:
                 resp = await s.upstream.send(e.url, path, body, headers)
             except UpstreamError as err:
@@ -235,7 +236,12 @@ class Exchange:
     # -- raw relay ------------------------------------------------------------------
 
     async def _relay(
-        self, req: Request, send: ClientSend, e: Endpoint, resp: UpstreamResponse, predicted: int
+        self,
+        req: Request,
+        send: ClientSend,
+        e: Endpoint,
+        resp: UpstreamResponse,
+        predicted: tuple[int, CacheSource],
     ) -> Result:
         s = self.s
         rename = e.model_rename()  # None unless the engine lists another name (served.py)
@@ -314,7 +320,12 @@ class Exchange:
     # -- splicer ----------------------------------------------------------------------
 
     async def _splice(
-        self, req: Request, send: ClientSend, e: Endpoint, resp: UpstreamResponse, predicted: int
+        self,
+        req: Request,
+        send: ClientSend,
+        e: Endpoint,
+        resp: UpstreamResponse,
+        predicted: tuple[int, CacheSource],
     ) -> Result:
         s, sp = self.s, req.splicer
         assert sp is not None
@@ -346,9 +357,7 @@ class Exchange:
         finally:
             watch.stop()
         if sp.upstream_usage is not None:
-            s.metrics.record_usage(
-                e.id, e.engine, sp.upstream_usage, s.config.scheduling, predicted
-            )
+            s.metrics.record_usage(e.id, e.engine, sp.upstream_usage, *predicted)
         if sp.finished:
             return Result(Outcome.COMPLETE)
         return self._failed(e, "stream_broken")
@@ -419,7 +428,7 @@ class Exchange:
         if e is not None:
             self._e2e(req, e)
 
-    def _usage(self, e: Endpoint, data: bytes, predicted_chunks: int) -> None:
+    def _usage(self, e: Endpoint, data: bytes, predicted: tuple[int, CacheSource]) -> None:
         """Closed loop: predicted versus actual cached prompt tokens, per endpoint."""
         if b'"usage"' not in data:
             return
@@ -428,6 +437,4 @@ class Exchange:
         except (ValueError, AttributeError):
             return
         if isinstance(usage, dict):
-            self.s.metrics.record_usage(
-                e.id, e.engine, usage, self.s.config.scheduling, predicted_chunks
-            )
+            self.s.metrics.record_usage(e.id, e.engine, usage, *predicted)

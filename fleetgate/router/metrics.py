@@ -6,7 +6,8 @@ and several routers in one process never collide.
 
 Labels are bounded: ``model`` (served models), ``engine`` (adapter name),
 ``endpoint`` (configured endpoints), ``status`` (HTTP status code as text),
-``reason`` / ``decided_by`` (fixed sets from the pipeline).
+``reason`` / ``decided_by`` (fixed sets from the pipeline), ``source`` (``events`` |
+``approximate``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fleetgate.router.state import Fleet
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _ITL = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5)
 _WAIT = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
+_RATIO = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 _SCRAPE = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -70,9 +72,10 @@ class RouterMetrics:
         )
         self.decisions = Counter(
             "fleetgate_decisions",
-            "Scheduling decisions by reason (affinity-hit, spill, cold, fallback, single) "
-            "and deciding plugin.",
-            ["model", "reason", "decided_by"],
+            "Scheduling decisions by reason (affinity-hit, spill, cold, fallback, single), "
+            "deciding plugin, and the cache view that spoke for the pick (source: events = "
+            "the exact KV index, its feed live; approximate = the router's prefix index).",
+            ["model", "reason", "decided_by", "source"],
             registry=r,
         )
         self.retries = Counter(
@@ -88,17 +91,27 @@ class RouterMetrics:
             ["endpoint", "engine", "cause"],
             registry=r,
         )
+        src = [*ep, "source"]
         self.predicted_cached = Counter(
             "fleetgate_predicted_cached_tokens",
-            "Prompt tokens the router predicted the endpoint had cached (prefix index).",
-            ep,
+            "Prompt tokens the router predicted the endpoint had cached, by the view that "
+            "predicted it (source: events | approximate).",
+            src,
             registry=r,
         )
         self.actual_cached = Counter(
             "fleetgate_actual_cached_tokens",
             "Prompt tokens the engine reported as cached "
-            "(usage.prompt_tokens_details.cached_tokens).",
-            ep,
+            "(usage.prompt_tokens_details.cached_tokens), by the view that predicted them.",
+            src,
+            registry=r,
+        )
+        self.cache_error = Histogram(
+            "fleetgate_cache_prediction_error_ratio",
+            "Per response: |predicted - actual cached tokens| / prompt tokens, by the view "
+            "that predicted (source: events | approximate); needs cached_tokens in usage.",
+            ["source"],
+            buckets=_RATIO,
             registry=r,
         )
         self.prompt_tokens = Counter(
@@ -154,25 +167,27 @@ class RouterMetrics:
         endpoint: str,
         engine: str,
         usage: Mapping[str, Any],
-        scheduling: Any,
-        predicted_chunks: int,
+        predicted: int,
+        source: str,
     ) -> None:
         """Count one upstream ``usage`` for the cache closed loop: prompt tokens, the
-        router's predicted cached tokens (matched prefix chunks, converted with the
-        scheduling config's ``chunk_bytes`` / ``bytes_per_token``) and the engine's
-        reported ``prompt_tokens_details.cached_tokens``."""
+        router's predicted cached tokens (by ``source``, the view that predicted them:
+        ``events`` or ``approximate``), the engine's reported
+        ``prompt_tokens_details.cached_tokens`` and the relative error of the two."""
         lv = (endpoint, engine)
         prompt = usage.get("prompt_tokens")
         if isinstance(prompt, int):
             self.child(self.prompt_tokens, *lv).inc(prompt)
-        predicted = int(predicted_chunks * scheduling.chunk_bytes / scheduling.bytes_per_token)
-        if isinstance(prompt, int):
             predicted = min(predicted, prompt)
-        self.child(self.predicted_cached, *lv).inc(predicted)
+        predicted = max(0, predicted)
+        self.child(self.predicted_cached, *lv, source).inc(predicted)
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if isinstance(cached, int):
-            self.child(self.actual_cached, *lv).inc(cached)
+            self.child(self.actual_cached, *lv, source).inc(cached)
+            if isinstance(prompt, int) and prompt > 0:
+                error = abs(predicted - cached) / prompt
+                self.child(self.cache_error, source).observe(error)
         else:
             self.child(self.usage_without_cache, *lv).inc()
 

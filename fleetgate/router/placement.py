@@ -42,13 +42,19 @@ class Placer:
 
     def pick(self, req: Request, allowed: Collection[str], now: float) -> Endpoint | None:
         """The pipeline's best endpoint among ``allowed`` (None: the filters left none)."""
-        views = [v for v in self.fleet.views(req.chain, req.order, now) if v.id in allowed]
+        views = [
+            v for v in self.fleet.views(req.chain, req.order, now, req.prompt) if v.id in allowed
+        ]
         try:
             decision = self.pipeline.schedule(req.view, views, self.rng)
         except NoEndpointError:
             return None
         self.metrics.child(
-            self.metrics.decisions, req.model, decision.reason, decision.decided_by
+            self.metrics.decisions,
+            req.model,
+            decision.reason,
+            decision.decided_by,
+            decision.cache_source,
         ).inc()
         for eid in decision.ranking:
             if eid in allowed:
@@ -56,6 +62,6 @@ class Placer:
         return None
 
     def reserve(self, req: Request, e: Endpoint) -> Endpoint:
-        matched = self.fleet.index.match(e.id, req.chain) if req.chain else 0
-        req.reserve(e, matched)
+        cached, _ = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)
+        req.reserve(e, cached)
         return e

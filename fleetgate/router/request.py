@@ -11,6 +11,8 @@ rest of the router needs is decided here, once:
 * the router's own request id (unguessable, from the injected ``new_id``); the
   client's ``x-request-id`` is only carried along, for logs and the answer;
 * prefix-affinity data (chunk chain, rendezvous order) and the scheduling view;
+  the prompt's token ids for the exact view are added afterwards
+  (:meth:`Request.set_tokens`, by the ASGI layer: tokenizing may run off the loop);
 * whether the answer may be resumed elsewhere (``continuation.resumability``).
 
 The second half of the record is run-time state, written only by the serve
@@ -42,11 +44,12 @@ from fleetgate.router.priority.config import (
 )
 from fleetgate.router.priority.continuation import Kind, request_kind, resumability
 from fleetgate.router.priority.splice import StreamSplicer
+from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.load import kv_tokens_needed
 from fleetgate.router.scheduling.plugins import uncached_tokens
 from fleetgate.router.scheduling.prefix import (
-    chunk_chain,
-    first_chunk_key,
+    chunk_key,
+    chunk_prompt,
     render_prompt,
     rendezvous_order,
 )
@@ -124,6 +127,10 @@ class Request:
     view: RequestView
     kv_tokens: int
     resumable: bool
+    prompt: PromptKeys | None = None
+    """The prompt as the engine's token ids (:meth:`set_tokens`), when the model has a
+    tokenizer or the prompt is token ids: the exact KV view's input. None: only the
+    approximate view (``chain``) applies."""
 
     # -- how far it has got (serve loop, admission, exchange) ------------------
     holding: Endpoint | None = None
@@ -168,10 +175,18 @@ class Request:
 
     # -- the router's accounting on the endpoint it holds (one place) ----------
 
-    def reserve(self, e: Endpoint, matched_chunks: int) -> None:
-        """Hold ``e`` for the next attempt: in-flight, KV and prefill backlog."""
+    def set_tokens(self, token_ids: Sequence[int]) -> None:
+        """The prompt's token ids are known: the exact view applies, and the prompt
+        length (prefill and KV estimates) becomes exact."""
+        self.prompt = PromptKeys(token_ids)
+        self.view = dataclasses.replace(self.view, prompt_tokens=len(self.prompt))
+        self.kv_tokens = kv_tokens_needed(len(self.prompt), self.view.max_tokens, 1)
+
+    def reserve(self, e: Endpoint, cached_tokens: int) -> None:
+        """Hold ``e`` for the next attempt: in-flight, KV and prefill backlog;
+        ``cached_tokens`` of the prompt are believed cached there."""
         self.release()
-        self.prefill = uncached_tokens(self.view, matched_chunks)
+        self.prefill = uncached_tokens(self.view, cached_tokens)
         e.dispatch(self.kv_tokens, self.prefill)
         self.holding = e
         self.endpoint, self.engine = e.id, e.engine
@@ -196,8 +211,7 @@ class ParseSettings:
     """What parsing needs from the router config (``scheduling`` + ``priority``)."""
 
     priority: PriorityConfig
-    chunk_bytes: int = 128
-    bytes_per_token: float = 4.0
+    chunk_tokens: int = 32
     default_max_tokens: int = 256
     drop_headers: frozenset[bytes] = frozenset()
     """Request headers never forwarded beyond the fixed ones (credentials the
@@ -271,8 +285,8 @@ def parse_request(
         rendered = render_prompt(doc)
     except UnicodeEncodeError:
         raise RequestError(400, "the request text is not valid Unicode (lone surrogate)") from None
-    chain = chunk_chain(rendered, settings.chunk_bytes)
-    prompt_tokens = int(len(rendered) / settings.bytes_per_token)
+    chunked = chunk_prompt(rendered, settings.chunk_tokens)
+    chain, prompt_tokens = chunked.chain, chunked.tokens
     view = RequestView(
         model=model,
         chunks=len(chain),
@@ -280,7 +294,7 @@ def parse_request(
         max_tokens=max_tokens,
         priority=cls.level,
     )
-    order = rendezvous_order(first_chunk_key(rendered, settings.chunk_bytes), endpoints)
+    order = rendezvous_order(chunk_key(chunked.first), endpoints)
     kind = request_kind(path)
     return Request(
         id=new_id(),

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import random
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from fleetgate.router.config import RouterConfig
 from fleetgate.router.metrics import ClassMetrics, RouterMetrics
 from fleetgate.router.scheduling.pipeline import Pipeline
+from fleetgate.router.scheduling.tokenize import Tokenizer
 from fleetgate.router.state import EjectionPolicy, Fleet
 from fleetgate.router.upstream import Upstream
 
@@ -54,6 +55,8 @@ class Services:
     clock: Callable[[], float]
     rng: random.Random
     new_id: Callable[[], str] = random_request_id
+    tokenizers: Mapping[str, Tokenizer] = dataclasses.field(default_factory=dict)
+    """Per served model: its tokenizer (``scheduling.tokenizers``), for the exact view."""
     ejection: EjectionPolicy = dataclasses.field(init=False)
     body_bytes: ByteBudget = dataclasses.field(init=False)
 

@@ -31,10 +31,13 @@ from collections.abc import Iterable, Iterator
 
 from fleetgate.engines.base import EngineAdapter, LoadSnapshot, MetricsSource
 from fleetgate.router.priority.saturation import SaturationView
+from fleetgate.router.scheduling.exact import PromptKeys
+from fleetgate.router.scheduling.kvindex import KvIndex
 from fleetgate.router.scheduling.load import LoadParams, RouterCounts, estimate_load
+from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.speed import DecodeSpeed
-from fleetgate.router.scheduling.types import EndpointId, EndpointView
+from fleetgate.router.scheduling.types import CacheSource, EndpointId, EndpointView, RequestView
 from fleetgate.router.served import ModelRename, served_models
 
 
@@ -76,6 +79,18 @@ class Endpoint:
     prefilling: int = 0
     """Uncached prompt tokens of this router's requests here that have no first token
     yet: the prefill backlog ahead of a new request (``EndpointView.pending_prefill_tokens``)."""
+    kv_live: bool = False
+    """This endpoint's KV-event feed is live (set by the KV-event subscriber): only then
+    does the exact view (``Fleet.kv_index``) speak for it; otherwise the approximate
+    prefix index does."""
+
+    @property
+    def block_size(self) -> int:
+        """KV block size in tokens: the last scrape's, else the adapter's default."""
+        snap = self.snapshot
+        if snap is not None and snap.block_size:
+            return snap.block_size
+        return self.adapter.default_block_size
 
     # ---------------------------------------------------------------- models
 
@@ -175,6 +190,7 @@ class Fleet:
         *,
         index: PrefixIndex,
         load_params: LoadParams,
+        kv_index: KvIndex | None = None,
     ) -> None:
         self.endpoints: dict[EndpointId, Endpoint] = {}
         for e in endpoints:
@@ -183,6 +199,8 @@ class Fleet:
             self.endpoints[e.id] = e
         self.index = index
         self.load_params = load_params
+        self.kv_index = kv_index
+        """The exact view, fed by engines' KV events (None: no feed configured)."""
 
     def __iter__(self) -> Iterator[Endpoint]:
         return iter(self.endpoints.values())
@@ -195,8 +213,35 @@ class Fleet:
             out |= e.models
         return sorted(out)
 
+    def exact_cached(self, e: Endpoint, prompt: PromptKeys | None) -> int | None:
+        """Prompt tokens resident on ``e`` by the exact view; None when it does not
+        speak for ``e`` (no token ids for the request, no index, or ``e``'s feed is not
+        live)."""
+        if prompt is None or self.kv_index is None or not e.kv_live:
+            return None
+        return prompt.resident_tokens(self.kv_index, e.id, e.block_size)
+
+    def believed_cached(
+        self,
+        e: Endpoint,
+        chain: tuple[int, ...],
+        prompt: PromptKeys | None,
+        request: RequestView,
+    ) -> tuple[int, CacheSource]:
+        """Prompt tokens ``e`` is believed to hold and the view that says so (the same
+        rule as the scorer's ``cached_tokens``)."""
+        exact = self.exact_cached(e, prompt)
+        if exact is not None:
+            return min(request.prompt_tokens, exact), "events"
+        matched = self.index.match(e.id, chain) if chain else 0
+        return approximate_cached(request, matched), "approximate"
+
     def views(
-        self, chain: tuple[int, ...], rendezvous: list[EndpointId], now: float
+        self,
+        chain: tuple[int, ...],
+        rendezvous: list[EndpointId],
+        now: float,
+        prompt: PromptKeys | None = None,
     ) -> list[EndpointView]:
         rank = {eid: i for i, eid in enumerate(rendezvous)}
         out = []
@@ -220,6 +265,7 @@ class Fleet:
                     load=load,
                     max_model_len=e.max_model_len,
                     prefix_match=self.index.match(e.id, chain) if chain else 0,
+                    exact_cached_tokens=self.exact_cached(e, prompt),
                     rendezvous_rank=rank.get(e.id, len(rank)),
                     decode_s_per_token=e.speed.seconds_per_token,
                     pending_prefill_tokens=e.prefilling,

@@ -115,7 +115,7 @@ def test_no_models_yet_is_503_with_retry_after_and_echo_is_bounded() -> None:
 def test_reserve_and_release_give_back_exactly_what_they_took() -> None:
     s, _, (e, _) = services(ok)
     req = request(s, {"prompt": "a long prompt " * 50, "max_tokens": 10})
-    req.reserve(e, matched_chunks=0)
+    req.reserve(e, cached_tokens=0)
     assert e.counts.in_flight == 1 and e.prefilling == req.prefill > 0
     assert req.holding is e and (req.endpoint, req.engine) == (e.id, "vllm")
     req.prefilled()

@@ -16,11 +16,14 @@ The pipeline itself holds no state and uses no clock or I/O. The picker is the
 one plugin that may hold state (the round-robin cursor); it is built per
 router app by :func:`default_pipeline`, so two apps never share a cursor.
 
-Reasons: ``affinity-hit`` (the pick holds the longest believed prefix),
+Reasons: ``affinity-hit`` (the pick holds the longest believed prefix, in tokens:
+the exact view where an endpoint's KV-event feed is live, the approximate one
+elsewhere; ``Decision.cache_source`` says which applied to the pick),
 ``cold`` (no endpoint holds any of it; the pick is one of the first
 ``cold_choices`` rendezvous candidates), ``spill`` (the affinity target or
 every rendezvous candidate was passed over, normally for the load bound),
-``fallback`` (the prompt is shorter than one chunk: load alone decided),
+``fallback`` (nothing to reuse: the prompt is shorter than one chunk and no exact
+block is held anywhere; load alone decided),
 ``single`` (one candidate).
 """
 
@@ -46,7 +49,12 @@ from fleetgate.router.scheduling.plugins.filters import (
 from fleetgate.router.scheduling.plugins.kv_headroom import KvHeadroomScorer
 from fleetgate.router.scheduling.plugins.load_scorer import LoadScorer
 from fleetgate.router.scheduling.plugins.max_score import MaxScorePicker
-from fleetgate.router.scheduling.plugins.prefix_affinity import PrefixAffinityScorer
+from fleetgate.router.scheduling.plugins.prefix_affinity import (
+    PrefixAffinityScorer,
+    cache_source,
+    cached_tokens,
+    may_reuse,
+)
 from fleetgate.router.scheduling.plugins.round_robin import RoundRobinPicker
 from fleetgate.router.scheduling.types import (
     Decision,
@@ -144,6 +152,8 @@ class Pipeline:
             scored=tuple(ordered),
             filtered_out=tuple(removed),
             predicted_cached_chunks=pick.prefix_match,
+            predicted_cached_tokens=cached_tokens(request, pick),
+            cache_source=cache_source(pick),
         )
 
     def _cold_choices(self) -> int | None:
@@ -177,11 +187,12 @@ def _reason(
 ) -> DecisionReason:
     if len(candidates) == 1:
         return "single"
-    if request.chunks <= 0:
+    if not may_reuse(request, candidates):
         return "fallback"
-    best = max(e.prefix_match for e in candidates)
+    cached = {e.id: cached_tokens(request, e) for e in candidates}
+    best = max(cached.values())
     if best > 0:
-        return "affinity-hit" if pick.prefix_match == best else "spill"
+        return "affinity-hit" if cached[pick.id] == best else "spill"
     if cold_choices is None:
         return "cold"
     first = sorted(candidates, key=lambda e: e.rendezvous_rank)[: max(1, cold_choices)]

@@ -10,11 +10,21 @@ prompts always share, deterministically and completely:
 * completions: the prompt string, or token ids as decimal text.
 * The model name leads, so two models never share chains.
 
-``chunk_chain`` cuts the rendering into fixed ``chunk_bytes`` pieces and
-chain-hashes the whole ones: ``h[i] = blake2b(h[i-1] || chunk[i])`` (8-byte
+``chunk_chain`` cuts the rendering into chunks of ``chunk_tokens`` ESTIMATED tokens
+and chain-hashes the whole ones: ``h[i] = blake2b(h[i-1] || chunk[i])`` (8-byte
 digests). ``h[i]`` therefore names the entire prefix up to chunk ``i``, like
 vLLM's block hashes, and is stable across processes and machines (no
 ``hash()``/``PYTHONHASHSEED``, the other silent-0% cause).
+
+Tokens are estimated by a regex pre-tokenizer (:data:`UNIT`): one unit per run of
+up to six ASCII letters (with one leading space), per digit, per up to three
+non-ASCII bytes (a CJK character), per whitespace run and per other byte
+(punctuation). Fixed BYTE chunks made the view depend on the bytes per token of the
+text: 128 bytes are ~32 tokens of English but ~128 of digits, so a digit-heavy
+prompt's chunks were four times coarser than the engine's blocks and its token
+estimate four times too small. Unit chunks keep one chunk ~ ``chunk_tokens`` tokens
+whatever the text (the estimate is within ~2x of a real BPE; digits are counted
+one per token, as Llama-2, Mistral, Qwen and the emulator split them).
 
 ``PrefixIndex`` keeps, per endpoint, an approximate bounded LRU set of chain
 hashes it has served. Match length is found by probing from the longest
@@ -28,8 +38,11 @@ the affinity scorer, not here.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -85,19 +98,68 @@ def render_prompt(body: Mapping[str, Any]) -> bytes:
     return b"".join(parts)
 
 
-def chunk_chain(data: bytes, chunk_bytes: int) -> tuple[int, ...]:
-    """Chain hashes of every whole ``chunk_bytes`` chunk of ``data``."""
+#: One estimated token (see the module docstring). Atomic, so a failed repetition
+#: never backtracks into other splits of the same run (linear time).
+UNIT = rb"(?> ?[A-Za-z]{1,6}|[0-9]|[\x80-\xff]{1,3}|\s+|[^A-Za-z0-9\s\x80-\xff])"
+_UNIT_RE = re.compile(UNIT)
+
+
+@functools.lru_cache(maxsize=16)
+def _chunk_re(chunk_tokens: int) -> re.Pattern[bytes]:
+    return re.compile(b"(?>(?:" + UNIT + b"){%d})" % chunk_tokens)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Chunked:
+    """A rendering cut into estimated-token chunks."""
+
+    chain: tuple[int, ...]
+    """Chain hashes of the whole chunks."""
+    tokens: int
+    """Estimated tokens of the whole rendering (whole chunks + the rest)."""
+    first: bytes
+    """The first chunk (the whole rendering when shorter): the rendezvous key's source."""
+
+
+def chunk_prompt(data: bytes, chunk_tokens: int) -> Chunked:
+    """Cut ``data`` into chunks of ``chunk_tokens`` estimated tokens and chain-hash them."""
+    if chunk_tokens <= 0:
+        raise ValueError("chunk_tokens must be positive")
     out: list[int] = []
     prev = b"\x00" * 8
-    for start in range(0, len(data) - chunk_bytes + 1, chunk_bytes):
-        prev = hashlib.blake2b(prev + data[start : start + chunk_bytes], digest_size=8).digest()
+    pos = 0
+    first = b""
+    for m in _chunk_re(chunk_tokens).finditer(data):
+        if m.start() != pos:  # cannot happen (every byte starts a unit); never skip bytes
+            break
+        chunk = m.group()
+        if not first:
+            first = chunk
+        prev = hashlib.blake2b(prev + chunk, digest_size=8).digest()
         out.append(int.from_bytes(prev, "big"))
-    return tuple(out)
+        pos = m.end()
+    rest = len(_UNIT_RE.findall(data, pos))
+    return Chunked(tuple(out), len(out) * chunk_tokens + rest, first or data)
 
 
-def first_chunk_key(data: bytes, chunk_bytes: int) -> int:
+def chunk_chain(data: bytes, chunk_tokens: int) -> tuple[int, ...]:
+    """Chain hashes of every whole ``chunk_tokens``-token chunk of ``data``."""
+    return chunk_prompt(data, chunk_tokens).chain
+
+
+def estimate_tokens(data: bytes) -> int:
+    """Estimated tokens of ``data`` (the unit count)."""
+    return len(_UNIT_RE.findall(data))
+
+
+def first_chunk_key(data: bytes, chunk_tokens: int) -> int:
     """Rendezvous key: the first chunk (or the whole prompt when shorter)."""
-    digest = hashlib.blake2b(data[:chunk_bytes], digest_size=8, person=b"fg-hrw").digest()
+    return chunk_key(chunk_prompt(data, chunk_tokens).first)
+
+
+def chunk_key(first: bytes) -> int:
+    """Rendezvous key of a prompt whose first chunk is ``first``."""
+    digest = hashlib.blake2b(first, digest_size=8, person=b"fg-hrw").digest()
     return int.from_bytes(digest, "big")
 
 

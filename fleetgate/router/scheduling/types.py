@@ -18,6 +18,10 @@ EndpointId = NewType("EndpointId", str)
 #: Why the winner won, as exported in ``fleetgate_decisions_total{reason}``.
 DecisionReason = Literal["affinity-hit", "spill", "cold", "fallback", "single"]
 
+#: Which view said what an endpoint holds: ``events`` (the exact KV index, fed by the
+#: engine's KV events, its feed live) or ``approximate`` (the router's prefix index).
+CacheSource = Literal["events", "approximate"]
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoadEstimate:
@@ -59,7 +63,11 @@ class EndpointView:
     load: LoadEstimate
     max_model_len: int | None = None
     prefix_match: int = 0
-    """Leading prompt chunks this endpoint is believed to hold (prefix index)."""
+    """Leading prompt chunks this endpoint is believed to hold (approximate prefix index)."""
+    exact_cached_tokens: int | None = None
+    """Leading prompt tokens resident on this endpoint by the exact KV index (whole
+    blocks x block size); None = no exact view for it (no tokenizer for the model, no
+    index, or this endpoint's event feed is not live): ``prefix_match`` is used."""
     rendezvous_rank: int = 0
     """Position of this endpoint in the rendezvous order of the prompt's first chunk."""
     decode_s_per_token: float | None = None
@@ -77,7 +85,8 @@ class RequestView:
     chunks: int
     """Number of whole prompt chunks (prefix-index granularity)."""
     prompt_tokens: int
-    """Estimated prompt length in tokens (from characters; no tokenizer)."""
+    """Prompt length in tokens: exact when the request was tokenized, else estimated
+    (the approximate view's pre-tokenizer)."""
     max_tokens: int
     """Tokens the request may generate (its KV need beyond the prompt)."""
     priority: int = 0
@@ -105,7 +114,11 @@ class Decision:
     filtered_out: tuple[tuple[str, EndpointId], ...] = ()
     """(filter name, endpoint) for every endpoint a filter removed."""
     predicted_cached_chunks: int = 0
-    """Prefix chunks the pick is believed to hold for this prompt."""
+    """Prefix chunks the pick is believed to hold for this prompt (approximate view)."""
+    predicted_cached_tokens: int = 0
+    """Prompt tokens the pick is believed to hold, by the view that applies to it."""
+    cache_source: CacheSource = "approximate"
+    """The view that gave :attr:`predicted_cached_tokens` for the pick."""
 
     @property
     def pick(self) -> EndpointId:

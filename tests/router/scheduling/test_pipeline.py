@@ -55,8 +55,8 @@ def test_flooding_one_hot_prefix_spreads_load() -> None:
     names = [f"e{i}" for i in range(4)]
     work = dict.fromkeys(names, 0.0)
     idx = PrefixIndex(capacity=100)
-    chain = chunk_chain(b"x" * 1024, 256)
-    order = rendezvous_order(first_chunk_key(b"x" * 1024, 256), [EndpointId(n) for n in names])
+    chain = chunk_chain(b"x " * 1024, 256)
+    order = rendezvous_order(first_chunk_key(b"x " * 1024, 256), [EndpointId(n) for n in names])
     rng = random.Random(1)
     reasons: list[str] = []
     for _ in range(40):

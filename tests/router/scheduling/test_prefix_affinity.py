@@ -18,6 +18,7 @@ import pytest
 from fleetgate.router.scheduling.pipeline import default_pipeline
 from fleetgate.router.scheduling.plugins.prefix_affinity import (
     PrefixAffinityScorer,
+    approximate_cached,
     prefill_cost,
     uncached_tokens,
 )
@@ -66,8 +67,10 @@ def test_cold_prefix_one_request_of_load_difference_overrides_rendezvous_order()
 
 def test_uncached_tokens_and_prefill_cost() -> None:
     r = req(**DOC)
-    assert uncached_tokens(r, 0) == 3000 and uncached_tokens(r, 97) == 90
-    assert uncached_tokens(r, 100) == 0 and uncached_tokens(r, 500) == 0
+    # cached tokens in, uncached tokens out; 97 of 100 approximate chunks ~ 2910 tokens
+    assert uncached_tokens(r, 0) == 3000 and uncached_tokens(r, 2910) == 90
+    assert uncached_tokens(r, 3000) == 0 and uncached_tokens(r, 5000) == 0
+    assert approximate_cached(r, 97) == 2910 and approximate_cached(r, 500) == 3000
     assert uncached_tokens(req(chunks=0, prompt_tokens=7), 0) == 7
     assert prefill_cost(r, view("w", match=97, backlog=1000)) == 1090
 

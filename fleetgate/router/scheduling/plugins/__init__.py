@@ -41,6 +41,9 @@ from fleetgate.router.scheduling.plugins.load_scorer import LoadScorer
 from fleetgate.router.scheduling.plugins.max_score import MaxScorePicker
 from fleetgate.router.scheduling.plugins.prefix_affinity import (
     PrefixAffinityScorer,
+    approximate_cached,
+    cache_source,
+    cached_tokens,
     over_bound,
     prefill_cost,
     uncached_tokens,
@@ -64,6 +67,9 @@ __all__ = [
     "Scorer",
     "ServesModelFilter",
     "WeightedScorer",
+    "approximate_cached",
+    "cache_source",
+    "cached_tokens",
     "over_bound",
     "prefill_cost",
     "uncached_tokens",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from fleetgate.router.scheduling.types import EndpointId, EndpointView, RequestView
+from fleetgate.router.scheduling.types import CacheSource, EndpointId, EndpointView, RequestView
 
 
 def over_bound(e: EndpointView, mean_work: float, bound: float, slack_requests: float) -> bool:
@@ -23,12 +23,37 @@ def over_bound(e: EndpointView, mean_work: float, bound: float, slack_requests: 
     return e.load.work > (1.0 + bound) * mean_work + slack_requests / max(1, e.load.capacity)
 
 
-def uncached_tokens(request: RequestView, matched_chunks: int) -> int:
-    """Prompt tokens to prefill where ``matched_chunks`` leading chunks are cached."""
+def approximate_cached(request: RequestView, matched_chunks: int) -> int:
+    """Prompt tokens ``matched_chunks`` leading approximate chunks stand for: the
+    matched fraction of the request's token count (exact when it was tokenized)."""
     if request.chunks <= 0:
-        return request.prompt_tokens
-    cached = min(1.0, max(0, matched_chunks) / request.chunks)
-    return round(request.prompt_tokens * (1.0 - cached))
+        return 0
+    return round(request.prompt_tokens * min(1.0, max(0, matched_chunks) / request.chunks))
+
+
+def cached_tokens(request: RequestView, e: EndpointView) -> int:
+    """Prompt tokens ``e`` holds for ``request``: the exact view where it has one (its
+    feed is live), else the approximate chunks converted to tokens. One currency, so
+    one rule covers a fleet where only some engines publish KV events."""
+    if e.exact_cached_tokens is not None:
+        return min(request.prompt_tokens, max(0, e.exact_cached_tokens))
+    return approximate_cached(request, e.prefix_match)
+
+
+def cache_source(e: EndpointView) -> CacheSource:
+    """The view :func:`cached_tokens` used for ``e``."""
+    return "approximate" if e.exact_cached_tokens is None else "events"
+
+
+def uncached_tokens(request: RequestView, cached: int) -> int:
+    """Prompt tokens to prefill where ``cached`` leading prompt tokens are cached."""
+    return max(0, request.prompt_tokens - max(0, cached))
+
+
+def may_reuse(request: RequestView, endpoints: Sequence[EndpointView]) -> bool:
+    """Whether any endpoint could hold part of the prompt: a whole approximate chunk,
+    or a resident block by the exact view."""
+    return request.chunks > 0 or any(e.exact_cached_tokens for e in endpoints)
 
 
 def prefill_cost(request: RequestView, e: EndpointView) -> int:
@@ -40,7 +65,7 @@ def prefill_cost(request: RequestView, e: EndpointView) -> int:
     arrives after roughly this many prompt tokens: a cost in the engine's own currency,
     comparable between a warm engine with a queue and a cold idle one.
     """
-    return max(0, e.pending_prefill_tokens) + uncached_tokens(request, e.prefix_match)
+    return max(0, e.pending_prefill_tokens) + uncached_tokens(request, cached_tokens(request, e))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,7 +73,9 @@ class PrefixAffinityScorer:
     """Longest believed prefix match scores high; a new prefix goes where the least
     prefill is queued (by rendezvous among near-equals).
 
-    * Some eligible endpoint holds part of the prompt: score = matched / total chunks.
+    * Some eligible endpoint holds part of the prompt: score = cached / prompt tokens
+      (:func:`cached_tokens`: the exact view where the endpoint's feed is live, the
+      approximate chunks converted to tokens elsewhere).
     * None does (a cold prefix, or every holder is ineligible below): among the
       eligible endpoints whose prefill cost is within ``prefill_slack_tokens`` of the
       least (a new prefix is prefilled in full, so it goes where the fewest prompt
@@ -81,7 +108,8 @@ class PrefixAffinityScorer:
         recomputing the whole prompt on an idle engine would cost. The slack
         keeps the hit (and the copy it avoids) when the two are close.
 
-    * A prompt shorter than one chunk has nothing to reuse: all score 0.
+    * A prompt with nothing to reuse (shorter than one chunk, and no exact block held
+      anywhere): all score 0.
     """
 
     load_bound: float = 0.25
@@ -103,14 +131,13 @@ class PrefixAffinityScorer:
     def score(
         self, request: RequestView, endpoints: Sequence[EndpointView]
     ) -> dict[EndpointId, float]:
-        if request.chunks <= 0 or not endpoints:
+        if not endpoints or not may_reuse(request, endpoints):
             return {e.id: 0.0 for e in endpoints}
         ok = self.eligible(request, endpoints)
-        if any(e.prefix_match and ok[e.id] for e in endpoints):
-            return {
-                e.id: (min(1.0, e.prefix_match / request.chunks) if ok[e.id] else 0.0)
-                for e in endpoints
-            }
+        cached = {e.id: cached_tokens(request, e) for e in endpoints}
+        if any(cached[e.id] and ok[e.id] for e in endpoints):
+            total = max(1, request.prompt_tokens)
+            return {e.id: (min(1.0, cached[e.id] / total) if ok[e.id] else 0.0) for e in endpoints}
         if self.prefill_slack is not None and any(ok.values()):
             costs = {e.id: prefill_cost(request, e) for e in endpoints if ok[e.id]}
             near = min(costs.values()) + self.prefill_slack_tokens
@@ -158,7 +185,7 @@ class PrefixAffinityScorer:
         """
         if not self.bound_tokens:
             return {e.id: self.load_bound for e in endpoints}
-        uncached = {e.id: uncached_tokens(request, e.prefix_match) for e in endpoints}
+        uncached = {e.id: uncached_tokens(request, cached_tokens(request, e)) for e in endpoints}
         most = max(uncached.values())
         return {
             eid: self.load_bound * min(1.0, (most - u) / self.bound_tokens)
