@@ -147,6 +147,26 @@ class Scheduling(_Strict):
     """Approximate prefix view: chunk size in ESTIMATED tokens (a regex pre-tokenizer
     counts words, digits and punctuation, ``scheduling.prefix``), so chunk boundaries
     follow tokens whatever the bytes per token of the text."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _byte_chunks(cls, data: Any) -> Any:
+        """The keys of byte-sized chunks (before ``chunk_tokens``) still load: a config
+        that worked keeps working. ``chunk_bytes / bytes_per_token`` becomes
+        ``chunk_tokens`` unless that is set too (then the old keys are ignored)."""
+        if not isinstance(data, dict) or not ({"chunk_bytes", "bytes_per_token"} & data.keys()):
+            return data
+        data = dict(data)
+        chunk_bytes = data.pop("chunk_bytes", 128)
+        per_token = data.pop("bytes_per_token", 4.0)
+        if "chunk_tokens" not in data:
+            if not isinstance(chunk_bytes, int | float) or not isinstance(per_token, int | float):
+                raise ValueError("chunk_bytes and bytes_per_token must be numbers")
+            if per_token <= 0:
+                raise ValueError("bytes_per_token must be > 0")
+            data["chunk_tokens"] = max(4, round(chunk_bytes / per_token))
+        return data
+
     tokenizers: dict[str, TokenizerSpec] = {}
     """Per served model: its tokenizer, so requests become the engine's token ids and
     are scored against the exact KV view (KV events) where an endpoint's feed is live.

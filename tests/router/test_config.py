@@ -214,3 +214,15 @@ def test_load_bound_tokens_default_null_and_bad_values() -> None:
 def test_cold_choices_rejects_other_values(bad: object) -> None:
     with pytest.raises(ConfigError, match="cold_choices"):
         parse_config({"pools": [], "scheduling": {"cold_choices": bad}})
+
+
+def test_byte_chunk_keys_of_older_configs_still_load_as_token_chunks() -> None:
+    """chunk_bytes / bytes_per_token (byte-sized chunks) became chunk_tokens; a config
+    that used them keeps loading, with the same chunk size in tokens."""
+    from fleetgate.router.config import Scheduling
+
+    assert Scheduling.model_validate({"chunk_bytes": 256, "bytes_per_token": 4}).chunk_tokens == 64
+    assert Scheduling.model_validate({"chunk_bytes": 64}).chunk_tokens == 16
+    assert Scheduling.model_validate({"chunk_tokens": 8, "chunk_bytes": 256}).chunk_tokens == 8
+    with pytest.raises(ValueError, match="bytes_per_token"):
+        Scheduling.model_validate({"chunk_bytes": 256, "bytes_per_token": 0})
