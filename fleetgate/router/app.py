@@ -29,7 +29,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleetgate.router.admission import Admission, ClassQueueAdmission, ImmediateAdmission
+from fleetgate.router.admission import (
+    Admission,
+    ClassQueueAdmission,
+    Holds,
+    ImmediateAdmission,
+)
 from fleetgate.router.asgi import RequestHandler
 from fleetgate.router.client import make_client
 from fleetgate.router.config import ConfigError, RouterConfig, Scheduling
@@ -47,7 +52,7 @@ from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.serve import ServeLoop
 from fleetgate.router.served import adapter_for
 from fleetgate.router.services import Services, random_request_id
-from fleetgate.router.state import Endpoint, Fleet
+from fleetgate.router.state import Endpoint, Fleet, Standby
 from fleetgate.router.upstream import HttpxUpstream, Upstream
 
 
@@ -75,8 +80,14 @@ def build_fleet(config: RouterConfig) -> Fleet:
             )
         )
     sched = config.scheduling
+    standby = [
+        Standby(model=name, pool=m.pool, cold_start_s=m.cold_start_s)
+        for name, m in config.models.items()
+        if m.scale_from_zero
+    ]
     return Fleet(
         endpoints,
+        standby=standby,
         index=PrefixIndex(sched.index_capacity),
         load_params=LoadParams(
             fresh_for=sched.fresh_for_s,
@@ -159,11 +170,15 @@ def build_router(
         rng=rng or random.Random(sched.seed),
         new_id=new_id,
     )
+    services.classes.precreate(sorted(fleet.standby))  # series before any endpoint joins
     placer = Placer(fleet, pipeline, metrics, services.rng)
     admission: Admission
     queue: ClassQueueAdmission | None = None
     if config.priority is not None:
-        admission = queue = ClassQueueAdmission(config.priority, placer, services.classes, clock)
+        holds = Holds(config, fleet, services.classes)
+        admission = queue = ClassQueueAdmission(
+            config.priority, placer, services.classes, clock, holds
+        )
     else:
         admission = ImmediateAdmission(config, placer, services.classes, clock)
     serve_loop = ServeLoop(services, admission, Exchange(services, config.engine_priority))
@@ -176,10 +191,8 @@ def build_router(
 
     async def models(request: Request) -> Response:
         now = clock()
-        data = [
-            {"id": m, "object": "model", "owned_by": "fleetgate"}
-            for m in fleet.models(healthy_only=True, now=now)
-        ]
+        listed = set(fleet.models(healthy_only=True, now=now)) | set(fleet.standby)
+        data = [{"id": m, "object": "model", "owned_by": "fleetgate"} for m in sorted(listed)]
         return JSONResponse({"object": "list", "data": data})
 
     async def health(request: Request) -> Response:

@@ -107,6 +107,8 @@ class RequestHandler:
                 )
                 return
             model = req.model
+            # The demand signal: every parsed request, once, before any admission.
+            s.metrics.child(s.classes.arrivals, model, req.cls.name).inc()
             if self.limiter is not None:
                 try:
                     self.limiter.acquire(req.tenant, now)
