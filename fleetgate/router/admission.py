@@ -263,7 +263,8 @@ class ImmediateAdmission:
         self.classes.precreate(self.placer.fleet.models(healthy_only=False, now=now))
         for model, held in list(self.waiting.items()):
             first = next(iter(held.values()))
-            if not self.placer.eligible(first, now):
+            gone = model not in self.placer.fleet.standby  # no longer scales: 503 now
+            if not gone and not self.placer.eligible(first, now):
                 continue
             # Wake them most urgent first: each resumes, in this order, to place itself.
             for req in sorted(held.values(), key=lambda r: (-r.cls.level, r.arrival)):
