@@ -9,7 +9,8 @@ hand.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (proxied),
 ``GET /v1/models`` (union over healthy endpoints), ``GET /health`` (the router
-process is up), ``GET /ready`` (at least one healthy endpoint with models),
+process is up), ``GET /ready`` (at least one healthy endpoint with models, or a model that scales
+from zero),
 ``GET /metrics`` (Prometheus text).
 """
 
@@ -200,7 +201,10 @@ def build_router(
 
     async def ready(request: Request) -> Response:
         now = clock()
-        ok = bool(fleet.models(healthy_only=True, now=now))
+        # A model that scales from zero counts: the router can take (and hold) its
+        # requests, and a router pod kept out of its Service could never see the demand
+        # that scales it up.
+        ok = bool(fleet.standby) or bool(fleet.models(healthy_only=True, now=now))
         if ok:
             return JSONResponse({"status": "ready"})
         return Response(

@@ -120,6 +120,7 @@ async def test_held_request_completes_when_the_first_engine_joins(queue: bool) -
     ):
         listed = (await client.get(url + "/v1/models")).json()["data"]
         assert [m["id"] for m in listed] == [MODEL]  # known at zero endpoints
+        assert (await client.get(url + "/ready")).status_code == 200  # stays in its Service
         sent = time.monotonic()
         task = asyncio.create_task(
             client.post(
