@@ -147,17 +147,18 @@ async def test_held_request_completes_when_the_first_engine_joins(queue: bool) -
         assert r.status_code == 200, r.text
         assert done_tokens(r.content) == 8
         text = await metrics_text(client, url)
-    waited = joined - sent
+    waited = joined - sent  # from before the POST: the router's arrival is a little later
     assert waited >= 0.5
+    slack = 0.05
     ttft_sum = metric(text, "fleetgate_time_to_first_token_seconds_sum", model=MODEL)
-    assert waited <= ttft_sum <= finished - sent + 0.05  # the TTFT includes the hold
+    assert waited - slack <= ttft_sum <= finished - sent + slack  # the TTFT includes the hold
     assert metric(text, "fleetgate_held_requests", model=MODEL) == 0
     assert metric(text, "fleetgate_requests_total", model=MODEL, status="200") == 1
     assert metric(text, "fleetgate_requests_total") == 1  # nothing else answered
     assert metric(text, "fleetgate_sheds_total", model=MODEL) == 0
     assert metric(text, "fleetgate_retries_total") == 0
     wait_sum = metric(text, "fleetgate_queue_wait_seconds_sum", model=MODEL)
-    assert wait_sum >= waited  # arrival to dispatch, the hold included
+    assert wait_sum >= waited - slack  # arrival to dispatch, the hold included
 
 
 @pytest.mark.parametrize("queue", [False, True], ids=["immediate", "class-queue"])
