@@ -270,3 +270,63 @@ async def test_a_draining_endpoint_finishes_its_stream_and_gets_no_new_work(queu
     assert metric(text, "fleetgate_requests_total", endpoint=other, status="200") == 6
     assert metric(text, "fleetgate_resumes_total") == 0
     assert metric(text, "fleetgate_retries_total") == 0
+
+
+async def test_preemption_never_disturbs_a_draining_endpoints_stream() -> None:
+    """Class queue, one slot per engine, both busy with batch streams; one engine is
+    draining. A critical request must preempt the batch stream on the other engine
+    (the only one it may use), never the draining engine's, which runs to the end in
+    one piece."""
+    specs = [EngineSpec(kind="vllm", overrides=SLOW) for _ in range(2)]
+    async with (
+        run_fleet(specs, model=MODEL) as fleet,
+        router(config(queue=True)) as (url, app, membership),
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        ids = [EndpointId(f"ns/e{i}") for i in range(2)]
+        for eid, e in zip(ids, fleet.engines, strict=True):
+            assert membership.add(target(eid, e.url, capacity=1))
+        endpoints = app.state.router.fleet.endpoints
+        await until(lambda: all(endpoints[i].healthy and endpoints[i].models for i in ids))
+        placer = app.state.admission.placer
+        placed: list[tuple[str, str]] = []
+        reserve = placer.reserve
+
+        def spy(req: Any, e: Any) -> Any:
+            placed.append((req.id, e.id))
+            return reserve(req, e)
+
+        placer.reserve = spy
+        batch = {"x-fleetgate-priority": "batch"}
+        async with contextlib.AsyncExitStack() as stack:
+            streams = []
+            for _ in range(2):
+                r = await stack.enter_async_context(
+                    client.stream("POST", url + "/v1/completions", json=body(150), headers=batch)
+                )
+                raw = r.aiter_raw()
+                streams.append((r, raw, [await raw.__anext__()]))
+            (a, a_raw, a_chunks), (b, b_raw, b_chunks) = streams
+            draining = EndpointId(a.headers["x-fleetgate-endpoint"])
+            assert b.headers["x-fleetgate-endpoint"] != draining  # one slot each
+            membership.set_draining(draining, True)
+            critical = await client.post(
+                url + "/v1/completions",
+                json=body(4, stream=False),
+                headers={"x-fleetgate-priority": "critical"},
+            )
+            assert critical.status_code == 200, critical.text
+            assert critical.headers["x-fleetgate-endpoint"] != draining
+            async for chunk in a_raw:
+                a_chunks.append(chunk)
+            async for chunk in b_raw:
+                b_chunks.append(chunk)
+        assert done_tokens(b"".join(a_chunks)) == 150
+        assert done_tokens(b"".join(b_chunks)) == 150  # preempted, resumed, whole
+        text = await metrics_text(client, url)
+    a_id, b_id = a.headers["x-request-id"], b.headers["x-request-id"]
+    assert [e for rid, e in placed if rid == a_id] == [draining]  # never moved
+    assert len([e for rid, e in placed if rid == b_id]) == 2  # the victim: resumed once
+    assert all(e != draining for rid, e in placed if rid != a_id)
+    assert metric(text, "fleetgate_preemptions_total", model=MODEL, **{"class": "batch"}) == 1
+    assert metric(text, "fleetgate_endpoint_in_flight", endpoint=draining) == 0
