@@ -24,6 +24,15 @@ elsewhere (an engine failure, a preemption), ``park(req, cause)`` and then
 Both decide eligibility with the pipeline's own hard filters
 (``Pipeline.eligible``) and place with the same pipeline (:class:`Placer`).
 
+Scale from zero (:class:`Holds`): a request for a model that scales from zero
+(``Fleet.standby``) and that no endpoint can serve now is *held* rather than
+refused: in the class queue with a tighter expiry (``ClassQueueAdmission``), or in
+a small per-model wait list (``ImmediateAdmission``). It waits at most
+``min(cold start x limits.hold_cold_start_factor, its class's max_queue_time_s)``,
+at most ``limits.max_held_requests`` per model are held, and when an endpoint
+becomes eligible the held requests go out in class order (most urgent first).
+Beyond a bound: 503 + ``Retry-After``.
+
 Accounting invariant: a placement reserves its endpoint at once, so two
 drains on consecutive loop turns never overfill an endpoint before the
 request's attempt runs; the reservation is released exactly once
@@ -35,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
@@ -49,7 +59,7 @@ from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
 from fleetgate.router.priority.saturation import SaturationView, pool_saturation
 from fleetgate.router.request import Request
 from fleetgate.router.scheduling.types import EndpointId
-from fleetgate.router.state import Endpoint
+from fleetgate.router.state import Endpoint, Fleet
 
 log = logging.getLogger("fleetgate.router.admission")
 
@@ -93,6 +103,71 @@ class Admission(Protocol):
 Clock = Callable[[], float]
 
 
+class Holds:
+    """Requests held while their model scales from zero: bounds, counts, the gauge.
+
+    Shared by both admissions, so "may this request be held, for how long, and what
+    does the client get past it" has one answer.
+    """
+
+    def __init__(self, config: RouterConfig, fleet: Fleet, classes: ClassMetrics) -> None:
+        self.limits = config.limits
+        self.fleet = fleet
+        self.classes = classes
+        self.count: Counter[str] = Counter()
+
+    def cold_start(self, model: str) -> float:
+        sb = self.fleet.standby.get(model)
+        declared = sb.cold_start_s if sb is not None else None
+        return declared if declared is not None else self.limits.default_cold_start_s
+
+    def bound(self, req: Request) -> float | None:
+        """Seconds ``req`` may be held, or None: its model does not scale from zero (or
+        holding is off), so "nothing can serve it" is a 503 at once."""
+        if req.model not in self.fleet.standby or self.limits.max_held_requests <= 0:
+            return None
+        wait = self.cold_start(req.model) * self.limits.hold_cold_start_factor
+        return min(wait, req.cls.max_queue_time_s)
+
+    def full(self, model: str) -> bool:
+        return self.count[model] >= self.limits.max_held_requests
+
+    def hold(self, req: Request) -> None:
+        if req.held:
+            return
+        req.held = True
+        self.count[req.model] += 1
+        self.classes.m.child(self.classes.held, req.model).inc()
+
+    def unhold(self, req: Request) -> None:
+        if not req.held:
+            return
+        req.held = False
+        self.count[req.model] -= 1
+        if self.count[req.model] <= 0:
+            del self.count[req.model]
+        self.classes.m.child(self.classes.held, req.model).dec()
+
+    def refusal(self, req: Request, now: float, *, full: bool = False) -> Refusal:
+        """503 + Retry-After for a held request past its bound (or no room to hold it):
+        retry when the cold start should be over, at least the class's own delay."""
+        cold = self.cold_start(req.model)
+        waited = max(0.0, now - req.arrival)
+        retry = max(req.cls.retry_after_s, math.ceil(cold - waited))
+        self.classes.m.child(self.classes.sheds, req.model, req.cls.name, "503").inc()
+        if full:
+            why = f"{self.limits.max_held_requests} requests are already held"
+        else:
+            why = f"held {waited:.1f}s, over the bound of {self.bound(req) or 0.0:g}s"
+        return Refusal(
+            503,
+            f"model `{req.model}` has no ready endpoint yet (scaling from zero; {why}); "
+            "retry later",
+            retry,
+            shed=True,
+        )
+
+
 class ImmediateAdmission:
     """Place every request at once; an engine failure is placed again elsewhere."""
 
@@ -109,8 +184,49 @@ class ImmediateAdmission:
         self.placer = placer
         self.classes = classes
         self.clock = clock
+        self.holds = Holds(config, placer.fleet, classes)
+        self.waiting: dict[str, dict[str, Request]] = {}
+        """model -> held requests (by id), each awaiting its ``waiter``."""
 
     async def admit(self, req: Request) -> Endpoint | Refusal:
+        """Place now; for a model scaling from zero with no eligible endpoint, hold
+        (bounded) until :meth:`on_fleet_change` sees one, then place."""
+        deadline: float | None = None
+        while True:
+            got = self._place(req, waited=deadline is not None)
+            if isinstance(got, Endpoint):
+                return got
+            now = self.clock()
+            bound = self.holds.bound(req)
+            if bound is None or self.placer.eligible(req, now):
+                return got  # not a cold start: nothing can serve it, or all failed
+            if deadline is None:
+                deadline = now + bound
+            if now >= deadline:
+                return self.holds.refusal(req, now)
+            if not req.held and self.holds.full(req.model):
+                return self.holds.refusal(req, now, full=True)
+            req.waiter = asyncio.get_running_loop().create_future()
+            self.holds.hold(req)
+            self.waiting.setdefault(req.model, {})[req.id] = req
+            try:
+                async with asyncio.timeout(deadline - now):
+                    await req.waiter
+            except TimeoutError:
+                return self.holds.refusal(req, self.clock())
+            finally:
+                req.waiter = None
+                self._unwait(req)
+
+    def _unwait(self, req: Request) -> None:
+        self.holds.unhold(req)
+        held = self.waiting.get(req.model)
+        if held is not None:
+            held.pop(req.id, None)
+            if not held:
+                del self.waiting[req.model]
+
+    def _place(self, req: Request, *, waited: bool = False) -> Endpoint | Refusal:
         now = self.clock()
         retry_after = self.config.limits.retry_after_s
         if req.needs_final_message and req.parked_at is not None:
@@ -126,7 +242,9 @@ class ImmediateAdmission:
                 msg = f"no healthy endpoint serves model `{req.model}`"
             return Refusal(503, msg, retry_after)
         if not req.dispatched_once:
-            self.classes.m.child(self.classes.wait, req.model, req.cls.name).observe(0.0)
+            self.classes.m.child(self.classes.wait, req.model, req.cls.name).observe(
+                max(0.0, now - req.arrival) if waited else 0.0
+            )
         return self.placer.reserve(req, e)
 
     def release(self, req: Request) -> None:
@@ -137,10 +255,21 @@ class ImmediateAdmission:
         req.park_cause = cause
 
     def forget(self, req: Request) -> None:
+        self._unwait(req)
         req.release()
 
     def on_fleet_change(self) -> None:
-        self.classes.precreate(self.placer.fleet.models(healthy_only=False, now=self.clock()))
+        now = self.clock()
+        self.classes.precreate(self.placer.fleet.models(healthy_only=False, now=now))
+        for model, held in list(self.waiting.items()):
+            first = next(iter(held.values()))
+            gone = model not in self.placer.fleet.standby  # no longer scales: 503 now
+            if not gone and not self.placer.eligible(first, now):
+                continue
+            # Wake them most urgent first: each resumes, in this order, to place itself.
+            for req in sorted(held.values(), key=lambda r: (-r.cls.level, r.arrival)):
+                if req.waiter is not None and not req.waiter.done():
+                    req.waiter.set_result(None)
 
 
 class ClassQueueAdmission:
@@ -152,8 +281,10 @@ class ClassQueueAdmission:
         placer: Placer,
         classes: ClassMetrics,
         clock: Clock,
+        holds: Holds | None = None,
     ) -> None:
         self.cfg = cfg
+        self.holds = holds if holds is not None else Holds(RouterConfig(), placer.fleet, classes)
         self.placer = placer
         self.fleet = placer.fleet
         self.classes = classes
@@ -234,8 +365,9 @@ class ClassQueueAdmission:
 
     def _unservable(self, req: Request, now: float) -> Refusal | None:
         """A 503 when no endpoint can serve the request at all (all down, ejected or not
-        serving its model): answered at once, never held for the class's queue time."""
-        if self.placer.eligible(req, now):
+        serving its model): answered at once, never held for the class's queue time,
+        unless its model scales from zero (then it waits in the queue, held)."""
+        if self.placer.eligible(req, now) or self.holds.bound(req) is not None:
             return None
         return Refusal(
             503, f"no healthy endpoint serves model `{req.model}`", req.cls.retry_after_s
@@ -248,7 +380,12 @@ class ClassQueueAdmission:
         self.classes.precreate((req.model,))
         able = self.placer.eligible(req, now)
         if not able:
-            return self._unservable(req, now)
+            bound = self.holds.bound(req)
+            if bound is None:
+                return self._unservable(req, now)
+            if self.holds.full(req.model):
+                return self.holds.refusal(req, now, full=True)
+            return self._queue(req, now, max_wait_s=bound)
         if not self._queued[req.model]:
             views = [self.fleet.saturation_view(e, now) for e in able]
             sat = pool_saturation(views, self.cfg.saturation)
@@ -257,11 +394,21 @@ class ClassQueueAdmission:
                 if e is not None:
                     self.classes.m.child(self.classes.wait, req.model, req.cls.name).observe(0.0)
                     return self.placer.reserve(req, e)
-        got = self.queue.offer(req.id, req.cls, req.tenant, now, req, cost=1.0, pool=req.model)
+        return self._queue(req, now)
+
+    def _queue(
+        self, req: Request, now: float, *, max_wait_s: float | None = None
+    ) -> Shed[Request] | None:
+        """Queue ``req`` (None: await the waiter); ``max_wait_s`` marks it held."""
+        got = self.queue.offer(
+            req.id, req.cls, req.tenant, now, req, cost=1.0, pool=req.model, max_wait_s=max_wait_s
+        )
         if isinstance(got, Shed):
             self._count_shed(got)
             return got
         self._enqueued(req)
+        if max_wait_s is not None:
+            self.holds.hold(req)
         self.kick()
         return None
 
@@ -318,10 +465,15 @@ class ClassQueueAdmission:
         )
         for a in actions:
             if isinstance(a, Shed):
-                self._dequeued(a.item.payload)
+                req = a.item.payload
+                held = req.held
+                self._dequeued(req)
                 self.preempting_for.pop(a.item.request_id, None)
+                if held:  # past the cold-start bound: 503 + the time left to wait
+                    _resolve(req, self.holds.refusal(req, now))
+                    continue
                 self._count_shed(a)
-                _resolve(a.item.payload, a)
+                _resolve(req, a)
             elif isinstance(a, Dispatch):
                 req = a.item.payload
                 self._dequeued(req)
@@ -349,7 +501,7 @@ class ClassQueueAdmission:
     def _refuse_unservable(self, now: float) -> None:
         """Answer 503 at once to every queued request of a model no endpoint can serve
         any more (the hard filters are per model: healthy, not ejected, serves it)."""
-        served = set(self.fleet.models(healthy_only=True, now=now))
+        served = set(self.fleet.models(healthy_only=True, now=now)) | set(self.fleet.standby)
         dead = {m for m in self._queued if m not in served}
         if not dead:
             return
@@ -447,6 +599,7 @@ class ClassQueueAdmission:
         self.classes.m.child(self.classes.depth, req.model, req.cls.name).inc()
 
     def _dequeued(self, req: Request) -> None:
+        self.holds.unhold(req)
         if not req.queued:
             return
         req.queued = False
@@ -460,6 +613,6 @@ class ClassQueueAdmission:
         self.classes.m.child(self.classes.sheds, req.model, req.cls.name, str(shed.status)).inc()
 
 
-def _resolve(req: Request, value: Endpoint | Shed[Request]) -> None:
+def _resolve(req: Request, value: Endpoint | Shed[Request] | Refusal) -> None:
     if req.waiter is not None and not req.waiter.done():
         req.waiter.set_result(value)

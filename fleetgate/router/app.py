@@ -9,7 +9,8 @@ hand.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (proxied),
 ``GET /v1/models`` (union over healthy endpoints), ``GET /health`` (the router
-process is up), ``GET /ready`` (at least one healthy endpoint with models),
+process is up), ``GET /ready`` (at least one healthy endpoint with models, or a model that scales
+from zero),
 ``GET /metrics`` (Prometheus text).
 """
 
@@ -29,7 +30,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleetgate.router.admission import Admission, ClassQueueAdmission, ImmediateAdmission
+from fleetgate.router.admission import (
+    Admission,
+    ClassQueueAdmission,
+    Holds,
+    ImmediateAdmission,
+)
 from fleetgate.router.asgi import RequestHandler
 from fleetgate.router.client import make_client
 from fleetgate.router.config import ConfigError, RouterConfig, Scheduling
@@ -47,7 +53,7 @@ from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.serve import ServeLoop
 from fleetgate.router.served import adapter_for
 from fleetgate.router.services import Services, random_request_id
-from fleetgate.router.state import Endpoint, Fleet
+from fleetgate.router.state import Endpoint, Fleet, Standby
 from fleetgate.router.tokenizer_files import load_tokenizers
 from fleetgate.router.upstream import HttpxUpstream, Upstream
 
@@ -76,8 +82,14 @@ def build_fleet(config: RouterConfig) -> Fleet:
             )
         )
     sched = config.scheduling
+    standby = [
+        Standby(model=name, pool=m.pool, cold_start_s=m.cold_start_s)
+        for name, m in config.models.items()
+        if m.scale_from_zero
+    ]
     return Fleet(
         endpoints,
+        standby=standby,
         index=PrefixIndex(sched.index_capacity),
         load_params=LoadParams(
             fresh_for=sched.fresh_for_s,
@@ -161,11 +173,15 @@ def build_router(
         new_id=new_id,
         tokenizers=load_tokenizers(sched.tokenizers),
     )
+    services.classes.precreate(sorted(fleet.standby))  # series before any endpoint joins
     placer = Placer(fleet, pipeline, metrics, services.rng)
     admission: Admission
     queue: ClassQueueAdmission | None = None
     if config.priority is not None:
-        admission = queue = ClassQueueAdmission(config.priority, placer, services.classes, clock)
+        holds = Holds(config, fleet, services.classes)
+        admission = queue = ClassQueueAdmission(
+            config.priority, placer, services.classes, clock, holds
+        )
     else:
         admission = ImmediateAdmission(config, placer, services.classes, clock)
     serve_loop = ServeLoop(services, admission, Exchange(services, config.engine_priority))
@@ -178,10 +194,8 @@ def build_router(
 
     async def models(request: Request) -> Response:
         now = clock()
-        data = [
-            {"id": m, "object": "model", "owned_by": "fleetgate"}
-            for m in fleet.models(healthy_only=True, now=now)
-        ]
+        listed = set(fleet.models(healthy_only=True, now=now)) | set(fleet.standby)
+        data = [{"id": m, "object": "model", "owned_by": "fleetgate"} for m in sorted(listed)]
         return JSONResponse({"object": "list", "data": data})
 
     async def health(request: Request) -> Response:
@@ -189,7 +203,10 @@ def build_router(
 
     async def ready(request: Request) -> Response:
         now = clock()
-        ok = bool(fleet.models(healthy_only=True, now=now))
+        # A model that scales from zero counts: the router can take (and hold) its
+        # requests, and a router pod kept out of its Service could never see the demand
+        # that scales it up.
+        ok = bool(fleet.standby) or bool(fleet.models(healthy_only=True, now=now))
         if ok:
             return JSONResponse({"status": "ready"})
         return Response(

@@ -113,7 +113,8 @@ class RequestHandler:
                 )
                 return
             model = req.model
-            await self._tokenize(req)
+            # The demand signal: every parsed request, once, before any admission.
+            s.metrics.child(s.classes.arrivals, model, req.cls.name).inc()
             if self.limiter is not None:
                 try:
                     self.limiter.acquire(req.tenant, now)
@@ -121,6 +122,7 @@ class RequestHandler:
                     await _send_identity_error(sent, e)
                     return
                 tenant = req.tenant
+            await self._tokenize(req)  # after the limits: a refused request costs no CPU
             try:
                 status = await self._watched(req, receive, sent)
             finally:

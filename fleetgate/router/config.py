@@ -315,6 +315,25 @@ class Limits(_Strict):
     """Endpoints tried per request (connect error / 5xx before the first byte)."""
     connections_per_endpoint: int = Field(512, ge=1)
     retry_after_s: int = Field(1, ge=0)
+    max_held_requests: int = Field(1000, ge=0)
+    """Requests held at once per model that scales from zero and has no ready endpoint
+    (a cold start); beyond: 503 + Retry-After. 0 turns holding off."""
+    hold_cold_start_factor: float = Field(1.5, gt=0, allow_inf_nan=False)
+    """A held request waits at most its model's cold start x this factor (and never
+    longer than its class's ``max_queue_time_s``); beyond: 503 + Retry-After."""
+    default_cold_start_s: float = Field(60.0, gt=0, allow_inf_nan=False)
+    """The cold start assumed for a model that scales from zero but declares none."""
+
+
+class ModelEntry(_Strict):
+    """One entry of ``models:``: what the router knows of a model besides its backends."""
+
+    scale_from_zero: bool = False
+    """The model may have no backend at all (it is scaled to zero): its requests are
+    held for a cold start instead of answered 503 at once."""
+    cold_start_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    """Expected time from zero to a ready backend (default ``limits.default_cold_start_s``)."""
+    pool: str = "default"
 
 
 class Discovery(_Strict):
@@ -474,6 +493,9 @@ class RouterConfig(_Strict):
     identity: IdentitySection | None = None
     """API keys, a trusted gateway, per-tenant limits. Absent: any client may name any
     tenant and class (docs/deploy.md)."""
+    models: dict[str, ModelEntry] = Field(default_factory=dict)
+    """Models by served name; ``scale_from_zero: true`` makes a model known (and its
+    requests held, docs/router.md) while no backend serves it."""
     priority: PrioritySection | None = None
     """Admission queue and preemption over priority classes. Absent: requests are
     admitted at once (no queue, no preemption) but still get a class (the default

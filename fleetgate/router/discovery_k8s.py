@@ -24,6 +24,18 @@ it accepts, the metrics source it publishes load on first) and its served name
 Ready addresses of an existing InferenceService that pass the pool/role filters join
 the router's :class:`~fleetgate.router.state.Fleet`; the rest leave it.
 
+Scale-down drain: a pod annotated ``fleetgate.dev/drain: "true"`` (the autoscaler
+chose it for removal) stays in the fleet flagged ``draining``; the pipeline's
+``not-draining`` filter sends it no new request, retry or resume, and what runs there
+finishes. The flag changes in place, so the endpoint keeps its in-flight count
+(``fleetgate_endpoint_in_flight``, which tells the operator when it is idle). The
+``pods`` source reads the annotation from its pods; the ``endpointslices`` source
+also watches the pods (``drain_from_pods``) and joins by the slices' ``targetRef``.
+
+Scale from zero: an InferenceService with ``spec.autoscaling.minReplicas: 0`` is a
+:class:`~fleetgate.router.state.Standby` model of the fleet (served name, pool, cold
+start) even with no pod, so its requests are held, not refused, while it scales up.
+
 How: an httpx streaming watch on the router's event loop, not the ``kubernetes``
 client's watch in a worker thread. The router is asyncio + httpx already, a watch
 task is cancelled like every other background task (a thread blocked in urllib3
@@ -74,11 +86,13 @@ from fleetgate.router.k8s_targets import (
     addresses_from_pod,
     addresses_from_slice,
     desired_targets,
+    draining_pods,
     plan,
+    scale_from_zero,
 )
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.served import EngineVersionError, adapter_for
-from fleetgate.router.state import Endpoint, Fleet
+from fleetgate.router.state import Endpoint, Fleet, Standby
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -286,6 +300,7 @@ class FleetMembership:
             metrics_source=adapter.metrics_sources[0],
             capacity_hint=t.capacity,
             served_model=t.model,
+            draining=t.draining,
         )
         self.fleet.endpoints[t.id] = e
         self.targets[t.id] = t
@@ -295,6 +310,33 @@ class FleetMembership:
         log.info("endpoint %s joined (%s%s %s, pool %s, model %s)",
                  t.id, t.engine, release, t.url, t.pool, t.model)  # fmt: skip
         return True
+
+    def set_draining(self, eid: EndpointId, draining: bool) -> None:
+        """Flag an endpoint of ours in place (it keeps its in-flight requests and counts)."""
+        t = self.targets.get(eid)
+        e = self.fleet.endpoints.get(eid)
+        if t is None or e is None:
+            return
+        self.targets[eid] = dataclasses.replace(t, draining=draining)
+        e.draining = draining
+        log.info("endpoint %s %s", eid, "draining: no new work" if draining else "undrained")
+
+    def set_standby(self, wanted: dict[str, Standby]) -> bool:
+        """Make the discovered scale-from-zero models ``wanted``; the router YAML's own
+        (``source == "config"``) are never touched. True when something changed."""
+        standby = self.fleet.standby
+        changed = False
+        for model, sb in list(standby.items()):
+            if sb.source != "config" and wanted.get(model) != sb:
+                del standby[model]
+                changed = True
+        for model, sb in wanted.items():
+            if model not in standby:
+                standby[model] = sb
+                changed = True
+                log.info("model %s known at zero replicas (%s, pool %s)",
+                         model, sb.source, sb.pool)  # fmt: skip
+        return changed
 
     async def remove(self, eid: EndpointId) -> None:
         tasks = self._tasks.pop(eid, [])
@@ -307,6 +349,11 @@ class FleetMembership:
         if self.fleet.endpoints.pop(eid, None) is not None:
             self.fleet.index.forget(eid)
             log.info("endpoint %s left", eid)
+
+    def changed(self) -> None:
+        """Tell admission the fleet changed outside the poller (the poller's hook)."""
+        if self.poller.on_change is not None:
+            self.poller.on_change()
 
     async def close(self) -> None:
         for eid in list(self._tasks):
@@ -357,6 +404,11 @@ class KubernetesDiscovery:
         namespaces = config.namespaces or ("",)  # "": all namespaces
         self.addresses = [reflector(config.source, LABEL_POOL, ns) for ns in namespaces]
         self.services = [reflector("inferenceservices", None, ns) for ns in namespaces]
+        self.drains = (
+            [reflector("pods", LABEL_POOL, ns) for ns in namespaces]
+            if config.source == "endpointslices" and config.drain_from_pods
+            else []
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     def desired(self) -> dict[EndpointId, Target]:
@@ -372,13 +424,33 @@ class KubernetesDiscovery:
             for o in r.cache.objects.values()
             for a in read(o, self.config.port_name)
         ]
-        return desired_targets(found, services, self.config)
+        draining = draining_pods(o for r in self.drains for o in r.cache.objects.values())
+        return desired_targets(found, services, self.config, draining)
+
+    def standby(self) -> dict[str, Standby]:
+        """The InferenceServices that scale from zero, as the fleet's standby models."""
+        known = scale_from_zero(
+            (o for r in self.services for o in r.cache.objects.values()), self.config
+        )
+        return {
+            model: Standby(
+                model=model,
+                pool=k.pool,
+                cold_start_s=k.cold_start_s,
+                min_replicas=k.min_replicas,
+                source=f"{k.namespace}/{k.name}",
+            )
+            for model, k in known.items()
+        }
+
+    def _reflectors(self) -> tuple[Reflector, ...]:
+        return (*self.addresses, *self.services, *self.drains)
 
     def synced(self) -> bool:
-        return all(r.synced.is_set() for r in (*self.addresses, *self.services))
+        return all(r.synced.is_set() for r in self._reflectors())
 
     async def reconcile(self) -> Plan:
-        """Bring the fleet to the desired set; nothing happens before both caches synced."""
+        """Bring the fleet to the desired set; nothing happens before every cache synced."""
         if not self.synced():
             return Plan(add=(), remove=())
         p = plan(self.membership.targets, self.desired())
@@ -386,6 +458,11 @@ class KubernetesDiscovery:
             await self.membership.remove(eid)
         for t in p.add:
             self.membership.add(t)
+        for eid, flag in p.drain:
+            self.membership.set_draining(eid, flag)
+        changed = self.membership.set_standby(self.standby())
+        if changed or p.drain or p.remove:
+            self.membership.changed()  # admission re-decides what it holds or queues
         return p
 
     async def _reconcile_loop(self) -> None:
@@ -396,9 +473,10 @@ class KubernetesDiscovery:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        for r in (*self.addresses, *self.services):
-            self._tasks.append(loop.create_task(r.run(), name=f"reflector:{r.path}"))
-        waits = [r.synced.wait() for r in (*self.addresses, *self.services)]
+        for r in self._reflectors():
+            name = f"reflector:{r.path}" + (":drain" if r in self.drains else "")
+            self._tasks.append(loop.create_task(r.run(), name=name))
+        waits = [r.synced.wait() for r in self._reflectors()]
         try:
             async with asyncio.timeout(self.config.initial_sync_s):
                 await asyncio.gather(*waits)

@@ -5,14 +5,17 @@ The watching itself (LIST/WATCH, credentials, the fleet's mutation) is
 Here: the router YAML's ``discovery.kubernetes`` settings, the addresses of one
 EndpointSlice or pod, the join of addresses with their InferenceServices into
 :class:`Target` endpoints (:func:`desired_targets`), the difference between two
-target sets (:func:`plan`), and the cache one LIST+WATCH keeps (:class:`WatchCache`:
-a 410 Gone or an ERROR event raises, for the reflector to relist).
+target sets (:func:`plan`), the cache one LIST+WATCH keeps (:class:`WatchCache`:
+a 410 Gone or an ERROR event raises, for the reflector to relist), the pods marked
+for removal (``fleetgate.dev/drain: "true"``: :func:`draining_pods`) and the
+InferenceServices that scale from zero, known with no pod at all
+(:func:`known_service`, :func:`scale_from_zero`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +34,9 @@ LABEL_SERVICE_NAME = "kubernetes.io/service-name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
 ANNOTATION_SERVED_MODEL = "fleetgate.dev/served-model"
 ANNOTATION_ENGINE_VERSION = "fleetgate.dev/engine-version"
+ANNOTATION_DRAIN = "fleetgate.dev/drain"
+"""``"true"`` on a pod: the autoscaler chose it for removal; routers send it no new
+work and its in-flight requests finish (``fleetgate_endpoint_in_flight`` reaches 0)."""
 ISVC_GROUP_VERSION = "fleetgate.dev/v1alpha1"
 ISVC_PLURAL = "inferenceservices"
 
@@ -63,6 +69,10 @@ class KubernetesDiscoveryConfig(BaseModel):
     """Longest wait between retries after an API error (doubling from 0.25 s)."""
     initial_sync_s: float = Field(10.0, gt=0)
     """How long start-up waits for the first LIST before serving anyway."""
+    drain_from_pods: bool = True
+    """With ``source: endpointslices``, also watch the pods labelled ``fleetgate.dev/pool``
+    for the ``fleetgate.dev/drain`` annotation (slices carry none); needs pods
+    get/list/watch. The ``pods`` source reads it anyway."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,14 +90,39 @@ class Target:
     """The served name clients use (``fleetgate.dev/served-model``)."""
     engine_version: str | None = None
     """The engine release (``fleetgate.dev/engine-version``; :func:`engine_version`)."""
+    draining: bool = False
+    """The pod is marked ``fleetgate.dev/drain: "true"`` (a flag on the live endpoint,
+    changed in place: :attr:`Plan.drain`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Plan:
-    """What to change in the fleet: removals first, then additions."""
+    """What to change in the fleet: removals first, then additions, then drain flags."""
 
     add: tuple[Target, ...]
     remove: tuple[EndpointId, ...]
+    drain: tuple[tuple[EndpointId, bool], ...] = ()
+    """Endpoints that stay, whose drain flag changed: set in place (a replaced endpoint
+    would lose its in-flight count, the operator's "is it idle yet" signal)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KnownService:
+    """An InferenceService the router knows whether or not it has pods."""
+
+    namespace: str
+    name: str
+    model: str
+    """The served name clients use (``spec.model.name``, else the service's name)."""
+    pool: str
+    min_replicas: int | None
+    """``spec.autoscaling.minReplicas`` (None: no autoscaling section, or no integer)."""
+    cold_start_s: float | None
+    """``spec.autoscaling.coldStartSeconds`` when a positive number, else None."""
+
+    @property
+    def scales_from_zero(self) -> bool:
+        return self.min_replicas == 0
 
 
 def _capacity(engine_spec: Mapping[str, Any]) -> int | None:
@@ -110,6 +145,8 @@ class Address:
     ipv6: bool
     port: int
     ready: bool
+    draining: bool = False
+    """Marked for removal (``fleetgate.dev/drain: "true"`` on the pod)."""
     annotations: tuple[tuple[str, str], ...] = ()
     """The operator's discovery annotations of the pod (``pods`` source; slices have
     none), sorted."""
@@ -168,6 +205,8 @@ def addresses_from_pod(pod: Mapping[str, Any], port_name: str) -> list[Address]:
         for c in status.get("conditions") or []
     )
     notes = meta.get("annotations") or {}
+    if not isinstance(notes, Mapping):
+        notes = {}
     annotations = tuple(
         sorted(
             (k, str(notes[k]))
@@ -184,9 +223,85 @@ def addresses_from_pod(pod: Mapping[str, Any], port_name: str) -> list[Address]:
             ipv6=":" in str(ip),
             port=int(ports[0]["containerPort"]),
             ready=ready and not meta.get("deletionTimestamp"),
+            draining=marked_draining(notes),
             annotations=annotations,
         )
     ]
+
+
+def marked_draining(annotations: Mapping[str, Any]) -> bool:
+    """``fleetgate.dev/drain: "true"`` (any case, surrounding blanks ignored)."""
+    value = annotations.get(ANNOTATION_DRAIN)
+    return isinstance(value, str) and value.strip().lower() == "true"
+
+
+def draining_pods(pods: Iterable[Mapping[str, Any]]) -> frozenset[ObjKey]:
+    """(namespace, name) of the pods marked for removal: the ``endpointslices`` source
+    joins them to slice addresses by ``targetRef`` (slices carry no annotations)."""
+    out = set()
+    for p in pods:
+        meta = p.get("metadata") or {}
+        notes = meta.get("annotations") or {}
+        if isinstance(notes, Mapping) and marked_draining(notes):
+            out.add((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+    return frozenset(out)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if value > 0 and value == value and value != float("inf") else None
+
+
+def known_service(
+    isvc: Mapping[str, Any], config: KubernetesDiscoveryConfig
+) -> KnownService | None:
+    """What the router knows of an InferenceService with or without pods; None when it
+    is being deleted or the pool/role filters leave it out.
+
+    ``spec.autoscaling`` is read defensively from the raw object (any missing or
+    ill-typed field is None), so the router needs no particular API revision.
+    """
+    meta = isvc.get("metadata") or {}
+    if not isinstance(meta, Mapping) or meta.get("deletionTimestamp"):
+        return None
+    spec = isvc.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        return None
+    routing = spec.get("routing") or {}
+    routing = routing if isinstance(routing, Mapping) else {}
+    pool = str(routing.get("pool", "default"))
+    role = str(routing.get("role", "latency"))
+    if (config.pools and pool not in config.pools) or (config.roles and role not in config.roles):
+        return None
+    name = str(meta.get("name", ""))
+    model = spec.get("model") or {}
+    served = model.get("name") if isinstance(model, Mapping) else None
+    auto = spec.get("autoscaling")
+    auto = auto if isinstance(auto, Mapping) else {}
+    low = auto.get("minReplicas")
+    return KnownService(
+        namespace=str(meta.get("namespace", "")),
+        name=name,
+        model=str(served) if isinstance(served, str) and served else name,
+        pool=pool,
+        min_replicas=low if isinstance(low, int) and not isinstance(low, bool) else None,
+        cold_start_s=_number(auto.get("coldStartSeconds")),
+    )
+
+
+def scale_from_zero(
+    services: Iterable[Mapping[str, Any]], config: KubernetesDiscoveryConfig
+) -> dict[str, KnownService]:
+    """Served model -> the InferenceService that may run it at zero replicas
+    (``spec.autoscaling.minReplicas: 0``). Two such services with one model name: the
+    first by namespace/name wins (the router holds for a model, not a service)."""
+    known = [k for s in services if (k := known_service(s, config)) is not None]
+    out: dict[str, KnownService] = {}
+    for k in sorted(known, key=lambda k: (k.namespace, k.name)):
+        if k.scales_from_zero:
+            out.setdefault(k.model, k)
+    return out
 
 
 def engine_version(a: Address, engine_spec: Mapping[str, Any]) -> str | None:
@@ -242,6 +357,7 @@ def target_for(
         model=a.annotation(ANNOTATION_SERVED_MODEL)
         or str((spec.get("model") or {}).get("name") or a.service),
         engine_version=engine_version(a, engine_spec) if _versioned(engine) else None,
+        draining=a.draining,
     )
 
 
@@ -254,10 +370,14 @@ def desired_targets(
     addresses: Iterable[Address],
     services: Mapping[ObjKey, Mapping[str, Any]],
     config: KubernetesDiscoveryConfig,
+    draining: Collection[ObjKey] = (),
 ) -> dict[EndpointId, Target]:
-    """Join addresses to the InferenceService of the same namespace and name."""
+    """Join addresses to the InferenceService of the same namespace and name;
+    ``draining`` marks the addresses of those pods (``endpointslices`` source)."""
     out: dict[EndpointId, Target] = {}
     for a in addresses:
+        if draining and a.pod is not None and (a.namespace, a.pod) in draining:
+            a = dataclasses.replace(a, draining=True)
         isvc = services.get((a.namespace, a.service))
         if isvc is None or (isvc.get("metadata") or {}).get("deletionTimestamp"):
             continue
@@ -268,10 +388,22 @@ def desired_targets(
 
 
 def plan(current: Mapping[EndpointId, Target], desired: Mapping[EndpointId, Target]) -> Plan:
-    """Changed targets (new IP, engine, pool...) are removed and added again."""
-    remove = tuple(sorted(eid for eid, t in current.items() if desired.get(eid) != t))
-    add = tuple(t for eid, t in sorted(desired.items()) if current.get(eid) != t)
-    return Plan(add=add, remove=remove)
+    """Changed targets (new IP, engine, pool...) are removed and added again; a change
+    of the drain flag alone is made in place (:attr:`Plan.drain`)."""
+
+    def same(a: Target | None, b: Target | None) -> bool:
+        if a is None or b is None:
+            return a is b
+        return dataclasses.replace(a, draining=b.draining) == b
+
+    remove = tuple(sorted(eid for eid, t in current.items() if not same(desired.get(eid), t)))
+    add = tuple(t for eid, t in sorted(desired.items()) if not same(current.get(eid), t))
+    drain = tuple(
+        (eid, t.draining)
+        for eid, t in sorted(desired.items())
+        if eid in current and same(current[eid], t) and current[eid].draining != t.draining
+    )
+    return Plan(add=add, remove=remove, drain=drain)
 
 
 class Gone(Exception):

@@ -326,6 +326,18 @@ class ClassMetrics:
             "(re-prefilled unless the engine still caches them).",
             mc, registry=r,
         )  # fmt: skip
+        self.arrivals = Counter(
+            "fleetgate_arrivals",
+            "Requests that arrived for a known model, counted once by the router that "
+            "received them, before admission (the autoscaler's demand signal).",
+            mc, registry=r,
+        )  # fmt: skip
+        self.held = Gauge(
+            "fleetgate_held_requests",
+            "Requests held now because their model (one that scales from zero) has no "
+            "ready endpoint.",
+            ["model"], registry=r,
+        )  # fmt: skip
         self._models: set[str] = set()
 
     def precreate(self, models: Sequence[str]) -> None:
@@ -334,11 +346,13 @@ class ClassMetrics:
             if model in self._models:
                 continue
             self._models.add(model)
+            self.m.child(self.held, model).set(0)
             for c in self.config.classes:
                 lv = (model, c.name)
                 self.m.child(self.depth, *lv).set(0)
                 self.m.child(self.wait, *lv)
                 self.m.child(self.dispatches, *lv)
+                self.m.child(self.arrivals, *lv)
                 self.m.child(self.preemptions, *lv)
                 self.m.child(self.refed, *lv)
                 self.m.child(self.resume_latency, *lv)

@@ -150,6 +150,8 @@ class Request:
     park_cause: str = ""
     needs_final_message: bool = False
     queued: bool = False
+    held: bool = False
+    """Waiting for its model to scale from zero (no endpoint can serve it yet)."""
     waiter: asyncio.Future[Any] | None = None
     segment: asyncio.Task[Any] | None = None
     sending: bool = False

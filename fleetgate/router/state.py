@@ -79,6 +79,10 @@ class Endpoint:
     prefilling: int = 0
     """Uncached prompt tokens of this router's requests here that have no first token
     yet: the prefill backlog ahead of a new request (``EndpointView.pending_prefill_tokens``)."""
+    draining: bool = False
+    """Marked for removal (Kubernetes discovery: the pod's ``fleetgate.dev/drain``
+    annotation): the ``not-draining`` filter sends it no new work; what runs there
+    finishes."""
     kv_live: bool = False
     """This endpoint's KV-event feed is live (set by the KV-event subscriber): only then
     does the exact view (``Fleet.kv_index``) speak for it; otherwise the approximate
@@ -181,6 +185,25 @@ class Endpoint:
             self.consecutive_failures = 0
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Standby:
+    """A model the router knows while it may have no endpoint: it scales from zero.
+
+    From the router YAML (``models: {NAME: {scale_from_zero: true}}``) or from an
+    ``InferenceService`` with ``spec.autoscaling.minReplicas: 0`` (Kubernetes
+    discovery). Requests for it are held while no endpoint can serve it
+    (:mod:`fleetgate.router.admission`), instead of a 503 at once.
+    """
+
+    model: str
+    pool: str = "default"
+    cold_start_s: float | None = None
+    """Expected time from zero to a ready replica (None: ``limits.default_cold_start_s``)."""
+    min_replicas: int | None = None
+    source: str = "config"
+    """``config``, or the ``namespace/name`` of the InferenceService."""
+
+
 class Fleet:
     """All endpoints, plus the prefix index over them. Built per app, never global."""
 
@@ -191,6 +214,7 @@ class Fleet:
         index: PrefixIndex,
         load_params: LoadParams,
         kv_index: KvIndex | None = None,
+        standby: Iterable[Standby] = (),
     ) -> None:
         self.endpoints: dict[EndpointId, Endpoint] = {}
         for e in endpoints:
@@ -201,16 +225,23 @@ class Fleet:
         self.load_params = load_params
         self.kv_index = kv_index
         """The exact view, fed by engines' KV events (None: no feed configured)."""
+        self.standby: dict[str, Standby] = {s.model: s for s in standby}
+        """Models that scale from zero, by served name (known with 0 endpoints)."""
 
     def __iter__(self) -> Iterator[Endpoint]:
         return iter(self.endpoints.values())
 
     def models(self, *, healthy_only: bool, now: float) -> list[str]:
+        """Models the fleet serves: ``healthy_only``, those an endpoint can take new work
+        for now (healthy, not ejected, not draining); else every model it knows, the
+        ones that scale from zero (:attr:`standby`) included."""
         out: set[str] = set()
         for e in self.endpoints.values():
-            if healthy_only and (not e.healthy or e.is_ejected(now)):
+            if healthy_only and (not e.healthy or e.is_ejected(now) or e.draining):
                 continue
             out |= e.models
+        if not healthy_only:
+            out.update(self.standby)
         return sorted(out)
 
     def exact_cached(self, e: Endpoint, prompt: PromptKeys | None) -> int | None:
@@ -269,6 +300,7 @@ class Fleet:
                     rendezvous_rank=rank.get(e.id, len(rank)),
                     decode_s_per_token=e.speed.seconds_per_token,
                     pending_prefill_tokens=e.prefilling,
+                    draining=e.draining,
                 )
             )
         return out

@@ -175,7 +175,8 @@ def test_router_rbac_grants_reads_only_in_the_watched_namespaces(
         assert can("list", "inferenceservices.fleetgate.dev", k8s_namespace)
         assert not can("list", "endpointslices.discovery.k8s.io", "default")
         assert not can("list", "inferenceservices.fleetgate.dev", "kube-system")
-        assert not can("list", "pods", k8s_namespace)
+        assert can("watch", "pods", k8s_namespace)  # the scale-down drain annotation
+        assert not can("list", "pods", "default")
         assert not can("patch", "inferenceservices.fleetgate.dev", k8s_namespace)
         assert not can("get", "secrets", k8s_namespace)
     finally:

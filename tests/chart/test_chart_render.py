@@ -82,7 +82,20 @@ def test_operator_cluster_role_is_exactly_the_operator_rules() -> None:
 def test_router_role_is_read_only_and_follows_the_discovery_source() -> None:
     rules = one(render(), "ClusterRole", "router")["rules"]
     assert {r["verbs"] == ["get", "list", "watch"] for r in rules} == {True}
-    assert [r["resources"] for r in rules] == [["endpointslices"], ["inferenceservices"]]
+    assert [r["resources"] for r in rules] == [
+        ["pods"],  # the scale-down drain annotation (discovery.kubernetes.drain_from_pods)
+        ["endpointslices"],
+        ["inferenceservices"],
+    ]
+    no_drain = one(
+        render("--set", "router.config.discovery.kubernetes.drain_from_pods=false"),
+        "ClusterRole",
+        "router",
+    )
+    assert [r["resources"] for r in no_drain["rules"]] == [
+        ["endpointslices"],
+        ["inferenceservices"],
+    ]
     pods = one(
         render("--set", "router.config.discovery.kubernetes.source=pods"), "ClusterRole", "router"
     )

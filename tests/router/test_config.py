@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fleetgate.cli import main
-from fleetgate.router.app import pipeline_for
+from fleetgate.router.app import build_fleet, pipeline_for
 from fleetgate.router.config import (
     ConfigError,
     RouterConfig,
@@ -226,3 +226,29 @@ def test_byte_chunk_keys_of_older_configs_still_load_as_token_chunks() -> None:
     assert Scheduling.model_validate({"chunk_tokens": 8, "chunk_bytes": 256}).chunk_tokens == 8
     with pytest.raises(ValueError, match="bytes_per_token"):
         Scheduling.model_validate({"chunk_bytes": 256, "bytes_per_token": 0})
+
+
+def test_models_that_scale_from_zero_and_their_bounds() -> None:
+    cfg = parse_config(
+        {
+            "models": {
+                "llama": {"scale_from_zero": True, "cold_start_s": 30, "pool": "chat"},
+                "plain": {},
+            },
+            "limits": {"max_held_requests": 5, "hold_cold_start_factor": 2},
+        }
+    )
+    assert (cfg.limits.max_held_requests, cfg.limits.hold_cold_start_factor) == (5, 2.0)
+    assert cfg.limits.default_cold_start_s == 60.0
+    fleet = build_fleet(cfg)
+    assert list(fleet.standby) == ["llama"]  # only scale_from_zero models
+    sb = fleet.standby["llama"]
+    assert (sb.pool, sb.cold_start_s, sb.source) == ("chat", 30.0, "config")
+    assert fleet.models(healthy_only=False, now=0.0) == ["llama"]  # no backend at all
+    assert fleet.models(healthy_only=True, now=0.0) == []
+    with pytest.raises(ConfigError, match=r"models.llama.cold_start_s"):
+        parse_config({"models": {"llama": {"scale_from_zero": True, "cold_start_s": 0}}})
+    with pytest.raises(ConfigError, match=r"models.llama.scale_from_zro"):
+        parse_config({"models": {"llama": {"scale_from_zro": True}}})
+    with pytest.raises(ConfigError, match=r"limits.hold_cold_start_factor"):
+        parse_config({"limits": {"hold_cold_start_factor": 0}})

@@ -307,6 +307,139 @@ def test_plan_adds_removes_and_replaces_changed() -> None:
     assert kt.plan(cur, {}) == kt.Plan(add=(), remove=("ns/p1", "ns/p3"))
 
 
+def test_drain_annotation_on_pods() -> None:
+    marked = pod("a", "10.1.0.1")
+    marked["metadata"]["annotations"] = {kt.ANNOTATION_DRAIN: " True "}
+    other = pod("b", "10.1.0.2")
+    other["metadata"]["annotations"] = {kt.ANNOTATION_DRAIN: "false"}
+    found = [a for p in (marked, other) for a in kt.addresses_from_pod(p, "http")]
+    assert [(a.pod, a.draining) for a in found] == [("a", True), ("b", False)]
+    got = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
+    assert {eid: t.draining for eid, t in got.items()} == {"ns/a": True, "ns/b": False}
+    # Slices carry no annotations: the pods marked for removal join by targetRef.
+    assert kt.draining_pods([marked, other, pod("c", None)]) == {("ns", "a")}
+    weird = pod("w", "10.1.0.3")
+    weird["metadata"]["annotations"] = {kt.ANNOTATION_DRAIN: True}  # not a string
+    assert kt.draining_pods([weird]) == frozenset()
+    found = kt.addresses_from_slice(eps(), "http")
+    got = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG, {("ns", "p3")})
+    assert {eid: t.draining for eid, t in got.items()} == {"ns/p1": False, "ns/p3": True}
+
+
+def test_plan_changes_the_drain_flag_in_place() -> None:
+    found = kt.addresses_from_slice(eps(), "http")
+    cur = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
+    drained = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG, {("ns", "p1")})
+    assert kt.plan(cur, drained) == kt.Plan(add=(), remove=(), drain=((EndpointId("ns/p1"), True),))
+    assert kt.plan(drained, cur) == kt.Plan(
+        add=(), remove=(), drain=((EndpointId("ns/p1"), False),)
+    )
+    # Another change on top of the flag: replaced, the flag rides on the new target.
+    moved = isvc(pool="other")
+    new = kt.desired_targets(found, {("ns", "llama"): moved}, CFG, {("ns", "p1")})
+    p = kt.plan(cur, new)
+    assert p.remove == ("ns/p1", "ns/p3") and p.drain == ()
+    assert [(t.id, t.draining) for t in p.add] == [("ns/p1", True), ("ns/p3", False)]
+
+
+def test_inference_services_known_without_pods() -> None:
+    plain = isvc("llama")
+    assert kt.known_service(plain, CFG) == kt.KnownService(
+        "ns", "llama", "llama-3", "chat", min_replicas=None, cold_start_s=None
+    )
+    zero = isvc("zero")
+    zero["spec"]["model"]["name"] = "qwen"
+    zero["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 4, "coldStartSeconds": 45}
+    k = kt.known_service(zero, CFG)
+    assert k is not None and k.scales_from_zero
+    assert (k.model, k.pool, k.min_replicas, k.cold_start_s) == ("qwen", "chat", 0, 45.0)
+    one = isvc("one")
+    one["spec"]["autoscaling"] = {"minReplicas": 1}
+    nameless = isvc("nameless")
+    del nameless["spec"]["model"]["name"]
+    nameless["spec"]["autoscaling"] = {"minReplicas": 0}
+    ill = isvc("ill")  # ill-typed fields are None, never an error
+    ill["spec"]["autoscaling"] = {"minReplicas": "0", "coldStartSeconds": "soon"}
+    neg = isvc("neg")
+    neg["spec"]["autoscaling"] = {"minReplicas": 0, "coldStartSeconds": -3}
+    broken = isvc("broken")
+    broken["spec"]["autoscaling"] = ["not", "a", "mapping"]
+    gone = isvc("gone")
+    gone["spec"]["autoscaling"] = {"minReplicas": 0}
+    gone["spec"]["model"]["name"] = "gone-model"
+    gone["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert kt.known_service(gone, CFG) is None
+    assert kt.known_service(ill, CFG) == kt.KnownService(
+        "ns", "ill", "llama-3", "chat", min_replicas=None, cold_start_s=None
+    )
+    assert kt.known_service(broken, CFG) is not None
+    got = kt.scale_from_zero([plain, zero, one, nameless, ill, neg, broken, gone], CFG)
+    assert {m: (k.name, k.cold_start_s) for m, k in got.items()} == {
+        "qwen": ("zero", 45.0),
+        "nameless": ("nameless", None),
+        "llama-3": ("neg", None),
+    }
+    only_batch = kt.KubernetesDiscoveryConfig(pools=("batch",))
+    assert kt.scale_from_zero([zero], only_batch) == {}
+    assert kt.scale_from_zero([zero], kt.KubernetesDiscoveryConfig(roles=("throughput",))) == {}
+
+
+async def test_reconcile_drains_in_place_and_keeps_standby_models() -> None:
+    """The discovery's reconcile over filled caches (no API server): a drain annotation
+    flips the live endpoint's flag without replacing it, an InferenceService at zero
+    replicas becomes a standby model, and the router YAML's own are left alone."""
+    config = RouterConfig.model_validate(
+        {
+            "test_mode": True,
+            "models": {"static-zero": {"scale_from_zero": True}},
+            "health": {"interval_s": 0.05},
+            "scrape": {"interval_s": 0.02},
+        }
+    )
+    app = build_router(config, transport=httpx.MockTransport(fake_engines), start_background=False)
+    async with app.router.lifespan_context(app):
+        fleet = app.state.router.fleet
+        changes: list[int] = []
+        app.state.poller.on_change = lambda: changes.append(1)
+        membership = d.FleetMembership(fleet, app.state.poller)
+        access = d.ApiAccess(host="http://127.0.0.1:9", verify=False, token=lambda: None)
+        disc = d.KubernetesDiscovery(membership, CFG, access)
+        assert len(disc.drains) == 1  # endpointslices: pods too, for the annotation
+        slice_ = eps()
+        for i, ep in enumerate(slice_["endpoints"]):
+            ep["addresses"] = [f"127.0.1.{i + 1}"]
+        zero = isvc("zero")
+        zero["spec"]["model"]["name"] = "qwen"
+        zero["spec"]["autoscaling"] = {"minReplicas": 0, "coldStartSeconds": 20}
+        disc.addresses[0].cache.replace([slice_], "1")
+        disc.services[0].cache.replace([isvc(), zero], "1")
+        p1 = pod("p1", "127.0.1.1")
+        disc.drains[0].cache.replace([p1], "1")
+        for r in (*disc.addresses, *disc.services, *disc.drains):
+            r.synced.set()
+        await disc.reconcile()
+        e = fleet.endpoints[EndpointId("ns/p1")]
+        assert not e.draining
+        assert set(fleet.standby) == {"qwen", "static-zero"}
+        assert (
+            fleet.standby["qwen"].cold_start_s == 20 and fleet.standby["qwen"].source == "ns/zero"
+        )
+        assert "qwen" in fleet.models(healthy_only=False, now=0.0)
+        e.dispatch(10)  # a request in flight there
+        p1["metadata"]["annotations"] = {kt.ANNOTATION_DRAIN: "true"}
+        changes.clear()
+        p = await disc.reconcile()
+        assert p.add == () and p.remove == () and p.drain == (("ns/p1", True),)
+        assert fleet.endpoints[EndpointId("ns/p1")] is e and e.draining
+        assert e.counts.in_flight == 1 and changes  # kept; admission told
+        assert membership.targets[EndpointId("ns/p1")].draining
+        disc.services[0].cache.replace([isvc()], "2")  # zero's service deleted
+        await disc.reconcile()
+        assert set(fleet.standby) == {"static-zero"}
+        await membership.close()
+        await disc.client.aclose()
+
+
 def test_watch_cache_events() -> None:
     c = kt.WatchCache()
     c.replace([{"metadata": {"namespace": "a", "name": "x", "resourceVersion": "3"}}], "5")
@@ -665,3 +798,53 @@ async def test_endpointslices_source_against_the_real_api(
         slice_["endpoints"][1]["conditions"]["ready"] = True
         await asyncio.to_thread(k8s_cluster.apply, slice_)
         await _until(lambda: len(discovery.desired()) == 3)
+
+
+def _crd_with_autoscaling(cluster: DevCluster) -> None:
+    """The repo's CRD; while it has no ``spec.autoscaling`` yet (the operator side of
+    issue 15 adds it), that field is added as an open object so the API server keeps
+    it instead of pruning it. The router reads the raw object either way."""
+    doc = yaml.safe_load((REPO / "crds" / "inferenceservices.fleetgate.dev.yaml").read_text())
+    for version in doc["spec"]["versions"]:
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        spec["properties"].setdefault(
+            "autoscaling", {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        )
+    cluster.apply(doc)
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.fleetgate.dev")
+
+
+@pytest.mark.k8s
+async def test_an_inference_service_at_zero_pods_is_known(
+    k8s_cluster: DevCluster, k8s_namespace: str
+) -> None:
+    ns = k8s_namespace
+    await asyncio.to_thread(_crd_with_autoscaling, k8s_cluster)
+    zero = _k8s_isvc("zero", ns)
+    zero["spec"]["model"]["name"] = "qwen-zero"
+    zero["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2, "coldStartSeconds": 5}
+    try:
+        await asyncio.to_thread(k8s_cluster.apply, zero, _k8s_isvc("fixed", ns))
+        stored = await asyncio.to_thread(
+            k8s_cluster.kubectl_json, "-n", ns, "get", "inferenceservice", "zero"
+        )
+        assert stored["spec"]["autoscaling"]["minReplicas"] == 0  # kept, not pruned
+        app = build_router(RouterConfig(test_mode=True), start_background=False)
+        config = kt.KubernetesDiscoveryConfig(
+            source="pods", namespaces=(ns,), kubeconfig=str(k8s_cluster.kubeconfig)
+        )
+        d.attach(app, config, allow_url=lambda u: is_loopback_host(httpx.URL(u).host))
+        async with app.router.lifespan_context(app):
+            fleet = app.state.router.fleet
+            await _until(lambda: "qwen-zero" in fleet.standby)
+            sb = fleet.standby["qwen-zero"]
+            assert (sb.pool, sb.cold_start_s, sb.min_replicas) == ("chat", 5.0, 0)
+            assert sb.source == f"{ns}/zero"
+            assert fleet.endpoints == {}  # no pod at all, and still a known model
+            assert fleet.models(healthy_only=False, now=0.0) == ["qwen-zero"]
+            await asyncio.to_thread(
+                k8s_cluster.kubectl, "-n", ns, "delete", "inferenceservice", "zero", "--wait=false"
+            )
+            await _until(lambda: "qwen-zero" not in fleet.standby)
+    finally:
+        await asyncio.to_thread(_crd, k8s_cluster)  # back to the repo's CRD

@@ -31,6 +31,7 @@ from fleetgate.router.app import build_router
 from fleetgate.router.client import NonLoopbackBackendError, make_client
 from fleetgate.router.config import ConfigError
 from fleetgate.router.poller import metrics_url
+from fleetgate.router.scheduling.prefix import estimate_tokens, render_prompt
 from fleetgate.router.services import Services
 
 A, B = "127.0.0.1:18001", "127.0.0.1:18002"
@@ -355,8 +356,10 @@ async def test_prefill_backlog_counts_until_the_first_token(priority: Any) -> No
     sse = {"content-type": "text/event-stream"}
     cfg = {"priority": priority} if priority is not None else {}
     rig = Rig({A: lambda r: httpx.Response(200, headers=sse, stream=stream)}, **cfg)
-    prompt = "word " * 400  # 2000 bytes: ~500 tokens at 4 bytes per token, all uncached
+    prompt = "word " * 400  # ~400 estimated tokens (words), all uncached
     body = {"model": "m", "prompt": prompt, "max_tokens": 2, "stream": True}
+    expected = estimate_tokens(render_prompt(body))
+    assert 400 <= expected <= 410
     a = rig.endpoint(A)
     async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
         task = asyncio.create_task(post(c, url, body))
@@ -364,10 +367,10 @@ async def test_prefill_backlog_counts_until_the_first_token(priority: Any) -> No
             if a.prefilling:
                 break
             await asyncio.sleep(0.01)
-        assert a.prefilling == 500
+        assert a.prefilling == expected
         text = (await c.get(url + "/metrics")).text
         gauge = "fleetgate_endpoint_prefill_backlog_tokens"
-        assert f'{gauge}{{endpoint="{A}",engine="vllm"}} 500.0' in text
+        assert f'{gauge}{{endpoint="{A}",engine="vllm"}} {float(expected)}' in text
         stream.first.set()
         for _ in range(200):  # first token relayed; the answer is still streaming
             if not a.prefilling:

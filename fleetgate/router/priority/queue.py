@@ -81,6 +81,8 @@ class QueueItem(Generic[T]):
     payload: T
     pool: str = ""
     """The set of endpoints that can serve it (e.g. the model name)."""
+    max_wait_s: float | None = None
+    """A tighter queue-time limit than its class's (a request held for a cold start)."""
 
     def waited(self, now: float) -> float:
         """Seconds since this item entered the queue."""
@@ -213,11 +215,13 @@ class AdmissionQueue(Generic[T]):
         *,
         cost: float = 1.0,
         pool: str = "",
+        max_wait_s: float | None = None,
     ) -> QueueItem[T] | Shed[T]:
         """Queue a fresh request, or refuse it at once when its class is full.
 
         ``pool`` names the set of endpoints that can serve it (e.g. the model);
         capacity, head-of-line order and WFQ virtual time are per pool.
+        ``max_wait_s`` expires it earlier than its class's ``max_queue_time_s``.
         """
         if cost <= 0:
             raise ValueError(f"cost must be > 0, got {cost}")
@@ -237,7 +241,7 @@ class AdmissionQueue(Generic[T]):
         cq = self._class_queue(pool, cls)
         start = max(cq.virtual_time, cq.last_finish.get(tenant, 0.0))
         finish = start + cost / self._config.tenant_weight(tenant)
-        item = dataclasses.replace(item, virtual_finish=finish)
+        item = dataclasses.replace(item, virtual_finish=finish, max_wait_s=max_wait_s)
         self._insert(cq, item)
         cq.last_finish[tenant] = finish
         return item
@@ -329,7 +333,7 @@ class AdmissionQueue(Generic[T]):
                     retry_after_s=cls.retry_after_s,
                     message=(
                         f"request waited {item.waited(now):.3f}s in priority class "
-                        f"{cls.name!r}, over its limit of {cls.max_queue_time_s}s"
+                        f"{cls.name!r}, over its limit of {self._limit(item)}s"
                     ),
                 )
             )
@@ -484,7 +488,7 @@ class AdmissionQueue(Generic[T]):
         self._where[item.request_id] = (item.pool, cq.cls.name)
         self._count[cq.cls.name] += 1
         heapq.heappush(
-            self._expiries, (item.enqueued_at + cq.cls.max_queue_time_s, item.seq, item.request_id)
+            self._expiries, (item.enqueued_at + self._limit(item), item.seq, item.request_id)
         )
 
     def _live_item(self, request_id: str, seq: int) -> QueueItem[T] | None:
@@ -494,5 +498,10 @@ class AdmissionQueue(Generic[T]):
         item = self._pools[where[0]][where[1]].live.get(request_id)
         return item if item is not None and item.seq == seq else None
 
+    def _limit(self, item: QueueItem[T]) -> float:
+        """The item's queue-time limit: its class's, or its own tighter one."""
+        limit = self._config.get(item.class_name).max_queue_time_s
+        return limit if item.max_wait_s is None else min(limit, item.max_wait_s)
+
     def _expired(self, item: QueueItem[T], now: float) -> bool:
-        return item.waited(now) > self._config.get(item.class_name).max_queue_time_s
+        return item.waited(now) > self._limit(item)

@@ -43,6 +43,7 @@ from fleetgate.router.scheduling.plugins.engine_speed import EngineSpeedScorer
 from fleetgate.router.scheduling.plugins.filters import (
     ContextFitsFilter,
     HealthyFilter,
+    NotDrainingFilter,
     NotEjectedFilter,
     ServesModelFilter,
 )
@@ -247,6 +248,7 @@ def default_pipeline(
         filters=(
             HealthyFilter(),
             NotEjectedFilter(),
+            NotDrainingFilter(),
             ServesModelFilter(),
             ContextFitsFilter(margin=context_margin),
         ),

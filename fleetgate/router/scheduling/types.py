@@ -75,6 +75,9 @@ class EndpointView:
     pending_prefill_tokens: int = 0
     """Uncached prompt tokens this router sent here that have no first token yet: the
     prefill work queued ahead of a new request on this engine (router-own count)."""
+    draining: bool = False
+    """Marked for removal (the pod's ``fleetgate.dev/drain`` annotation): its in-flight
+    requests finish, no new work (the ``not-draining`` filter)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -294,3 +294,22 @@ def test_heads_and_stats() -> None:
     assert stats["batch"].oldest_wait_s == pytest.approx(4.0)
     assert stats["critical"].depth == 1 and stats["standard"].depth == 0
     assert stats["standard"].oldest_wait_s == 0.0
+
+
+def test_an_item_may_carry_a_tighter_queue_time_than_its_class() -> None:
+    """A request held for a cold start expires at min(its own limit, its class's)."""
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    held = q.offer("held", STD, "t", 0.0, payload="held", max_wait_s=2.5)
+    assert isinstance(held, QueueItem) and held.max_wait_s == 2.5
+    q.offer("loose", STD, "t", 0.0, payload="loose", max_wait_s=1e9)  # the class caps it
+    q.offer("plain", STD, "t", 0.0, payload="plain")
+    assert q.next_expiry() == 2.5
+    assert q.expire(2.5) == []
+    shed = q.expire(2.6)
+    assert [s.item.request_id for s in shed] == ["held"]
+    assert shed[0].reason == "queue_timeout" and "limit of 2.5s" in shed[0].message
+    assert q.next_expiry() == STD.max_queue_time_s
+    assert sorted(s.item.request_id for s in q.expire(STD.max_queue_time_s + 0.1)) == [
+        "loose",
+        "plain",
+    ]

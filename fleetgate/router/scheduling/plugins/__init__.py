@@ -3,9 +3,10 @@
 =====================  ======================  ==========================================
 module                 plugin (config name)    job
 =====================  ======================  ==========================================
-``filters``            ``healthy``,            hard: drop unhealthy, ejected and
-                       ``not-ejected``,        wrong-model endpoints; soft: steer long
-                       ``serves-model``,       prompts away from short contexts
+``filters``            ``healthy``,            hard: drop unhealthy, ejected, draining
+                       ``not-ejected``,        and wrong-model endpoints; soft: steer
+                       ``not-draining``,       long prompts away from short contexts
+                       ``serves-model``,
                        ``context-fits``
 ``prefix_affinity``    ``prefix-affinity``     cached prefix, bounded load and prefill
 ``load_scorer``        ``load``                least work
@@ -33,6 +34,7 @@ from fleetgate.router.scheduling.plugins.engine_speed import (
 from fleetgate.router.scheduling.plugins.filters import (
     ContextFitsFilter,
     HealthyFilter,
+    NotDrainingFilter,
     NotEjectedFilter,
     ServesModelFilter,
 )
@@ -59,6 +61,7 @@ __all__ = [
     "KvHeadroomScorer",
     "LoadScorer",
     "MaxScorePicker",
+    "NotDrainingFilter",
     "NotEjectedFilter",
     "Picker",
     "PickerName",

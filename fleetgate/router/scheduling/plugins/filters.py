@@ -1,4 +1,4 @@
-"""The filters: hard ones (healthy, not ejected, serves the model) and one soft one
+"""The filters: hard ones (healthy, not ejected, not draining, serves the model) and one soft one
 (the prompt fits the context). Each is a one-line predicate over the views."""
 
 from __future__ import annotations
@@ -29,6 +29,18 @@ class NotEjectedFilter:
 
     def filter(self, request: RequestView, endpoints: Sequence[EndpointView]) -> list[EndpointView]:
         return [e for e in endpoints if not e.ejected]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NotDrainingFilter:
+    """Drops endpoints marked for removal (scale-down drain): no new request, retry or
+    resume goes there; what runs there already finishes undisturbed."""
+
+    name: str = "not-draining"
+    soft: bool = False
+
+    def filter(self, request: RequestView, endpoints: Sequence[EndpointView]) -> list[EndpointView]:
+        return [e for e in endpoints if not e.draining]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
