@@ -318,7 +318,9 @@ def decide(
         growth = min(MAX_FORECAST_GROWTH, forecast / rate)
 
     # -- idle bookkeeping
-    idle_since = (state.idle_since if state.idle_since is not None else now) if demand.idle else None
+    idle_since = (
+        (state.idle_since if state.idle_since is not None else now) if demand.idle else None
+    )
 
     # -- the raw recommendation and the reason for it
     candidates: list[tuple[int, str]] = []
@@ -387,16 +389,16 @@ def decide(
             desired = max(current, min(_window(recs, now, policy.up_window)))
     elif raw < current:
         # the idle window is the stabilisation of a scale to zero
-        window = _window(recs, now, policy.down_window)
-        desired = min(current, 0 if to_zero else max(window))
+        in_window = _window(recs, now, policy.down_window)
+        desired = min(current, 0 if to_zero else max(in_window))
     desired = max(policy.min_replicas, min(policy.max_replicas, desired))
     if desired > current:
         reason = f"ScaledUp: {why}"
     elif desired < current:
         reason = f"ScaledDown: {why}"
     elif raw != current:
-        window = policy.up_window if raw > current else policy.down_window
-        reason = f"Stabilizing: {why}; holding {current} for the {_fmt(window)}s window"
+        span = policy.up_window if raw > current else policy.down_window
+        reason = f"Stabilizing: {why}; holding {current} for the {_fmt(span)}s window"
     else:
         reason = f"Steady: {why}"
     return Decision(

@@ -131,6 +131,7 @@ class Reconciler:
         self._monotonic = monotonic
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._extra_conditions: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
         self._sm_supported: bool | None = None
         self._sm_checked_at = 0.0
 
@@ -138,10 +139,22 @@ class Reconciler:
         with self._locks_guard:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
+    def lock(self, namespace: str, name: str) -> threading.Lock:
+        """The lock one service's reconciles and autoscaling decisions share."""
+        return self._lock(namespace, name)
+
+    def set_extra_conditions(
+        self, namespace: str, name: str, conditions: tuple[dict[str, Any], ...]
+    ) -> None:
+        """Conditions owned elsewhere (the autoscaler's) that every status write keeps,
+        even when the body a reconcile got predates them."""
+        self._extra_conditions[(namespace, name)] = conditions
+
     def forget(self, namespace: str, name: str) -> None:
         """The InferenceService is gone: drop its lock and metrics series."""
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
+        self._extra_conditions.pop((namespace, name), None)
         self._metrics.forget(namespace, name)
 
     def _service_monitor_supported(self) -> bool:
@@ -325,7 +338,8 @@ class Reconciler:
         meta = body["metadata"]
         now = self._clock()
         previous = body.get("status") or {}
-        report = status.compute_status(obs, previous, now)
+        extra = self._extra_conditions.get((meta["namespace"], meta["name"]), ())
+        report = status.compute_status(obs, previous, now, extra)
         written = False
         if _differs(report.status, previous):
             try:

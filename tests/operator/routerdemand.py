@@ -24,7 +24,7 @@ from fleetgate.router.priority.config import PriorityConfig
 def _find(metrics: RouterMetrics, name: str) -> Any | None:
     for holder in (metrics, *(v for v in vars(metrics).values() if hasattr(v, "__dict__"))):
         for value in vars(holder).values():
-            if isinstance(value, Counter | Gauge) and value._name == name:  # noqa: SLF001
+            if isinstance(value, Counter | Gauge) and value._name == name:
                 return value
     return None
 
@@ -36,7 +36,9 @@ class RouterDemand:
         self.metrics = RouterMetrics()
         self.classes = ClassMetrics(self.metrics, PriorityConfig())
         r = self.metrics.registry
-        arrivals = _find(self.metrics, autoscale.ARRIVALS) or _find(self.classes, autoscale.ARRIVALS)
+        arrivals = _find(self.metrics, autoscale.ARRIVALS) or _find(
+            self.classes, autoscale.ARRIVALS
+        )
         self.arrivals = arrivals or Counter(
             autoscale.ARRIVALS, "Requests arriving.", ["model", "class"], registry=r
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from routerdemand import RouterDemand
 
 from fleetgate.operator.autoscale import (
     Demand,
@@ -13,8 +14,6 @@ from fleetgate.operator.autoscale import (
     demand_for,
     parse_router_metrics,
 )
-
-from routerdemand import RouterDemand
 
 MODEL = "m"
 
@@ -60,7 +59,9 @@ def test_router_metrics_parse_into_the_demand_of_one_service() -> None:
     a.arrive("other", 1000)
     b.ttft(MODEL, "critical", met=18, missed=2)
     now = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
-    d = demand_for(now, prev, 10.0, model=MODEL, endpoints=["ns/p1", "ns/p2"], ttft_class="critical")
+    d = demand_for(
+        now, prev, 10.0, model=MODEL, endpoints=["ns/p1", "ns/p2"], ttft_class="critical"
+    )
     assert d.in_flight == 6  # 3 + 1 + 2: the other model's pod is not ours
     assert d.queued == 5
     assert d.held == 2
