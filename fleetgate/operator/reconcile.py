@@ -182,6 +182,18 @@ class Reconciler:
         namespace, name = str(meta["namespace"]), str(meta["name"])
         started = self._monotonic()
         with self._lock(namespace, name):
+            if (body.get("spec") or {}).get("autoscaling"):
+                # The autoscaler writes spec.replicas between watch events: a body queued
+                # before its write would put the old count back on the Deployment (and
+                # the ReplicaSet would add a pod, then remove one that was not drained).
+                try:
+                    fresh = self._api.get(API_VERSION, KIND, namespace, name)
+                except KubeError as e:
+                    log.warning("cannot re-read %s/%s: %s", namespace, name, e)
+                    return None
+                if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+                    return None
+                body = fresh
             outcome = self._reconcile(body)
         self._metrics.duration.observe(max(0.0, self._monotonic() - started))
         result = {

@@ -63,14 +63,18 @@ def crd(k8s_cluster: DevCluster) -> str:
 
 @contextlib.contextmanager
 def operator(
-    cluster: DevCluster, namespace: str, interval: float = 1.0, kubeconfig: Path | None = None
+    cluster: DevCluster,
+    namespace: str,
+    interval: float = 1.0,
+    kubeconfig: Path | None = None,
+    **more_options: Any,
 ) -> Iterator[int]:
     """Run the operator in a thread; yields its metrics/health port; stops it."""
     stop, ready = threading.Event(), threading.Event()
     ports: list[int] = []
     errors: list[BaseException] = []
     options = OperatorOptions(
-        extra_tolerations=(FAKE_NODE_TOLERATION,), reconcile_interval=interval
+        extra_tolerations=(FAKE_NODE_TOLERATION,), reconcile_interval=interval, **more_options
     )
 
     def target() -> None:
@@ -175,6 +179,32 @@ def example(path: str, namespace: str) -> dict[str, Any]:
         ),
         pytest.param({"model": {"uri": "ftp://x"}}, "spec.model.uri", id="uri-pattern"),
         pytest.param({"engine": {"type": "sglang", "image": "i"}}, "Unsupported value", id="enum"),
+        pytest.param(
+            {"autoscaling": {"minReplicas": 3, "maxReplicas": 2, "targetInFlightPerReplica": 4}},
+            "autoscaling.minReplicas must not be greater than autoscaling.maxReplicas",
+            id="autoscaling-min-above-max",
+        ),
+        pytest.param(
+            {"autoscaling": {"minReplicas": 0, "maxReplicas": 0, "targetInFlightPerReplica": 4}},
+            "autoscaling.maxReplicas must be at least 1",
+            id="autoscaling-max-zero",
+        ),
+        pytest.param(
+            {
+                "autoscaling": {
+                    "maxReplicas": 2,
+                    "targetInFlightPerReplica": 4,
+                    "scaleToZeroAfterSeconds": 60,
+                }
+            },
+            "autoscaling.scaleToZeroAfterSeconds needs minReplicas: 0",
+            id="autoscaling-zero-window-without-min-zero",
+        ),
+        pytest.param(
+            {"autoscaling": {"maxReplicas": 2}},
+            "autoscaling needs at least one target",
+            id="autoscaling-no-target",
+        ),
     ],
 )
 def test_api_server_rejects_invalid_specs_with_cel_message(
