@@ -10,7 +10,9 @@ create and delete the kwok pods. We check:
 * demand gone scales down one replica at a time, each time draining first: the
   annotated pod is the one the ReplicaSet removes, and it is not removed while the
   router still reports a request in flight on it;
-* idle scales to zero, and a held request at zero replicas brings one back.
+* idle scales to zero, and a held request at zero replicas brings one back;
+* all of it as a ServiceAccount bound to exactly the operator's ClusterRole
+  (fleetgate/operator/rbac.py), so the role has what autoscaling needs.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import http.server
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from routerdemand import RouterDemand
-from test_k8s import condition, crd, get, isvc, operator, wait_for
+from test_k8s import condition, crd, get, isvc, operator, restricted_kubeconfig, wait_for
 
 from fleetgate_tools.devcluster import DevCluster
 
@@ -96,7 +99,7 @@ def events(cluster: DevCluster, ns: str, reason: str) -> list[str]:
 
 
 def test_autoscaling_up_drain_down_to_zero_and_back(
-    k8s_cluster: DevCluster, k8s_namespace: str, crd: str, router: FakeRouter
+    k8s_cluster: DevCluster, k8s_namespace: str, crd: str, router: FakeRouter, tmp_path: Path
 ) -> None:
     ns, name = k8s_namespace, "auto"
     spec = isvc(
@@ -113,11 +116,15 @@ def test_autoscaling_up_drain_down_to_zero_and_back(
             "drainTimeoutSeconds": 120,
         },
     )
-    with operator(
-        k8s_cluster,
-        ns,
-        autoscale_interval=0.5,
-        router_metrics_urls=(router.url,),
+    with (
+        restricted_kubeconfig(k8s_cluster, ns, tmp_path) as kubeconfig,
+        operator(
+            k8s_cluster,
+            ns,
+            kubeconfig=kubeconfig,
+            autoscale_interval=0.5,
+            router_metrics_urls=(router.url,),
+        ),
     ):
         k8s_cluster.apply(spec)
         wait_for("1 pod", lambda: len(pods(k8s_cluster, ns, name)) == 1)
