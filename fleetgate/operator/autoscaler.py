@@ -196,6 +196,8 @@ class Autoscaler:
                 continue
             for body in bodies:
                 if not (body.get("spec") or {}).get("autoscaling"):
+                    if (body.get("status") or {}).get("autoscaling"):
+                        self._switched_off(body)
                     continue
                 meta = body["metadata"]
                 if meta.get("deletionTimestamp"):
@@ -366,6 +368,30 @@ class Autoscaler:
             self._metrics.autoscale_demand.labels(namespace=ns, name=name, signal=signal).set(value)
         return reason
 
+    def _switched_off(self, body: Mapping[str, Any]) -> None:
+        """``spec.autoscaling`` was removed: undo a drain in progress (a pod left
+        annotated would get no work for good) and drop the autoscaler's status."""
+        meta = body["metadata"]
+        ns, name = str(meta["namespace"]), str(meta["name"])
+        with self._reconciler.lock(ns, name):
+            old = (body.get("status") or {}).get("autoscaling") or {}
+            pod = (old.get("draining") or {}).get("pod")
+            try:
+                if pod:
+                    self._mark(ns, pod, drain=False)
+                conditions = [
+                    dict(c)
+                    for c in (body.get("status") or {}).get("conditions") or ()
+                    if c and c.get("type") != _CONDITION
+                ]
+                self._reconciler.set_extra_conditions(ns, name, ())
+                self._api.patch_status(
+                    API_VERSION, KIND, ns, name, {"autoscaling": None, "conditions": conditions}
+                )
+            except KubeError as e:
+                log.warning("autoscaling switched off for %s/%s: %s", ns, name, e)
+            self._rates.pop((ns, name), None)
+
     def _mark(self, ns: str, pod: str, *, drain: bool) -> None:
         annotations: dict[str, Any] = (
             {ANNOTATION_DRAIN: "true", ANNOTATION_DELETION_COST: VICTIM_COST}
@@ -405,7 +431,7 @@ class Autoscaler:
         }
         if autoscaling is not None:
             patch["autoscaling"] = dict(autoscaling)
-        if previous == cond and autoscaling is not None and _same(old_status, autoscaling):
+        if previous == cond and (autoscaling is None or _same(old_status, autoscaling)):
             return
         self._api.patch_status(API_VERSION, KIND, ns, name, patch)
 

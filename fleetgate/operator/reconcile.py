@@ -131,6 +131,7 @@ class Reconciler:
         self._monotonic = monotonic
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # None (absent): keep what status has (an autoscaler that has not decided yet)
         self._extra_conditions: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
         self._sm_supported: bool | None = None
         self._sm_checked_at = 0.0
@@ -350,7 +351,9 @@ class Reconciler:
         meta = body["metadata"]
         now = self._clock()
         previous = body.get("status") or {}
-        extra = self._extra_conditions.get((meta["namespace"], meta["name"]), ())
+        extra = self._extra_conditions.get((meta["namespace"], meta["name"]))
+        if extra is None and not (body.get("spec") or {}).get("autoscaling"):
+            extra = ()  # not autoscaled (any more): no Autoscaling condition
         report = status.compute_status(obs, previous, now, extra)
         written = False
         if _differs(report.status, previous):

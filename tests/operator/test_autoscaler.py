@@ -201,3 +201,25 @@ def test_test_mode_never_scrapes_off_loopback(
     scaler._fetch = lambda url: seen.append(url) or ""
     scaler.scrape()
     assert seen == [URL]
+
+
+def test_switching_autoscaling_off_mid_drain_undrains_and_drops_the_condition(
+    kube: FakeKube,
+) -> None:
+    scaler, router, clock = _setup(kube, 2)
+    router.set_in_flight({"ns/svc-0": 0, "ns/svc-1": 1})
+    scaler.run_once()
+    assert _annotations(kube, "svc-0")[ANNOTATION_DRAIN] == "true"
+    assert any(c["type"] == "Autoscaling" for c in _svc(kube)["status"]["conditions"])
+    del _svc(kube)["spec"]["autoscaling"]
+    clock.now += 1
+    scaler.run_once()
+    assert _annotations(kube, "svc-0") == {}
+    assert _svc(kube)["spec"]["replicas"] == 2
+    assert not _svc(kube)["status"].get("autoscaling")
+    scaler._reconciler.reconcile_by_name("ns", "svc")
+    assert [c["type"] for c in _svc(kube)["status"]["conditions"]] == [
+        "Ready",
+        "Progressing",
+        "Degraded",
+    ]
