@@ -184,34 +184,37 @@ class Autoscaler:
     def run_once(self) -> int:
         """Scrape once and decide for every autoscaled service; returns how many."""
         now = self._clock()
+        bodies: list[dict[str, Any]] = []
+        for ns in self._namespaces:
+            try:
+                bodies += self._api.list(API_VERSION, KIND, ns, "")
+            except KubeError as e:
+                log.warning("autoscaling: cannot list InferenceServices in %r: %s", ns, e)
+        scaled = [b for b in bodies if (b.get("spec") or {}).get("autoscaling")]
+        for body in bodies:
+            if body not in scaled and (body.get("status") or {}).get("autoscaling"):
+                self._switched_off(body)
+        if not scaled:
+            self._previous = None  # nothing to scale: no scraping either
+            return 0
         snaps = self.scrape()
         previous, elapsed = self._previous, now - self._previous_at
         self._previous, self._previous_at = snaps, now
         done = 0
-        for ns in self._namespaces:
-            try:
-                bodies = self._api.list(API_VERSION, KIND, ns, "")
-            except KubeError as e:
-                log.warning("autoscaling: cannot list InferenceServices in %r: %s", ns, e)
+        for body in scaled:
+            meta = body["metadata"]
+            if meta.get("deletionTimestamp"):
                 continue
-            for body in bodies:
-                if not (body.get("spec") or {}).get("autoscaling"):
-                    if (body.get("status") or {}).get("autoscaling"):
-                        self._switched_off(body)
-                    continue
-                meta = body["metadata"]
-                if meta.get("deletionTimestamp"):
-                    continue
-                key = (str(meta["namespace"]), str(meta["name"]))
-                with self._reconciler.lock(*key):
-                    try:
-                        fresh = self._api.get(API_VERSION, KIND, *key)
-                        if fresh is not None:
-                            self.step(fresh, snaps, previous, elapsed, now)
-                            done += 1
-                    except KubeError as e:
-                        log.warning("autoscaling %s/%s: %s", *key, e)
-                self._reconciler.reconcile_by_name(*key)
+            key = (str(meta["namespace"]), str(meta["name"]))
+            with self._reconciler.lock(*key):
+                try:
+                    fresh = self._api.get(API_VERSION, KIND, *key)
+                    if fresh is not None:
+                        self.step(fresh, snaps, previous, elapsed, now)
+                        done += 1
+                except KubeError as e:
+                    log.warning("autoscaling %s/%s: %s", *key, e)
+            self._reconciler.reconcile_by_name(*key)
         return done
 
     # -- one service ------------------------------------------------------------------

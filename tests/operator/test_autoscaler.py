@@ -223,3 +223,12 @@ def test_switching_autoscaling_off_mid_drain_undrains_and_drops_the_condition(
         "Progressing",
         "Degraded",
     ]
+
+
+def test_no_autoscaled_service_means_no_scraping(kube: FakeKube) -> None:
+    scaler, _, _ = _setup(kube, 1)
+    del _svc(kube)["spec"]["autoscaling"]
+    seen: list[str] = []
+    scaler._fetch = lambda url: seen.append(url) or ""
+    assert scaler.run_once() == 0
+    assert seen == []
