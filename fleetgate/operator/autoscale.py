@@ -46,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 __all__ = [
     "ARRIVALS",
     "DEFAULT_IDLE_SECONDS",
+    "DISPATCHES",
     "HELD",
     "IN_FLIGHT",
     "KV_USAGE",
@@ -70,6 +71,7 @@ IN_FLIGHT = "fleetgate_endpoint_in_flight"  # gauge, {endpoint, engine}
 KV_USAGE = "fleetgate_endpoint_kv_usage"  # gauge, {endpoint, engine}
 QUEUE_DEPTH = "fleetgate_queue_depth"  # gauge, {model, class}
 TTFT_OBJECTIVE = "fleetgate_ttft_objective"  # counter, {model, class, met}
+DISPATCHES = "fleetgate_dispatches"  # counter, {model, class}: the rate's fallback
 
 #: Idle window with ``minReplicas: 0`` when ``scaleToZeroAfterSeconds`` is unset.
 DEFAULT_IDLE_SECONDS = 300
@@ -96,6 +98,9 @@ class RouterSnapshot:
     """model -> cumulative arrivals (all classes)."""
     ttft: Mapping[tuple[str, str, str], float]
     """(model, class, met) -> cumulative requests."""
+    dispatches: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """model -> cumulative dispatches to engines (all classes): the arrival rate of a
+    router that does not export arrivals (resumes count too, so it over-counts a bit)."""
 
 
 def _add(d: dict[str, float], key: str, value: float) -> None:
@@ -110,6 +115,7 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
     held: dict[str, float] = {}
     arrivals: dict[str, float] = {}
     ttft: dict[tuple[str, str, str], float] = {}
+    dispatches: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels, value = s.labels, float(s.value)
@@ -125,10 +131,12 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
                 _add(held, labels["model"], value)
             elif s.name == f"{ARRIVALS}_total" and "model" in labels:
                 _add(arrivals, labels["model"], value)
+            elif s.name == f"{DISPATCHES}_total" and "model" in labels:
+                _add(dispatches, labels["model"], value)
             elif s.name == f"{TTFT_OBJECTIVE}_total" and "model" in labels:
                 key = (labels["model"], labels.get("class", ""), labels.get("met", ""))
                 ttft[key] = ttft.get(key, 0.0) + value
-    return RouterSnapshot(in_flight, kv, queued, held, arrivals, ttft)
+    return RouterSnapshot(in_flight, kv, queued, held, arrivals, ttft, dispatches)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,6 +215,8 @@ def demand_for(
         # a series new on a router we saw before started at 0 since then
         if model in snap.arrivals:
             arrived += _delta(snap.arrivals[model], before.arrivals.get(model, 0.0))
+        elif model in snap.dispatches:
+            arrived += _delta(snap.dispatches[model], before.dispatches.get(model, 0.0))
         if ttft_class is not None:
             for m in ("true", "false"):
                 key = (model, ttft_class, m)

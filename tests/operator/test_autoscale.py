@@ -80,6 +80,18 @@ def test_a_router_restart_resets_only_its_own_counters() -> None:
     assert d.arrival_rate == pytest.approx(1.0)
 
 
+def test_without_arrivals_the_rate_comes_from_dispatches() -> None:
+    """A router that does not export fleetgate_arrivals_total for the model (before the
+    scale-from-zero work) still gives a rate: its dispatches."""
+    a = RouterDemand()
+    prev = {"a": parse_router_metrics(a.text())}
+    a.classes.dispatches.labels(MODEL, "standard").inc(12)
+    now = {"a": parse_router_metrics(a.text())}
+    d = demand_for(now, prev, 4.0, model=MODEL, endpoints=[])
+    assert d.arrival_rate == pytest.approx(3.0)
+    assert not d.idle
+
+
 def test_first_scrape_has_no_rate() -> None:
     a = RouterDemand()
     a.arrive(MODEL, 100)
