@@ -44,7 +44,10 @@ __all__ = [
     "SHORT_NAMES",
     "SINGULAR",
     "VERSION",
+    "AutoscalingSpec",
+    "AutoscalingStatus",
     "Condition",
+    "DrainingReplica",
     "EmptyDirCache",
     "EngineSpec",
     "EnvVar",
@@ -57,12 +60,14 @@ __all__ = [
     "ModelSpec",
     "ParallelismSpec",
     "PvcCache",
+    "Recommendation",
     "RolloutStrategy",
     "RoutingSpec",
     "SchedulingSpec",
     "SecretKeyRef",
     "StorageSpec",
     "Toleration",
+    "TtftObjective",
     "cel",
     "check_name",
 ]
@@ -593,6 +598,102 @@ class MetricsSpec(_Model):
     """Scrape interval."""
 
 
+_AUTOSCALING_RULES: tuple[tuple[str, str], ...] = (
+    (
+        "self.maxReplicas >= 1",
+        "autoscaling.maxReplicas must be at least 1: a service that may never run a "
+        "replica cannot serve (delete it, or set replicas: 0 without autoscaling)",
+    ),
+    (
+        "self.minReplicas <= self.maxReplicas",
+        "autoscaling.minReplicas must not be greater than autoscaling.maxReplicas",
+    ),
+    (
+        "!has(self.scaleToZeroAfterSeconds) || self.minReplicas == 0",
+        "autoscaling.scaleToZeroAfterSeconds needs minReplicas: 0 (with minReplicas >= 1 "
+        "the service never scales to zero)",
+    ),
+    (
+        "has(self.targetInFlightPerReplica) || has(self.targetKvCacheUtilization) || "
+        "has(self.ttftObjective)",
+        "autoscaling needs at least one target: targetInFlightPerReplica, "
+        "targetKvCacheUtilization or ttftObjective",
+    ),
+)
+
+
+class TtftObjective(_Model):
+    """Hold a priority class's TTFT-objective attainment (the router's per-class
+    ``ttftObjectiveMs``): scale up one replica at a time while the share of requests
+    that got their first token within the objective is below ``attainment``."""
+
+    priority_class: LabelValue
+    """The router priority class (e.g. ``critical``) whose attainment is held."""
+    attainment: float = Field(default=0.99, gt=0, lt=1)
+    """Wanted fraction of the class's requests meeting its TTFT objective (0.99 = 99%)."""
+    min_requests: int = Field(default=20, ge=1, le=100_000)
+    """Requests of the class needed in one decision window before attainment counts
+    (a handful of requests is no evidence)."""
+
+
+class AutoscalingSpec(_Model):
+    """Scale the replicas on the demand the fleetgate routers see (docs/deploy.md
+    "Autoscaling"). While set, the operator owns ``spec.replicas`` (it writes it through
+    the scale subresource, like an HPA does); leave it unset to scale by hand or with
+    an HPA/KEDA on the scale subresource instead."""
+
+    model_config = ConfigDict(json_schema_extra=cel(*_AUTOSCALING_RULES))
+
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    """Fewest replicas. 0 allows scale to zero after ``scaleToZeroAfterSeconds`` idle;
+    the routers hold requests meanwhile and the first one scales the service to 1."""
+    max_replicas: int = Field(le=1000)
+    """Most replicas (at least 1)."""
+    target_in_flight_per_replica: float | None = Field(default=None, gt=0, le=100_000)
+    """Requests per replica to hold: in flight on the engines plus queued and held in
+    the routers for this model, divided by replicas. Size it from the concurrency at
+    which one engine still meets your latency (e.g. its max batch for short chats)."""
+    target_kv_cache_utilization: float | None = Field(default=None, gt=0, le=1)
+    """Mean KV-cache fraction in use over the ready replicas to hold (e.g. 0.7): above
+    it, engines start to queue and preempt."""
+    ttft_objective: TtftObjective | None = None
+    """Hold a priority class's TTFT-objective attainment (reacts after misses; pair it
+    with one of the two targets above, which act before)."""
+    scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600)
+    """Scale up only to the lowest recommendation of this window (0: at once)."""
+    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=86_400)
+    """Scale down only to the highest recommendation of this window, so a short lull
+    does not remove a replica that the next burst needs (and pays a cold start for)."""
+    scale_to_zero_after_seconds: int | None = Field(default=None, ge=1, le=604_800)
+    """With ``minReplicas: 0``: scale to zero after this long without any request (none
+    arriving, in flight, queued or held). Unset with ``minReplicas: 0``: 300."""
+    cold_start_seconds: int | None = Field(default=None, ge=1, le=86_400)
+    """How long a new replica takes to become Ready; scale-up plans this far ahead on
+    the arrival trend. Unset: the longest start measured on this service's pods
+    (``status.autoscaling.measuredColdStartSeconds``), else ``startupBudgetSeconds``."""
+    drain_timeout_seconds: int = Field(default=600, ge=0, le=86_400)
+    """Scale-down drains one replica first (routers send it no new work); it is removed
+    when the routers report nothing in flight on it, or after this long."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AutoscalingSpec:
+        if self.max_replicas < 1:
+            raise ValueError(_AUTOSCALING_RULES[0][1])
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"{_AUTOSCALING_RULES[1][1]} ({self.min_replicas} > {self.max_replicas})"
+            )
+        if self.scale_to_zero_after_seconds is not None and self.min_replicas != 0:
+            raise ValueError(_AUTOSCALING_RULES[2][1])
+        if (
+            self.target_in_flight_per_replica is None
+            and self.target_kv_cache_utilization is None
+            and self.ttft_objective is None
+        ):
+            raise ValueError(_AUTOSCALING_RULES[3][1])
+        return self
+
+
 class InferenceServiceSpec(_Model):
     """Desired state of one served model on one engine type."""
 
@@ -622,7 +723,11 @@ class InferenceServiceSpec(_Model):
     gpu: GpuSpec = Field(default_factory=GpuSpec, json_schema_extra=_default_of(GpuSpec))
     """GPUs per replica and which GPU model."""
     replicas: int = Field(default=1, ge=0, le=1000)
-    """Number of engine replicas (also the scale subresource)."""
+    """Number of engine replicas (also the scale subresource). With ``autoscaling`` set
+    the operator writes it; a change by hand lasts until the next decision."""
+    autoscaling: AutoscalingSpec | None = None
+    """Scale ``replicas`` on the routers' demand (unset: replicas are fixed, or set by
+    an HPA/KEDA through the scale subresource)."""
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec, json_schema_extra=_default_of(SchedulingSpec)
     )
@@ -680,6 +785,48 @@ class Condition(_Model):
     """metadata.generation this condition was computed for."""
 
 
+class DrainingReplica(_Model):
+    """The replica being drained before a scale-down removes it."""
+
+    pod: str
+    """Pod name (annotated ``fleetgate.dev/drain: "true"``)."""
+    since: str
+    """When draining started (RFC 3339)."""
+
+
+class Recommendation(_Model):
+    """A change point of the raw replica recommendation."""
+
+    time: str
+    """When the recommendation took this value (RFC 3339)."""
+    replicas: int
+    """Recommended replicas from then until the next entry."""
+
+
+class AutoscalingStatus(_Model):
+    """The autoscaler's memory: kept here so a restarted operator neither forgets its
+    stabilisation windows nor flaps."""
+
+    desired_replicas: int | None = None
+    """Replicas the last decision asked for."""
+    reason: str | None = None
+    """Why (e.g. ``ScaledUp: in-flight 14.2/replica > target 4``)."""
+    last_scale_time: str | None = None
+    """When replicas last changed by a decision (RFC 3339)."""
+    recommendations: list[Recommendation] = Field(default_factory=list)
+    """Change points of the raw recommendation within the stabilisation windows."""
+    idle_since: str | None = None
+    """Since when no request arrived, ran, queued or was held (RFC 3339)."""
+    draining: DrainingReplica | None = None
+    """The replica being drained for a scale-down, if any."""
+    cold_start_seconds: float | None = None
+    """The cold start the decision plans with."""
+    measured_cold_start_seconds: float | None = None
+    """Longest creation-to-Ready time measured on this service's pods."""
+    demand: dict[str, float] = Field(default_factory=dict)
+    """The demand of the last decision (inFlight, queued, held, arrivalRate, ...)."""
+
+
 class InferenceServiceStatus(_Model):
     """Observed state, written by the operator only."""
 
@@ -703,6 +850,8 @@ class InferenceServiceStatus(_Model):
     """The model name clients send."""
     engine: str | None = None
     """Engine type serving the model."""
+    autoscaling: AutoscalingStatus | None = None
+    """State of ``spec.autoscaling`` decisions."""
 
 
 class InferenceService(_Model):

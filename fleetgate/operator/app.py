@@ -37,6 +37,7 @@ from urllib3.exceptions import InsecureRequestWarning
 
 from fleetgate.api.crd import crd_name
 from fleetgate.api.v1alpha1 import GROUP, KIND, VERSION
+from fleetgate.operator.autoscaler import Autoscaler
 from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import DynamicKubeApi, KubeApi, KubeError, NotFound
 from fleetgate.operator.metrics import OperatorMetrics
@@ -207,6 +208,14 @@ def run(
             daemon=True,
         )
         resync.start()
+        autoscaler = threading.Thread(
+            target=Autoscaler(
+                api, reconciler, options, metrics, tuple(namespaces), resync_stop
+            ).run,
+            name="operator-autoscaler",
+            daemon=True,
+        )
+        autoscaler.start()
         try:
             kopf.run(
                 registry=registry,
@@ -221,6 +230,7 @@ def run(
             healthy.clear()
             resync_stop.set()
             resync.join(timeout=30)
+            autoscaler.join(timeout=30)
             started.stop()
             server.shutdown()
             server.server_close()

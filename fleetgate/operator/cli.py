@@ -48,6 +48,32 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         help=f"add a toleration to every engine pod (test clusters; also ${ENV_EXTRA_TOLERATIONS})",
     )
     parser.add_argument("--cluster-domain", default="cluster.local", help="for status.url")
+    parser.add_argument(
+        "--autoscale-interval",
+        type=float,
+        default=15.0,
+        help="seconds between autoscaling decisions (default 15)",
+    )
+    parser.add_argument(
+        "--router-selector",
+        default="app.kubernetes.io/component=router",
+        help="label selector of the router pods whose /metrics carry the demand",
+    )
+    parser.add_argument(
+        "--router-namespace",
+        default=None,
+        help="namespace of the router pods (default: the watched namespaces)",
+    )
+    parser.add_argument(
+        "--router-metrics-port", type=int, default=8080, help="port of the routers' /metrics"
+    )
+    parser.add_argument(
+        "--router-metrics-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a fixed router /metrics URL instead of finding router pods (repeatable)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -55,6 +81,10 @@ def options_from(args: argparse.Namespace, environ: dict[str, str]) -> OperatorO
     """Options from flags and environment, or a :class:`CliError`."""
     if args.interval <= 0:
         raise CliError(f"--interval must be > 0, got {args.interval}")
+    if args.autoscale_interval <= 0:
+        raise CliError(f"--autoscale-interval must be > 0, got {args.autoscale_interval}")
+    if not 1 <= args.router_metrics_port <= 65535:
+        raise CliError(f"--router-metrics-port must be 1-65535, got {args.router_metrics_port}")
     if not 0 <= args.metrics_port <= 65535:
         raise CliError(f"--metrics-port must be 0-65535, got {args.metrics_port}")
     try:
@@ -67,6 +97,11 @@ def options_from(args: argparse.Namespace, environ: dict[str, str]) -> OperatorO
         extra_tolerations=tolerations,
         reconcile_interval=args.interval,
         cluster_domain=args.cluster_domain,
+        autoscale_interval=args.autoscale_interval,
+        router_selector=args.router_selector,
+        router_namespace=args.router_namespace,
+        router_metrics_port=args.router_metrics_port,
+        router_metrics_urls=tuple(args.router_metrics_url),
     )
 
 

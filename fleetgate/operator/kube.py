@@ -98,6 +98,18 @@ class KubeApi(Protocol):
         """Create (used for Events, whose names are generated)."""
         ...
 
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> None:
+        """JSON merge patch of an object or one of its subresources (e.g. ``scale``)."""
+        ...
+
     def kind_exists(self, api_version: str, kind: str) -> bool:
         """True when the API server serves this kind (e.g. ServiceMonitor)."""
         ...
@@ -219,6 +231,28 @@ class DynamicKubeApi:
         except ApiException as e:
             raise translate(e) from e
         return dict(created.to_dict())
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> None:
+        resource = self._resource(api_version, kind)
+        target = resource.subresources[subresource] if subresource else resource
+        try:
+            self._client().patch(
+                target,
+                body=dict(body),
+                name=name,
+                namespace=namespace,
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as e:
+            raise translate(e) from e
 
     def kind_exists(self, api_version: str, kind: str) -> bool:
         try:

@@ -10,6 +10,11 @@ process-global default registry: tests build fresh ones).
 * ``fleetgate_operator_writes_total{kind}``: server-side applies actually sent
   (the level-based loop must not write when nothing changed).
 * ``fleetgate_operator_replicas_ready{namespace,name}``: ready engine replicas.
+* ``fleetgate_operator_autoscale_desired_replicas{namespace,name}``: the last decision.
+* ``fleetgate_operator_autoscale_demand{namespace,name,signal}``: the demand it saw
+  (signal: inFlight, queued, held, arrivalRate, kvCacheUtilization, ttftAttainment).
+* ``fleetgate_operator_autoscale_decisions_total{namespace,name,direction}``: scales.
+* ``fleetgate_operator_autoscale_scrape_errors_total``: router /metrics not read.
 """
 
 from __future__ import annotations
@@ -53,9 +58,38 @@ class OperatorMetrics:
             registry=self.registry,
         )
 
+        self.autoscale_desired = Gauge(
+            "fleetgate_operator_autoscale_desired_replicas",
+            "Replicas the last autoscaling decision asked for.",
+            ["namespace", "name"],
+            registry=self.registry,
+        )
+        self.autoscale_demand = Gauge(
+            "fleetgate_operator_autoscale_demand",
+            "Demand the last autoscaling decision saw, summed over the routers.",
+            ["namespace", "name", "signal"],
+            registry=self.registry,
+        )
+        self.autoscale_decisions = Counter(
+            "fleetgate_operator_autoscale_decisions",
+            "Replica changes made by the autoscaler, by direction (up, down).",
+            ["namespace", "name", "direction"],
+            registry=self.registry,
+        )
+        self.autoscale_scrape_errors = Counter(
+            "fleetgate_operator_autoscale_scrape_errors",
+            "Router /metrics scrapes that failed (unreachable or unparsable).",
+            registry=self.registry,
+        )
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop the per-service series of a deleted InferenceService."""
-        try:
-            self.replicas_ready.remove(namespace, name)
-        except KeyError:
-            pass
+        for gauge in (self.replicas_ready, self.autoscale_desired):
+            try:
+                gauge.remove(namespace, name)
+            except KeyError:
+                pass
+        for family in (self.autoscale_demand, self.autoscale_decisions):
+            for labels in list(family._metrics):
+                if labels[:2] == (namespace, name):
+                    family.remove(*labels)

@@ -47,6 +47,17 @@ class OperatorOptions:
     cluster_domain: str = "cluster.local"
     """DNS suffix used in status.url."""
     field_manager: str = FIELD_MANAGER
+    autoscale_interval: float = 15.0
+    """Seconds between autoscaling decisions (one scrape of every router per tick)."""
+    router_selector: str = "app.kubernetes.io/component=router"
+    """Label selector of the router pods whose /metrics carry the demand."""
+    router_namespace: str | None = None
+    """Namespace of the router pods (None: the namespaces the operator watches)."""
+    router_metrics_port: int = 8080
+    """Port of the routers' /metrics (the router serves it on its API port)."""
+    router_metrics_urls: tuple[str, ...] = ()
+    """Fixed router /metrics URLs instead of finding router pods (tests, or routers
+    outside the cluster)."""
 
 
 def _one_toleration(text: str) -> dict[str, Any]:

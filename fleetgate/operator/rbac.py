@@ -28,6 +28,8 @@ CLUSTER_ROLE_RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
+    # autoscaling: the decision is written to spec.replicas the way an HPA writes it
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/scale"], "verbs": ["patch"]},
     # children: watched (drift) and server-side applied
     {
         "apiGroups": ["apps"],
@@ -52,8 +54,10 @@ CLUSTER_ROLE_RULES: tuple[dict[str, Any], ...] = (
         "resources": ["servicemonitors"],
         "verbs": ["get", "create", "patch", "delete"],
     },
-    # status: diagnose engine pods (unschedulable, image pull, crash loop)
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    # status: diagnose engine pods (unschedulable, image pull, crash loop); autoscaling:
+    # find router pods, annotate the replica to drain (fleetgate.dev/drain and
+    # controller.kubernetes.io/pod-deletion-cost) before a scale-down
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
     # one Event per status transition
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )

@@ -131,6 +131,8 @@ class Reconciler:
         self._monotonic = monotonic
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # None (absent): keep what status has (an autoscaler that has not decided yet)
+        self._extra_conditions: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
         self._sm_supported: bool | None = None
         self._sm_checked_at = 0.0
 
@@ -138,10 +140,22 @@ class Reconciler:
         with self._locks_guard:
             return self._locks.setdefault((namespace, name), threading.Lock())
 
+    def lock(self, namespace: str, name: str) -> threading.Lock:
+        """The lock one service's reconciles and autoscaling decisions share."""
+        return self._lock(namespace, name)
+
+    def set_extra_conditions(
+        self, namespace: str, name: str, conditions: tuple[dict[str, Any], ...]
+    ) -> None:
+        """Conditions owned elsewhere (the autoscaler's) that every status write keeps,
+        even when the body a reconcile got predates them."""
+        self._extra_conditions[(namespace, name)] = conditions
+
     def forget(self, namespace: str, name: str) -> None:
         """The InferenceService is gone: drop its lock and metrics series."""
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
+        self._extra_conditions.pop((namespace, name), None)
         self._metrics.forget(namespace, name)
 
     def _service_monitor_supported(self) -> bool:
@@ -169,6 +183,18 @@ class Reconciler:
         namespace, name = str(meta["namespace"]), str(meta["name"])
         started = self._monotonic()
         with self._lock(namespace, name):
+            if (body.get("spec") or {}).get("autoscaling"):
+                # The autoscaler writes spec.replicas between watch events: a body queued
+                # before its write would put the old count back on the Deployment (and
+                # the ReplicaSet would add a pod, then remove one that was not drained).
+                try:
+                    fresh = self._api.get(API_VERSION, KIND, namespace, name)
+                except KubeError as e:
+                    log.warning("cannot re-read %s/%s: %s", namespace, name, e)
+                    return None
+                if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+                    return None
+                body = fresh
             outcome = self._reconcile(body)
         self._metrics.duration.observe(max(0.0, self._monotonic() - started))
         result = {
@@ -325,7 +351,10 @@ class Reconciler:
         meta = body["metadata"]
         now = self._clock()
         previous = body.get("status") or {}
-        report = status.compute_status(obs, previous, now)
+        extra = self._extra_conditions.get((meta["namespace"], meta["name"]))
+        if extra is None and not (body.get("spec") or {}).get("autoscaling"):
+            extra = ()  # not autoscaled (any more): no Autoscaling condition
+        report = status.compute_status(obs, previous, now, extra)
         written = False
         if _differs(report.status, previous):
             try:

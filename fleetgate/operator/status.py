@@ -253,8 +253,13 @@ def compute_status(
     obs: Observation,
     previous_status: Mapping[str, Any] | None,
     now: dt.datetime,
+    extra_conditions: Sequence[Mapping[str, Any]] | None = None,
 ) -> StatusReport:
-    """The new status and the condition transitions since ``previous_status``."""
+    """The new status and the condition transitions since ``previous_status``.
+
+    ``extra_conditions`` (the autoscaler's ``Autoscaling``) follow the three owned
+    here; None keeps the conditions of other types that ``previous_status`` has.
+    """
     reason, message, counts = _pick(obs)
     previous = {str(c.get("type")): c for c in (previous_status or {}).get("conditions") or () if c}
     stamp = format_time(now)
@@ -282,9 +287,15 @@ def compute_status(
             stamp,
         ),
     ]
+    owned = {"Ready", "Progressing", "Degraded"}
+    extra = (
+        [dict(c) for c in extra_conditions]
+        if extra_conditions is not None
+        else [dict(c) for t, c in previous.items() if t not in owned]
+    )
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
-        "conditions": conditions,
+        "conditions": [*conditions, *extra],
         **counts,
     }
     for key, value in (

@@ -87,13 +87,16 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
     try:
         # operator, watching one namespace, with one small vLLM service to reconcile
         k8s_cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-        op_port = _free_port()
+        op_port, router_port = _free_port(), _free_port()
         procs.start(
             "operator",
             [*fg, "operator", "--kubeconfig", str(k8s_cluster.kubeconfig),
              "--namespace", k8s_namespace, "--metrics-host", "127.0.0.1",
              "--metrics-port", str(op_port), "--interval", "2",
-             "--extra-toleration", "kwok.x-k8s.io/node=fake:NoSchedule"],
+             "--extra-toleration", "kwok.x-k8s.io/node=fake:NoSchedule",
+             # the autoscaling panels: the operator reads the router's demand
+             "--autoscale-interval", "1",
+             "--router-metrics-url", f"http://127.0.0.1:{router_port}/metrics"],
         )  # fmt: skip
         isvc = {
             "apiVersion": "fleetgate.dev/v1alpha1",
@@ -104,6 +107,8 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
                 "engine": {"type": "vllm", "image": "vllm/vllm-openai:v0.32.0"},
                 "gpu": {"count": 1},
                 "replicas": 1,
+                # min = max: the decision and its demand are exported, replicas stay 1
+                "autoscaling": {"minReplicas": 1, "maxReplicas": 1, "targetInFlightPerReplica": 4},
             },
         }
         k8s_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(isvc))
@@ -128,7 +133,6 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
                 break
             time.sleep(0.2)
         assert len(engines) == 3, procs.tail()
-        router_port = _free_port()
         (tmp_path / "router.yaml").write_text("priority: {}\n")  # the chart's default classes
         procs.start(
             "router",

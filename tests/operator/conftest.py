@@ -44,7 +44,9 @@ class FakeKube:
         return copy.deepcopy(stored)
 
     def writes(self) -> list[tuple[str, str, str]]:
-        return [c for c in self.calls if c[0] in {"apply", "delete", "patch_status", "create"}]
+        return [
+            c for c in self.calls if c[0] in {"apply", "delete", "patch_status", "create", "patch"}
+        ]
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [o for (k, _, _), o in self.objects.items() if k == kind]
@@ -105,6 +107,29 @@ class FakeKube:
         new = copy.deepcopy(dict(obj))
         new["metadata"]["name"] = new["metadata"].pop("generateName", "") + str(next(self._rv))
         return self.put(new)
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        body: Mapping[str, Any],
+        subresource: str | None = None,
+    ) -> None:
+        self.calls.append(("patch", f"{kind}/{subresource}" if subresource else kind, name))
+        obj = self.objects[(kind, namespace, name)]
+
+        def merge(into: dict[str, Any], patch: Mapping[str, Any]) -> None:
+            for key, value in patch.items():
+                if value is None:
+                    into.pop(key, None)
+                elif isinstance(value, Mapping) and isinstance(into.get(key), dict):
+                    merge(into[key], value)
+                else:
+                    into[key] = copy.deepcopy(value)
+
+        merge(obj, body)
 
     def kind_exists(self, api_version: str, kind: str) -> bool:
         self.calls.append(("kind_exists", kind, ""))

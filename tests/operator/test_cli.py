@@ -181,7 +181,9 @@ def test_cluster_role_lists_what_the_operator_touches() -> None:
     assert grants[("apps", "deployments")] >= {"create", "patch", "watch"}
     assert "delete" not in grants[("apps", "deployments")], "children go by garbage collection"
     assert grants[("", "events")] == {"create"}
-    assert grants[("", "pods")] == {"list"}
+    # autoscaling: drain annotations on engine pods, replicas through the scale subresource
+    assert grants[("", "pods")] == {"list", "patch"}
+    assert grants[("fleetgate.dev", "inferenceservices/scale")] == {"patch"}
     assert not any("*" in verbs or "*" in resource for (_, resource), verbs in grants.items())
     assert ("", "secrets") not in grants
 

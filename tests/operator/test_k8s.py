@@ -63,14 +63,18 @@ def crd(k8s_cluster: DevCluster) -> str:
 
 @contextlib.contextmanager
 def operator(
-    cluster: DevCluster, namespace: str, interval: float = 1.0, kubeconfig: Path | None = None
+    cluster: DevCluster,
+    namespace: str,
+    interval: float = 1.0,
+    kubeconfig: Path | None = None,
+    **more_options: Any,
 ) -> Iterator[int]:
     """Run the operator in a thread; yields its metrics/health port; stops it."""
     stop, ready = threading.Event(), threading.Event()
     ports: list[int] = []
     errors: list[BaseException] = []
     options = OperatorOptions(
-        extra_tolerations=(FAKE_NODE_TOLERATION,), reconcile_interval=interval
+        extra_tolerations=(FAKE_NODE_TOLERATION,), reconcile_interval=interval, **more_options
     )
 
     def target() -> None:
@@ -175,6 +179,32 @@ def example(path: str, namespace: str) -> dict[str, Any]:
         ),
         pytest.param({"model": {"uri": "ftp://x"}}, "spec.model.uri", id="uri-pattern"),
         pytest.param({"engine": {"type": "sglang", "image": "i"}}, "Unsupported value", id="enum"),
+        pytest.param(
+            {"autoscaling": {"minReplicas": 3, "maxReplicas": 2, "targetInFlightPerReplica": 4}},
+            "autoscaling.minReplicas must not be greater than autoscaling.maxReplicas",
+            id="autoscaling-min-above-max",
+        ),
+        pytest.param(
+            {"autoscaling": {"minReplicas": 0, "maxReplicas": 0, "targetInFlightPerReplica": 4}},
+            "autoscaling.maxReplicas must be at least 1",
+            id="autoscaling-max-zero",
+        ),
+        pytest.param(
+            {
+                "autoscaling": {
+                    "maxReplicas": 2,
+                    "targetInFlightPerReplica": 4,
+                    "scaleToZeroAfterSeconds": 60,
+                }
+            },
+            "autoscaling.scaleToZeroAfterSeconds needs minReplicas: 0",
+            id="autoscaling-zero-window-without-min-zero",
+        ),
+        pytest.param(
+            {"autoscaling": {"maxReplicas": 2}},
+            "autoscaling needs at least one target",
+            id="autoscaling-no-target",
+        ),
     ],
 )
 def test_api_server_rejects_invalid_specs_with_cel_message(
@@ -427,16 +457,11 @@ def test_rollout_drift_restart_and_deletion(
         )
 
 
-def test_operator_works_with_exactly_its_cluster_role(
-    k8s_cluster: DevCluster,
-    k8s_namespace: str,
-    crd: str,
-    tmp_path: Path,
-) -> None:
-    """Least privilege, checked: run as a ServiceAccount bound to rbac.CLUSTER_ROLE_RULES."""
-    ns = k8s_namespace
+@contextlib.contextmanager
+def restricted_kubeconfig(cluster: DevCluster, ns: str, tmp_path: Path) -> Iterator[Path]:
+    """A kubeconfig whose user is a ServiceAccount bound to exactly rbac.CLUSTER_ROLE_RULES."""
     role_name = f"fleetgate-operator-{ns}"
-    k8s_cluster.kubectl("-n", ns, "create", "serviceaccount", "fleetgate-operator")
+    cluster.kubectl("-n", ns, "create", "serviceaccount", "fleetgate-operator")
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
@@ -448,21 +473,35 @@ def test_operator_works_with_exactly_its_cluster_role(
         },
         "subjects": [{"kind": "ServiceAccount", "name": "fleetgate-operator", "namespace": ns}],
     }
-    k8s_cluster.apply(rbac.cluster_role(role_name), binding)
+    cluster.apply(rbac.cluster_role(role_name), binding)
     try:
-        token = k8s_cluster.kubectl(
+        token = cluster.kubectl(
             "-n", ns, "create", "token", "fleetgate-operator", "--duration=1h"
         ).stdout.strip()
-        config = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
+        config = yaml.safe_load(cluster.kubeconfig.read_text())
         for user in config["users"]:
             user["user"] = {"token": token}
         restricted = tmp_path / "operator.kubeconfig"
         restricted.write_text(yaml.safe_dump(config))
-        denied = k8s_cluster.kubectl(
+        denied = cluster.kubectl(
             f"--kubeconfig={restricted}", "-n", ns, "get", "secrets", check=False
         )
         assert denied.returncode != 0 and "forbidden" in denied.stderr, "the token is restricted"
+        yield restricted
+    finally:
+        cluster.kubectl("delete", "clusterrolebinding", role_name, check=False)
+        cluster.kubectl("delete", "clusterrole", role_name, check=False)
 
+
+def test_operator_works_with_exactly_its_cluster_role(
+    k8s_cluster: DevCluster,
+    k8s_namespace: str,
+    crd: str,
+    tmp_path: Path,
+) -> None:
+    """Least privilege, checked: run as a ServiceAccount bound to rbac.CLUSTER_ROLE_RULES."""
+    ns = k8s_namespace
+    with restricted_kubeconfig(k8s_cluster, ns, tmp_path) as restricted:
         trt = isvc("trt", ns, engine={"type": "tensorrt-llm", "image": "t:1.0.0"})
         with operator(k8s_cluster, ns, kubeconfig=restricted):
             k8s_cluster.apply(trt)
@@ -482,9 +521,6 @@ def test_operator_works_with_exactly_its_cluster_role(
                 "-n", ns, "get", "events", "--field-selector", "involvedObject.name=trt"
             )["items"]
             assert events, "Events are posted with the role's create permission"
-    finally:
-        k8s_cluster.kubectl("delete", "clusterrolebinding", role_name, check=False)
-        k8s_cluster.kubectl("delete", "clusterrole", role_name, check=False)
 
 
 SERVICE_MONITOR_CRD: dict[str, Any] = {

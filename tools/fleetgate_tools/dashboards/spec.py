@@ -321,6 +321,36 @@ OPERATOR = DashboardSpec(
                 ),
             ),
         ),
+        PanelSpec(
+            "Autoscaling: desired vs ready replicas",
+            "short",
+            (
+                Query(
+                    'fleetgate_operator_autoscale_desired_replicas{namespace=~"$namespace"}',
+                    "desired {{namespace}}/{{name}}",
+                ),
+                Query(
+                    'fleetgate_operator_replicas_ready{namespace=~"$namespace"}'
+                    " and on (namespace, name) fleetgate_operator_autoscale_desired_replicas",
+                    "ready {{namespace}}/{{name}}",
+                ),
+            ),
+            description="What the last autoscaling decision asked for (spec.autoscaling) "
+            "and what is ready; the reason is in the Autoscaling condition and the Events.",
+        ),
+        PanelSpec(
+            "Autoscaling: demand seen (summed over routers)",
+            "short",
+            (
+                Query(
+                    "fleetgate_operator_autoscale_demand{"
+                    'namespace=~"$namespace", signal=~"inFlight|queued|held"}',
+                    "{{signal}} {{namespace}}/{{name}}",
+                ),
+            ),
+            description="Requests in flight on the engines, queued and held in the "
+            "routers, as the autoscaler read them from the routers' /metrics.",
+        ),
     ),
 )
 

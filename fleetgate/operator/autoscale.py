@@ -1,0 +1,432 @@
+"""The autoscaling decision for one ``InferenceService``: pure, time injected.
+
+Inputs: the demand the routers report (parsed from their ``/metrics`` text by
+:func:`parse_router_metrics`, combined over router replicas by :func:`demand_for`),
+the replicas the service has, its policy (``spec.autoscaling``) and the state of the
+previous decision (kept in ``status.autoscaling`` so a restarted operator remembers
+its windows). Output: a :class:`Decision` (desired replicas, a reason a person can
+read, the next state).
+
+How the recommendation is formed (docs/operator.md "Autoscaling decision"):
+
+* **in flight**: ``load = in flight on the engines + queued + held in the routers``
+  for this model; ``ceil(load_forecast / targetInFlightPerReplica)``, where
+  ``load_forecast`` scales ``load`` by the arrival rate forecast at
+  ``now + coldStart`` over the rate now (least-squares trend of the recent rates,
+  only upwards, at most x2): a ramp is met by replicas that are Ready when it
+  arrives, not after the queue has built;
+* **KV cache**: HPA's ratio, ``ceil(ready * meanKvUsage / target)``;
+* **TTFT attainment**: one more replica while a class misses its attainment over
+  the last decision interval (a reaction, so it only ever adds);
+* **held at zero**: a request held by a router while the service has no replica
+  recommends 1 at once, bypassing the scale-up window;
+* **idle**: with ``minReplicas: 0``, nothing arriving, running, queued or held for
+  ``scaleToZeroAfterSeconds`` recommends 0.
+
+Stabilisation is HPA's: a scale-up goes to the lowest recommendation of the
+scale-up window, a scale-down to the highest of the scale-down window, so a
+flapping signal does not flap the replicas.
+
+Demand sums: each request is counted by the one router that received it
+(arrivals, queue, held, in flight are per router), so summing over routers never
+counts a request twice; KV usage is a property of the engine that every router
+scrapes, so it is the max per endpoint, not a sum.
+
+Pure: no I/O; the clock is an argument (epoch seconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = [
+    "ARRIVALS",
+    "DEFAULT_IDLE_SECONDS",
+    "DISPATCHES",
+    "HELD",
+    "IN_FLIGHT",
+    "KV_USAGE",
+    "QUEUE_DEPTH",
+    "TTFT_OBJECTIVE",
+    "Decision",
+    "Demand",
+    "Policy",
+    "RouterSnapshot",
+    "State",
+    "choose_victim",
+    "decide",
+    "demand_for",
+    "parse_router_metrics",
+]
+
+# The router's metric names (fleetgate/router/metrics.py; the operator may not import
+# the router, so tests render these with RouterMetrics to keep them from drifting).
+ARRIVALS = "fleetgate_arrivals"  # counter, {model, class}; exposed as ..._total
+HELD = "fleetgate_held_requests"  # gauge, {model}
+IN_FLIGHT = "fleetgate_endpoint_in_flight"  # gauge, {endpoint, engine}
+KV_USAGE = "fleetgate_endpoint_kv_usage"  # gauge, {endpoint, engine}
+QUEUE_DEPTH = "fleetgate_queue_depth"  # gauge, {model, class}
+TTFT_OBJECTIVE = "fleetgate_ttft_objective"  # counter, {model, class, met}
+DISPATCHES = "fleetgate_dispatches"  # counter, {model, class}: the rate's fallback
+
+#: Idle window with ``minReplicas: 0`` when ``scaleToZeroAfterSeconds`` is unset.
+DEFAULT_IDLE_SECONDS = 300
+#: The arrival forecast may at most double the current load (a trend over a few
+#: samples extrapolated over a long cold start must not ask for the whole cluster).
+MAX_FORECAST_GROWTH = 2.0
+#: Rate samples older than this many seconds (or cold starts, if longer) leave the trend.
+TREND_WINDOW_SECONDS = 60.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RouterSnapshot:
+    """What one router's ``/metrics`` said about demand."""
+
+    in_flight: Mapping[str, float]
+    """endpoint id -> requests in flight from this router."""
+    kv_usage: Mapping[str, float]
+    """endpoint id -> KV-cache fraction in use."""
+    queued: Mapping[str, float]
+    """model -> requests in the admission queue (all classes)."""
+    held: Mapping[str, float]
+    """model -> requests held for want of a ready endpoint."""
+    arrivals: Mapping[str, float]
+    """model -> cumulative arrivals (all classes)."""
+    ttft: Mapping[tuple[str, str, str], float]
+    """(model, class, met) -> cumulative requests."""
+    dispatches: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """model -> cumulative dispatches to engines (all classes): the arrival rate of a
+    router that does not export arrivals (resumes count too, so it over-counts a bit)."""
+
+
+def _add(d: dict[str, float], key: str, value: float) -> None:
+    d[key] = d.get(key, 0.0) + value
+
+
+def parse_router_metrics(text: str) -> RouterSnapshot:
+    """The demand series of one router's exposition; ValueError on unparsable text."""
+    in_flight: dict[str, float] = {}
+    kv: dict[str, float] = {}
+    queued: dict[str, float] = {}
+    held: dict[str, float] = {}
+    arrivals: dict[str, float] = {}
+    ttft: dict[tuple[str, str, str], float] = {}
+    dispatches: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels, value = s.labels, float(s.value)
+            if math.isnan(value):
+                continue
+            if s.name == IN_FLIGHT and "endpoint" in labels:
+                _add(in_flight, labels["endpoint"], value)
+            elif s.name == KV_USAGE and "endpoint" in labels:
+                kv[labels["endpoint"]] = max(kv.get(labels["endpoint"], 0.0), value)
+            elif s.name == QUEUE_DEPTH and "model" in labels:
+                _add(queued, labels["model"], value)
+            elif s.name == HELD and "model" in labels:
+                _add(held, labels["model"], value)
+            elif s.name == f"{ARRIVALS}_total" and "model" in labels:
+                _add(arrivals, labels["model"], value)
+            elif s.name == f"{DISPATCHES}_total" and "model" in labels:
+                _add(dispatches, labels["model"], value)
+            elif s.name == f"{TTFT_OBJECTIVE}_total" and "model" in labels:
+                key = (labels["model"], labels.get("class", ""), labels.get("met", ""))
+                ttft[key] = ttft.get(key, 0.0) + value
+    return RouterSnapshot(in_flight, kv, queued, held, arrivals, ttft, dispatches)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Demand:
+    """One service's demand at one tick, combined over the routers."""
+
+    in_flight: float = 0.0
+    queued: float = 0.0
+    held: float = 0.0
+    arrival_rate: float | None = None
+    """Requests per second since the previous scrape (None on the first scrape)."""
+    kv_usage: float | None = None
+    """Mean KV usage over the service's endpoints the routers know (None: unknown)."""
+    ttft_met: float = 0.0
+    ttft_total: float = 0.0
+    """The objective class's requests since the previous scrape (met / all)."""
+    in_flight_by_endpoint: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def load(self) -> float:
+        return self.in_flight + self.queued + self.held
+
+    @property
+    def idle(self) -> bool:
+        return self.load == 0 and not self.arrival_rate
+
+    def as_status(self) -> dict[str, float]:
+        out = {"inFlight": self.in_flight, "queued": self.queued, "held": self.held}
+        if self.arrival_rate is not None:
+            out["arrivalRate"] = round(self.arrival_rate, 4)
+        if self.kv_usage is not None:
+            out["kvCacheUtilization"] = round(self.kv_usage, 4)
+        if self.ttft_total:
+            out["ttftAttainment"] = round(self.ttft_met / self.ttft_total, 4)
+        return out
+
+
+def _delta(now: float, before: float | None) -> float:
+    if before is None:
+        return 0.0
+    return now - before if now >= before else now  # a counter reset restarts at 0
+
+
+def demand_for(
+    now: Mapping[str, RouterSnapshot],
+    previous: Mapping[str, RouterSnapshot] | None,
+    elapsed: float,
+    *,
+    model: str,
+    endpoints: Iterable[str],
+    ttft_class: str | None = None,
+) -> Demand:
+    """Combine router snapshots (keyed by router) into the service's demand.
+
+    ``previous`` are the snapshots of the last tick, ``elapsed`` seconds ago; the
+    counters' increases are taken per router (a router restart resets only its own),
+    a router new since then contributes nothing to the rate this tick.
+    """
+    eps = set(endpoints)
+    in_flight_by: dict[str, float] = {e: 0.0 for e in eps}
+    kv_by: dict[str, float] = {}
+    queued = held = arrived = met = total = 0.0
+    rate_known = previous is not None and elapsed > 0
+    for router, snap in now.items():
+        for ep, value in snap.in_flight.items():
+            if ep in eps:
+                in_flight_by[ep] += value
+        for ep, value in snap.kv_usage.items():
+            if ep in eps:
+                kv_by[ep] = max(kv_by.get(ep, 0.0), value)
+        queued += snap.queued.get(model, 0.0)
+        held += snap.held.get(model, 0.0)
+        before = (previous or {}).get(router)
+        if before is None:
+            continue
+        # a series new on a router we saw before started at 0 since then
+        if model in snap.arrivals:
+            arrived += _delta(snap.arrivals[model], before.arrivals.get(model, 0.0))
+        elif model in snap.dispatches:
+            arrived += _delta(snap.dispatches[model], before.dispatches.get(model, 0.0))
+        if ttft_class is not None:
+            for m in ("true", "false"):
+                key = (model, ttft_class, m)
+                if key in snap.ttft:
+                    d = _delta(snap.ttft[key], before.ttft.get(key, 0.0))
+                    total += d
+                    met += d if m == "true" else 0.0
+    return Demand(
+        in_flight=sum(in_flight_by.values()),
+        queued=queued,
+        held=held,
+        arrival_rate=arrived / elapsed if rate_known else None,
+        kv_usage=sum(kv_by.values()) / len(kv_by) if kv_by else None,
+        ttft_met=met,
+        ttft_total=total,
+        in_flight_by_endpoint=in_flight_by,
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Policy:
+    """``spec.autoscaling`` in the decision's terms (seconds, fractions)."""
+
+    min_replicas: int
+    max_replicas: int
+    cold_start: float
+    target_in_flight: float | None = None
+    target_kv: float | None = None
+    ttft_class: str | None = None
+    ttft_attainment: float = 0.99
+    ttft_min_requests: int = 20
+    up_window: float = 0.0
+    down_window: float = 300.0
+    idle_window: float | None = None
+    """Seconds idle before 0 (None: never, i.e. minReplicas >= 1)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class State:
+    """What the decision remembers between ticks."""
+
+    recommendations: tuple[tuple[float, int], ...] = ()
+    """Change points ``(since, replicas)`` of the raw recommendation (persisted)."""
+    idle_since: float | None = None
+    """Persisted."""
+    last_scale_time: float | None = None
+    """Persisted."""
+    rates: tuple[tuple[float, float], ...] = ()
+    """Recent ``(time, arrival rate)`` samples for the trend (memory only: after a
+    restart the trend restarts after two scrapes; the windows above do not)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    desired: int
+    reason: str
+    """``ScaledUp: ...`` / ``ScaledDown: ...`` when desired differs from current,
+    else what holds the replicas where they are."""
+    recommendation: int
+    """The raw recommendation before stabilisation."""
+    state: State
+
+    @property
+    def changed(self) -> bool:
+        return self.reason.startswith(("ScaledUp", "ScaledDown"))
+
+
+def _trend(rates: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope (requests/s per s) of the rate samples; 0 with < 3."""
+    if len(rates) < 3:
+        return 0.0
+    n = len(rates)
+    mt = sum(t for t, _ in rates) / n
+    mr = sum(r for _, r in rates) / n
+    var = sum((t - mt) ** 2 for t, _ in rates)
+    if var == 0:
+        return 0.0
+    return sum((t - mt) * (r - mr) for t, r in rates) / var
+
+
+def _window(recs: Sequence[tuple[float, int]], now: float, window: float) -> list[int]:
+    """Recommendations in force at some time within ``[now - window, now]``."""
+    cutoff = now - window
+    inside = [(t, r) for t, r in recs if t >= cutoff]
+    before = [r for t, r in recs if t < cutoff]
+    values = [r for _, r in inside]
+    if before and (not inside or inside[0][0] > cutoff):
+        values.append(before[-1])  # still in force at the cutoff
+    return values
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.1f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
+
+
+def decide(
+    policy: Policy, demand: Demand, current: int, ready: int, now: float, state: State
+) -> Decision:
+    """The replicas to run now, and why."""
+    # -- the trend of arrivals, over max(cold start, a minute)
+    keep = max(policy.cold_start, TREND_WINDOW_SECONDS)
+    rates = tuple((t, r) for t, r in state.rates if t >= now - keep)
+    if demand.arrival_rate is not None:
+        rates = (*rates, (now, demand.arrival_rate))
+    rate = demand.arrival_rate
+    growth = 1.0
+    if rate and rate > 0:
+        forecast = rate + max(0.0, _trend(rates)) * policy.cold_start
+        growth = min(MAX_FORECAST_GROWTH, forecast / rate)
+
+    # -- idle bookkeeping
+    idle_since = (
+        (state.idle_since if state.idle_since is not None else now) if demand.idle else None
+    )
+
+    # -- the raw recommendation and the reason for it
+    candidates: list[tuple[int, str]] = []
+    replicas_now = max(current, 1)
+    if policy.target_in_flight is not None:
+        load = demand.load * growth
+        want = math.ceil(load / policy.target_in_flight - 1e-9)
+        per = demand.load / replicas_now
+        trend = f" (arrivals x{growth:.2f} in {_fmt(policy.cold_start)}s)" if growth > 1.005 else ""
+        cmp = ">" if want > current else "<" if want < current else "~"
+        candidates.append(
+            (
+                want,
+                f"in-flight {_fmt(per)}/replica{trend} {cmp} target "
+                f"{_fmt(policy.target_in_flight)}",
+            )
+        )
+    if policy.target_kv is not None and demand.kv_usage is not None and ready > 0:
+        want = math.ceil(ready * demand.kv_usage / policy.target_kv - 1e-9)
+        cmp = ">" if want > current else "<" if want < current else "~"
+        candidates.append(
+            (
+                want,
+                f"KV cache {demand.kv_usage:.0%} {cmp} target {policy.target_kv:.0%}",
+            )
+        )
+    if policy.ttft_class is not None and demand.ttft_total >= policy.ttft_min_requests:
+        attained = demand.ttft_met / demand.ttft_total
+        if attained < policy.ttft_attainment:
+            candidates.append(
+                (
+                    current + 1,
+                    f"{policy.ttft_class} TTFT attainment {attained:.1%} < "
+                    f"{policy.ttft_attainment:.1%}",
+                )
+            )
+    raw, why = max(candidates, key=lambda c: c[0]) if candidates else (current, "no signal")
+    to_zero = False
+    if current == 0 and not demand.idle:
+        raw = max(raw, 1)
+        if demand.held > 0:
+            why = f"{_fmt(demand.held)} requests held at 0 replicas"
+    elif policy.min_replicas == 0 and not (current == 0 and demand.idle):
+        if idle_since is not None and policy.idle_window is not None:
+            idle_for = now - idle_since
+            if idle_for >= policy.idle_window:
+                raw, why, to_zero = 0, f"idle {_fmt(idle_for)}s", True
+            else:
+                raw = max(raw, 1)  # not idle long enough for zero
+        else:
+            raw = max(raw, 1)
+    raw = max(policy.min_replicas, min(policy.max_replicas, raw))
+
+    # -- stabilisation (HPA's: up to the min of the up window, down to the max of the down)
+    recs = list(state.recommendations)
+    if not recs or recs[-1][1] != raw:
+        recs.append((now, raw))
+    horizon = max(policy.up_window, policy.down_window)
+    while len(recs) > 1 and recs[1][0] < now - horizon:
+        recs.pop(0)  # the entry in force at the horizon stays
+    desired = current
+    if raw > current:
+        if current == 0:
+            desired = raw  # from zero: nothing to stabilise, a request waits
+        else:
+            desired = max(current, min(_window(recs, now, policy.up_window)))
+    elif raw < current:
+        # the idle window is the stabilisation of a scale to zero
+        in_window = _window(recs, now, policy.down_window)
+        desired = min(current, 0 if to_zero else max(in_window))
+    desired = max(policy.min_replicas, min(policy.max_replicas, desired))
+    if desired > current:
+        reason = f"ScaledUp: {why}"
+    elif desired < current:
+        reason = f"ScaledDown: {why}"
+    elif raw != current:
+        span = policy.up_window if raw > current else policy.down_window
+        reason = f"Stabilizing: {why}; holding {current} for the {_fmt(span)}s window"
+    else:
+        reason = f"Steady: {why}"
+    return Decision(
+        desired=desired,
+        reason=reason,
+        recommendation=raw,
+        state=State(
+            recommendations=tuple(recs),
+            idle_since=idle_since,
+            last_scale_time=now if desired != current else state.last_scale_time,
+            rates=rates,
+        ),
+    )
+
+
+def choose_victim(pods: Sequence[tuple[str, float]]) -> str | None:
+    """The replica to drain first: ``(pod, in flight)`` with the least in flight (ties
+    by name, so repeated ticks pick the same one)."""
+    if not pods:
+        return None
+    return min(pods, key=lambda p: (p[1], p[0]))[0]

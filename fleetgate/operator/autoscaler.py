@@ -1,0 +1,452 @@
+"""The autoscaling loop: scrape the routers, decide, drain, scale, report.
+
+Every ``autoscale_interval`` seconds :class:`Autoscaler` scrapes each router's
+``/metrics`` once (router pods found by ``router_selector``, or fixed URLs), then,
+for each InferenceService with ``spec.autoscaling``, under the same per-service
+lock as the reconciler:
+
+1. reads the service's pods (their endpoint ids are ``namespace/pod``, as the
+   router names them) and combines the routers' demand for its model and pods
+   (:func:`fleetgate.operator.autoscale.demand_for`);
+2. decides (:func:`fleetgate.operator.autoscale.decide`) with the state kept in
+   ``status.autoscaling``;
+3. scales up at once through the scale subresource (``spec.replicas``; the
+   reconciler turns it into the Deployment's replicas);
+4. scales down one replica at a time without losing work: the victim (least in
+   flight) is annotated ``fleetgate.dev/drain: "true"`` (the routers send it no
+   new work) and ``controller.kubernetes.io/pod-deletion-cost`` (the ReplicaSet
+   removes the cheapest pod first); once the routers report nothing in flight on
+   it (or ``drainTimeoutSeconds`` passed) ``spec.replicas`` drops by one and the
+   ReplicaSet removes exactly that pod. If demand returns first, the annotations
+   go and nothing is removed;
+5. writes ``status.autoscaling`` and an ``Autoscaling`` condition, posts an Event
+   for every scale and drain, and exports the decision as operator metrics.
+
+No router answering is not "no demand": the decision is skipped (condition
+``Autoscaling=False``, reason ``NoMetrics``) and replicas stay.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import logging
+import os
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from fleetgate.api.v1alpha1 import KIND, InferenceServiceSpec
+from fleetgate.operator import autoscale, manifests, status
+from fleetgate.operator.kube import KubeApi, KubeError
+from fleetgate.operator.metrics import OperatorMetrics
+from fleetgate.operator.options import OperatorOptions
+from fleetgate.operator.reconcile import API_VERSION, Reconciler, event_object
+
+__all__ = ["ANNOTATION_DELETION_COST", "ANNOTATION_DRAIN", "Autoscaler", "fetch_text"]
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_DRAIN = "fleetgate.dev/drain"
+ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: The victim's deletion cost: below every pod without the annotation (cost 0).
+VICTIM_COST = "-1000"
+_CONDITION = "Autoscaling"
+_DEMAND_KEYS = ("inFlight", "queued", "held", "arrivalRate", "kvCacheUtilization", "ttftAttainment")
+
+
+def fetch_text(url: str, timeout: float = 3.0) -> str:
+    """GET ``url`` and return its body (the routers' /metrics)."""
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        body: bytes = resp.read()
+    return body.decode("utf-8", "replace")
+
+
+def _loopback(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        return bool(ipaddress.ip_address(host).is_loopback)
+    except ValueError:
+        return host == "localhost"
+
+
+def _parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _stamp(t: float) -> str:
+    return status.format_time(dt.datetime.fromtimestamp(t, dt.UTC))
+
+
+def _is_ready(pod: Mapping[str, Any]) -> bool:
+    for cond in (pod.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def measured_cold_start(pods: Sequence[Mapping[str, Any]]) -> float | None:
+    """Longest creation-to-Ready time among pods that are Ready."""
+    starts = []
+    for pod in pods:
+        created = _parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+        for cond in (pod.get("status") or {}).get("conditions") or ():
+            if cond.get("type") == "Ready" and cond.get("status") == "True":
+                ready_at = _parse_time(cond.get("lastTransitionTime"))
+                if created is not None and ready_at is not None and ready_at >= created:
+                    starts.append(ready_at - created)
+    return max(starts) if starts else None
+
+
+class Autoscaler:
+    """Runs the decisions of every autoscaled InferenceService until stopped."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        reconciler: Reconciler,
+        options: OperatorOptions,
+        metrics: OperatorMetrics,
+        namespaces: tuple[str, ...],
+        stop: threading.Event,
+        *,
+        fetch: Callable[[str], str] = fetch_text,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api = api
+        self._reconciler = reconciler
+        self._options = options
+        self._metrics = metrics
+        self._namespaces = namespaces or ("",)
+        self._stop = stop
+        self._fetch = fetch
+        self._clock = clock
+        self._previous: dict[str, autoscale.RouterSnapshot] | None = None
+        self._previous_at = 0.0
+        self._rates: dict[tuple[str, str], tuple[tuple[float, float], ...]] = {}
+        self._test_mode = os.environ.get("FLEETGATE_TEST_MODE") == "1"
+
+    # -- the routers ------------------------------------------------------------------
+    def _router_urls(self) -> list[str]:
+        if self._options.router_metrics_urls:
+            return list(self._options.router_metrics_urls)
+        urls = []
+        spaces = (
+            (self._options.router_namespace,)
+            if self._options.router_namespace is not None
+            else self._namespaces
+        )
+        for ns in spaces:
+            try:
+                pods = self._api.list("v1", "Pod", ns, self._options.router_selector)
+            except KubeError as e:
+                log.warning("autoscaling: cannot list router pods in %r: %s", ns, e)
+                continue
+            for pod in pods:
+                ip = (pod.get("status") or {}).get("podIP")
+                if ip and _is_ready(pod):
+                    host = f"[{ip}]" if ":" in ip else ip
+                    urls.append(f"http://{host}:{self._options.router_metrics_port}/metrics")
+        return urls
+
+    def scrape(self) -> dict[str, autoscale.RouterSnapshot]:
+        """One snapshot per router that answered."""
+        found: dict[str, autoscale.RouterSnapshot] = {}
+        for url in self._router_urls():
+            if self._test_mode and not _loopback(url):
+                log.warning("autoscaling: test mode, not scraping non-loopback %s", url)
+                continue
+            try:
+                found[url] = autoscale.parse_router_metrics(self._fetch(url))
+            except (OSError, ValueError) as e:
+                self._metrics.autoscale_scrape_errors.inc()
+                log.warning("autoscaling: router metrics %s: %s", url, e)
+        return found
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self) -> None:
+        while not self._stop.wait(self._options.autoscale_interval):
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("autoscaling pass failed")
+
+    def run_once(self) -> int:
+        """Scrape once and decide for every autoscaled service; returns how many."""
+        now = self._clock()
+        bodies: list[dict[str, Any]] = []
+        for ns in self._namespaces:
+            try:
+                bodies += self._api.list(API_VERSION, KIND, ns, "")
+            except KubeError as e:
+                log.warning("autoscaling: cannot list InferenceServices in %r: %s", ns, e)
+        scaled = [b for b in bodies if (b.get("spec") or {}).get("autoscaling")]
+        for body in bodies:
+            if body not in scaled and (body.get("status") or {}).get("autoscaling"):
+                self._switched_off(body)
+        if not scaled:
+            self._previous = None  # nothing to scale: no scraping either
+            return 0
+        snaps = self.scrape()
+        previous, elapsed = self._previous, now - self._previous_at
+        self._previous, self._previous_at = snaps, now
+        done = 0
+        for body in scaled:
+            meta = body["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            key = (str(meta["namespace"]), str(meta["name"]))
+            with self._reconciler.lock(*key):
+                try:
+                    fresh = self._api.get(API_VERSION, KIND, *key)
+                    if fresh is not None:
+                        self.step(fresh, snaps, previous, elapsed, now)
+                        done += 1
+                except KubeError as e:
+                    log.warning("autoscaling %s/%s: %s", *key, e)
+            self._reconciler.reconcile_by_name(*key)
+        return done
+
+    # -- one service ------------------------------------------------------------------
+    def step(
+        self,
+        body: Mapping[str, Any],
+        snaps: Mapping[str, autoscale.RouterSnapshot],
+        previous: Mapping[str, autoscale.RouterSnapshot] | None,
+        elapsed: float,
+        now: float,
+    ) -> str | None:
+        """Decide and act for one service; returns the reason, None if not autoscaled."""
+        meta = body["metadata"]
+        ns, name = str(meta["namespace"]), str(meta["name"])
+        try:
+            spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
+        except ValidationError:
+            return None  # the reconciler reports InvalidSpec
+        auto = spec.autoscaling
+        if auto is None:
+            return None
+        old = dict(((body.get("status") or {}).get("autoscaling")) or {})
+        pods = [
+            p
+            for p in self._api.list("v1", "Pod", ns, manifests.selector_string(name))
+            if not (p.get("metadata") or {}).get("deletionTimestamp")
+        ]
+        ready_pods = [p for p in pods if _is_ready(p)]
+        endpoint = {str(p["metadata"]["name"]): f"{ns}/{p['metadata']['name']}" for p in pods}
+        measured = measured_cold_start(pods) or old.get("measuredColdStartSeconds")
+        cold = float(auto.cold_start_seconds or measured or spec.startup_budget_seconds)
+        policy = autoscale.Policy(
+            min_replicas=auto.min_replicas,
+            max_replicas=auto.max_replicas,
+            cold_start=cold,
+            target_in_flight=auto.target_in_flight_per_replica,
+            target_kv=auto.target_kv_cache_utilization,
+            ttft_class=auto.ttft_objective.priority_class if auto.ttft_objective else None,
+            ttft_attainment=auto.ttft_objective.attainment if auto.ttft_objective else 0.99,
+            ttft_min_requests=auto.ttft_objective.min_requests if auto.ttft_objective else 20,
+            up_window=float(auto.scale_up_stabilization_seconds),
+            down_window=float(auto.scale_down_stabilization_seconds),
+            idle_window=(
+                float(auto.scale_to_zero_after_seconds or autoscale.DEFAULT_IDLE_SECONDS)
+                if auto.min_replicas == 0
+                else None
+            ),
+        )
+        current = spec.replicas
+        if not snaps:
+            self._condition(
+                now, ns, name, body, "False", "NoMetrics", "no router /metrics answered"
+            )
+            return None
+        demand = autoscale.demand_for(
+            snaps,
+            previous,
+            elapsed,
+            model=spec.model.name or name,
+            endpoints=endpoint.values(),
+            ttft_class=policy.ttft_class,
+        )
+        state = autoscale.State(
+            recommendations=tuple(
+                (t, int(r["replicas"]))
+                for r in old.get("recommendations") or ()
+                if (t := _parse_time(r.get("time"))) is not None
+            ),
+            idle_since=_parse_time(old.get("idleSince")),
+            last_scale_time=_parse_time(old.get("lastScaleTime")),
+            rates=self._rates.get((ns, name), ()),
+        )
+        decision = autoscale.decide(policy, demand, current, len(ready_pods), now, state)
+        self._rates[(ns, name)] = decision.state.rates
+        reason, target = decision.reason, decision.desired
+        draining = old.get("draining")
+        drain_pod = (draining or {}).get("pod")
+        if drain_pod is not None and drain_pod not in endpoint:
+            drain_pod = draining = None  # removed (or deleted by someone): done
+        events: list[status.Transition] = []
+        new_replicas = current
+        if target < current and len(pods) > current:
+            reason = f"{reason} (waiting for the ReplicaSet: {len(pods)} pods > {current})"
+        elif target < current:
+            if any(not _is_ready(p) for p in pods) or not pods:
+                new_replicas = current - 1  # the ReplicaSet removes a not-ready pod first
+            elif drain_pod is None:
+                victim = autoscale.choose_victim(
+                    [(p, demand.in_flight_by_endpoint.get(e, 0.0)) for p, e in endpoint.items()]
+                )
+                assert victim is not None
+                self._mark(ns, victim, drain=True)
+                draining = {"pod": victim, "since": _stamp(now)}
+                flight = demand.in_flight_by_endpoint.get(endpoint[victim], 0.0)
+                events.append(
+                    status.Transition(
+                        "Normal",
+                        "Draining",
+                        f"pod {victim} ({autoscale._fmt(flight)} in flight) drains before {reason}",
+                    )
+                )
+                reason = f"Draining: pod {victim} before {reason}"
+            else:
+                flight = demand.in_flight_by_endpoint.get(endpoint[drain_pod], 0.0)
+                since = _parse_time((draining or {}).get("since")) or now
+                if flight <= 0 or now - since >= auto.drain_timeout_seconds:
+                    new_replicas = current - 1
+                    why = "drained" if flight <= 0 else f"drain timeout, {flight:g} in flight"
+                    reason = f"{reason} (pod {drain_pod} {why})"
+                else:
+                    reason = f"Draining: pod {drain_pod} ({flight:g} in flight) before {reason}"
+        elif drain_pod is not None:
+            self._mark(ns, drain_pod, drain=False)  # demand came back: keep it
+            draining = None
+        if target > current:
+            new_replicas = target
+        if new_replicas != current:
+            self._api.patch(
+                API_VERSION, KIND, ns, name, {"spec": {"replicas": new_replicas}}, "scale"
+            )
+            kind = "ScaledUp" if new_replicas > current else "ScaledDown"
+            if not reason.startswith(kind):
+                reason = f"{kind}: {reason.split(': ', 1)[-1]}"
+            message = f"{current} -> {new_replicas} replicas; {reason.split(': ', 1)[1]}"
+            events.append(status.Transition("Normal", kind, message))
+            self._metrics.autoscale_decisions.labels(
+                namespace=ns, name=name, direction="up" if kind == "ScaledUp" else "down"
+            ).inc()
+        new_status: dict[str, Any] = {
+            "desiredReplicas": target,
+            "reason": reason,
+            "lastScaleTime": (_stamp(now) if new_replicas != current else old.get("lastScaleTime")),
+            "recommendations": [
+                {"time": _stamp(t), "replicas": r} for t, r in decision.state.recommendations
+            ],
+            "idleSince": (
+                _stamp(decision.state.idle_since) if decision.state.idle_since is not None else None
+            ),
+            "draining": draining,
+            "coldStartSeconds": cold,
+            "measuredColdStartSeconds": measured,
+            "demand": {**dict.fromkeys(_DEMAND_KEYS), **demand.as_status()},
+        }
+        self._condition(now, ns, name, body, "True", reason.split(":", 1)[0], reason, new_status)
+        for transition in events:
+            try:
+                self._api.create(
+                    event_object(body, transition, dt.datetime.fromtimestamp(now, dt.UTC))
+                )
+            except KubeError as e:
+                log.warning("autoscaling event for %s/%s not posted: %s", ns, name, e)
+        self._metrics.autoscale_desired.labels(namespace=ns, name=name).set(target)
+        for signal, value in demand.as_status().items():
+            self._metrics.autoscale_demand.labels(namespace=ns, name=name, signal=signal).set(value)
+        return reason
+
+    def _switched_off(self, body: Mapping[str, Any]) -> None:
+        """``spec.autoscaling`` was removed: undo a drain in progress (a pod left
+        annotated would get no work for good) and drop the autoscaler's status."""
+        meta = body["metadata"]
+        ns, name = str(meta["namespace"]), str(meta["name"])
+        with self._reconciler.lock(ns, name):
+            old = (body.get("status") or {}).get("autoscaling") or {}
+            pod = (old.get("draining") or {}).get("pod")
+            try:
+                if pod:
+                    self._mark(ns, pod, drain=False)
+                conditions = [
+                    dict(c)
+                    for c in (body.get("status") or {}).get("conditions") or ()
+                    if c and c.get("type") != _CONDITION
+                ]
+                self._reconciler.set_extra_conditions(ns, name, ())
+                self._api.patch_status(
+                    API_VERSION, KIND, ns, name, {"autoscaling": None, "conditions": conditions}
+                )
+            except KubeError as e:
+                log.warning("autoscaling switched off for %s/%s: %s", ns, name, e)
+            self._rates.pop((ns, name), None)
+
+    def _mark(self, ns: str, pod: str, *, drain: bool) -> None:
+        annotations: dict[str, Any] = (
+            {ANNOTATION_DRAIN: "true", ANNOTATION_DELETION_COST: VICTIM_COST}
+            if drain
+            else {ANNOTATION_DRAIN: None, ANNOTATION_DELETION_COST: None}
+        )
+        self._api.patch("v1", "Pod", ns, pod, {"metadata": {"annotations": annotations}})
+
+    def _condition(
+        self,
+        now: float,
+        ns: str,
+        name: str,
+        body: Mapping[str, Any],
+        value: str,
+        reason: str,
+        message: str,
+        autoscaling: Mapping[str, Any] | None = None,
+    ) -> None:
+        old_status = body.get("status") or {}
+        conditions = [dict(c) for c in old_status.get("conditions") or () if c]
+        previous = next((c for c in conditions if c.get("type") == _CONDITION), None)
+        since = _stamp(now)
+        if previous is not None and previous.get("status") == value:
+            since = str(previous.get("lastTransitionTime") or since)
+        cond = {
+            "type": _CONDITION,
+            "status": value,
+            "reason": reason,
+            "message": message[:480],
+            "lastTransitionTime": since,
+            "observedGeneration": int(body["metadata"].get("generation", 0) or 0),
+        }
+        self._reconciler.set_extra_conditions(ns, name, (cond,))
+        patch: dict[str, Any] = {
+            "conditions": [c for c in conditions if c.get("type") != _CONDITION] + [cond]
+        }
+        if autoscaling is not None:
+            patch["autoscaling"] = dict(autoscaling)
+        if previous == cond and (autoscaling is None or _same(old_status, autoscaling)):
+            return
+        self._api.patch_status(API_VERSION, KIND, ns, name, patch)
+
+
+def _same(old_status: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """True when a merge patch of ``new`` would not change ``status.autoscaling``."""
+    old = old_status.get("autoscaling") or {}
+    for key, value in new.items():
+        if isinstance(value, dict):
+            inner = old.get(key) or {}
+            if any(inner.get(k) != v for k, v in value.items()):
+                return False
+        elif old.get(key) != value:
+            return False
+    return True

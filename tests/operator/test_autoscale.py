@@ -1,0 +1,231 @@
+"""The pure autoscaling decision, with plain numbers and a clock we move by hand."""
+
+from __future__ import annotations
+
+import pytest
+from routerdemand import RouterDemand
+
+from fleetgate.operator.autoscale import (
+    Demand,
+    Policy,
+    State,
+    choose_victim,
+    decide,
+    demand_for,
+    parse_router_metrics,
+)
+
+MODEL = "m"
+
+
+def policy(**kw: object) -> Policy:
+    base: dict[str, object] = {
+        "min_replicas": 1,
+        "max_replicas": 10,
+        "cold_start": 30.0,
+        "target_in_flight": 4.0,
+        "up_window": 0.0,
+        "down_window": 60.0,
+    }
+    base.update(kw)
+    return Policy(**base)  # type: ignore[arg-type]
+
+
+def run(p: Policy, steps: list[tuple[float, Demand]], current: int) -> list[tuple[int, str]]:
+    """Feed demand samples at the given times; the replicas follow each decision."""
+    state = State()
+    out = []
+    for now, d in steps:
+        dec = decide(p, d, current, current, now, state)
+        state, current = dec.state, dec.desired
+        out.append((current, dec.reason))
+    return out
+
+
+# -- parsing the router's own exposition ---------------------------------------------
+
+
+def test_router_metrics_parse_into_the_demand_of_one_service() -> None:
+    a, b = RouterDemand(), RouterDemand()
+    a.set_in_flight({"ns/p1": 3, "ns/p2": 1, "ns/other-model-pod": 7})
+    b.set_in_flight({"ns/p1": 2})
+    a.set_queue(MODEL, 4, "critical")
+    b.set_queue(MODEL, 1)
+    a.set_queue("other", 9)
+    b.set_held(MODEL, 2)
+    prev = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    a.arrive(MODEL, 30)
+    b.arrive(MODEL, 10, "critical")
+    a.arrive("other", 1000)
+    b.ttft(MODEL, "critical", met=18, missed=2)
+    now = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    d = demand_for(
+        now, prev, 10.0, model=MODEL, endpoints=["ns/p1", "ns/p2"], ttft_class="critical"
+    )
+    assert d.in_flight == 6  # 3 + 1 + 2: the other model's pod is not ours
+    assert d.queued == 5
+    assert d.held == 2
+    assert d.arrival_rate == pytest.approx(4.0)  # (30 + 10) / 10 s, summed over routers
+    assert (d.ttft_met, d.ttft_total) == (18, 20)
+    assert d.in_flight_by_endpoint == {"ns/p1": 5, "ns/p2": 1}
+
+
+def test_a_router_restart_resets_only_its_own_counters() -> None:
+    a = RouterDemand()
+    a.arrive(MODEL, 100)
+    prev = {"a": parse_router_metrics(a.text())}
+    fresh = RouterDemand()
+    fresh.arrive(MODEL, 5)
+    d = demand_for({"a": parse_router_metrics(fresh.text())}, prev, 5.0, model=MODEL, endpoints=[])
+    assert d.arrival_rate == pytest.approx(1.0)
+
+
+def test_without_arrivals_the_rate_comes_from_dispatches() -> None:
+    """A router that does not export fleetgate_arrivals_total for the model (before the
+    scale-from-zero work) still gives a rate: its dispatches."""
+    a = RouterDemand()
+    prev = {"a": parse_router_metrics(a.text())}
+    a.classes.dispatches.labels(MODEL, "standard").inc(12)
+    now = {"a": parse_router_metrics(a.text())}
+    d = demand_for(now, prev, 4.0, model=MODEL, endpoints=[])
+    assert d.arrival_rate == pytest.approx(3.0)
+    assert not d.idle
+
+
+def test_first_scrape_has_no_rate() -> None:
+    a = RouterDemand()
+    a.arrive(MODEL, 100)
+    d = demand_for({"a": parse_router_metrics(a.text())}, None, 0.0, model=MODEL, endpoints=[])
+    assert d.arrival_rate is None
+
+
+def test_unparsable_metrics_are_an_error() -> None:
+    with pytest.raises(ValueError):
+        parse_router_metrics("fleetgate_queue_depth{model= 1\n")
+
+
+# -- the decision -------------------------------------------------------------------
+
+
+def test_in_flight_above_target_scales_up_with_the_reason() -> None:
+    dec = decide(policy(), Demand(in_flight=20, queued=8.4), 2, 2, 100.0, State())
+    assert dec.desired == 8  # ceil(28.4 / 4)
+    assert dec.reason == "ScaledUp: in-flight 14.2/replica > target 4"
+
+
+def test_max_replicas_caps() -> None:
+    dec = decide(policy(max_replicas=3), Demand(in_flight=100), 1, 1, 0.0, State())
+    assert dec.desired == 3
+
+
+def test_a_ramp_scales_up_before_the_load_arrives() -> None:
+    """Arrivals rising 1 req/s every 10 s with a 30 s cold start: the forecast adds
+    replicas ahead of a decision that looks at the current load only."""
+    p = policy(cold_start=30.0)
+    flat = policy(cold_start=0.0)
+    state_t, state_f = State(), State()
+    cur_t = cur_f = 2
+    for i in range(6):
+        now = 10.0 * i
+        rate = 4.0 + i  # req/s
+        d = Demand(in_flight=2.0 * rate, arrival_rate=rate)  # 2 s in the engine each
+        dt_ = decide(p, d, cur_t, cur_t, now, state_t)
+        df = decide(flat, d, cur_f, cur_f, now, state_f)
+        state_t, cur_t = dt_.state, dt_.desired
+        state_f, cur_f = df.state, df.desired
+    assert cur_f == 5  # ceil(18 / 4): the load now
+    assert cur_t == 6  # rate 9 + slope 0.1/s x 30 s = 12: load 18 x 12/9 = 24 -> 6
+    assert "arrivals x1.33 in 30s" in dt_.reason
+
+
+def test_forecast_growth_is_capped() -> None:
+    p = policy(cold_start=3600.0)
+    state = State(rates=((0.0, 1.0), (10.0, 2.0)))
+    dec = decide(p, Demand(in_flight=8, arrival_rate=3.0), 2, 2, 20.0, state)
+    assert dec.desired == 4  # at most x2: ceil(16 / 4)
+
+
+def test_spike_shorter_than_the_down_window_does_not_flap() -> None:
+    p = policy(down_window=60.0)
+    steps = [(0.0, Demand(in_flight=4))]
+    steps += [(10.0, Demand(in_flight=16))]  # spike: up at once
+    steps += [(20.0 + 10 * i, Demand(in_flight=4)) for i in range(5)]  # 20..60: held
+    steps += [(80.0, Demand(in_flight=4))]  # the spike left the 60 s window at 70 s
+    out = run(p, steps, current=1)
+    assert [r for r, _ in out] == [1, 4, 4, 4, 4, 4, 4, 1]
+    assert out[1][1].startswith("ScaledUp")
+    assert out[2][1].startswith("Stabilizing: in-flight 1/replica < target 4; holding 4")
+    assert out[-1][1] == "ScaledDown: in-flight 1/replica < target 4"
+
+
+def test_flapping_input_with_an_up_window_keeps_replicas_still() -> None:
+    p = policy(up_window=30.0, down_window=30.0)
+    steps = [(5.0 * i, Demand(in_flight=16 if i % 2 else 8)) for i in range(12)]
+    out = run(p, steps, current=2)
+    assert {r for r, _ in out} == {2}
+
+
+def test_kv_cache_target_uses_the_ratio_over_ready_replicas() -> None:
+    p = policy(target_in_flight=None, target_kv=0.5)
+    dec = decide(p, Demand(kv_usage=0.9), 3, 3, 0.0, State())
+    assert dec.desired == 6  # ceil(3 * 0.9 / 0.5)
+    assert dec.reason == "ScaledUp: KV cache 90% > target 50%"
+
+
+def test_ttft_attainment_below_objective_adds_one_replica() -> None:
+    p = policy(target_in_flight=None, ttft_class="critical", ttft_attainment=0.99)
+    dec = decide(p, Demand(ttft_met=91, ttft_total=100), 3, 3, 0.0, State())
+    assert dec.desired == 4
+    assert dec.reason == "ScaledUp: critical TTFT attainment 91.0% < 99.0%"
+    few = decide(p, Demand(ttft_met=1, ttft_total=5), 3, 3, 0.0, State())
+    assert few.desired == 3  # 5 requests are no evidence (minRequests 20)
+
+
+def test_idle_scales_to_zero_after_the_window_and_not_before() -> None:
+    p = policy(min_replicas=0, idle_window=300.0, down_window=60.0)
+    state = decide(p, Demand(in_flight=1, arrival_rate=0.5), 1, 1, 0.0, State()).state
+    for t in range(10, 301, 50):  # idle since 10 s: held at 1 (min 0 does not mean 0)
+        dec = decide(p, Demand(arrival_rate=0.0), 1, 1, float(t), state)
+        assert dec.desired == 1, (t, dec.reason)
+        state = dec.state
+    assert state.idle_since == 10.0
+    dec = decide(p, Demand(arrival_rate=0.0), 1, 1, 311.0, state)
+    assert (dec.desired, dec.reason) == (0, "ScaledDown: idle 301s")
+    busy = decide(p, Demand(queued=1, arrival_rate=0.0), 1, 1, 311.0, state)
+    assert busy.desired == 1 and busy.state.idle_since is None
+
+
+def test_zero_stays_zero_without_demand_and_held_requests_wake_it_at_once() -> None:
+    p = policy(min_replicas=0, idle_window=60.0, up_window=120.0)
+    still = decide(p, Demand(arrival_rate=0.0), 0, 0, 0.0, State(idle_since=-500.0))
+    assert (still.desired, still.reason) == (0, "Steady: in-flight 0/replica ~ target 4")
+    wake = decide(p, Demand(held=1), 0, 0, 1.0, still.state)
+    assert (wake.desired, wake.reason) == (1, "ScaledUp: 1 requests held at 0 replicas")
+    many = decide(p, Demand(held=13), 0, 0, 1.0, still.state)
+    assert many.desired == 4  # ceil(13 / 4), not stabilised: they are all waiting
+
+
+def test_restart_with_state_from_status_keeps_the_down_window() -> None:
+    """A new operator that reads the recommendations from status does not scale down
+    inside the window that the old one had started."""
+    p = policy(down_window=60.0)
+    before = run(p, [(0.0, Demand(in_flight=16)), (10.0, Demand(in_flight=4))], current=1)
+    assert before[-1][0] == 4
+    persisted = State(recommendations=((0.0, 4), (10.0, 1)))  # what status keeps
+    after = decide(p, Demand(in_flight=4), 4, 4, 30.0, persisted)
+    assert after.desired == 4
+    forgetful = decide(p, Demand(in_flight=4), 4, 4, 30.0, State())
+    assert forgetful.desired == 1  # what a restart without status would have done
+
+
+def test_recommendations_keep_only_change_points_within_the_windows() -> None:
+    p = policy(down_window=60.0)
+    state = State()
+    for t in range(0, 200, 5):
+        state = decide(p, Demand(in_flight=4), 1, 1, float(t), state).state
+    assert state.recommendations == ((0.0, 1),)
+
+
+def test_victim_is_the_least_loaded_then_by_name() -> None:
+    assert choose_victim([("p-a", 3), ("p-b", 0), ("p-c", 0)]) == "p-b"
+    assert choose_victim([]) is None

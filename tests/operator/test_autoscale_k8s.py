@@ -1,0 +1,201 @@
+"""Autoscaling on the real test control plane (API server, controller manager, kwok).
+
+A loopback HTTP server stands in for a router: it serves /metrics rendered by the
+router's own metric classes (tests/operator/routerdemand.py). The operator runs in a
+thread with short modelled windows; the real Deployment and ReplicaSet controllers
+create and delete the kwok pods. We check:
+
+* demand above the target scales the Deployment up, with an Event and an
+  ``Autoscaling`` condition carrying the reason;
+* demand gone scales down one replica at a time, each time draining first: the
+  annotated pod is the one the ReplicaSet removes, and it is not removed while the
+  router still reports a request in flight on it;
+* idle scales to zero, and a held request at zero replicas brings one back;
+* all of it as a ServiceAccount bound to exactly the operator's ClusterRole
+  (fleetgate/operator/rbac.py), so the role has what autoscaling needs.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from routerdemand import RouterDemand
+from test_k8s import condition, crd, get, isvc, operator, restricted_kubeconfig, wait_for
+
+from fleetgate_tools.devcluster import DevCluster
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+__all__ = ["crd"]  # the CRD fixture, shared with test_k8s.py
+
+DRAIN = "fleetgate.dev/drain"
+COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+class FakeRouter:
+    """A router's /metrics on 127.0.0.1, rendered from :class:`RouterDemand`."""
+
+    def __init__(self) -> None:
+        self.demand = RouterDemand()
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                with outer.lock:
+                    body = outer.demand.text().encode()
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+
+
+@pytest.fixture
+def router() -> Iterator[FakeRouter]:
+    fake = FakeRouter()
+    fake.thread.start()
+    try:
+        yield fake
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+        fake.thread.join(5)
+
+
+def pods(cluster: DevCluster, ns: str, name: str) -> dict[str, dict[str, Any]]:
+    """Live (not terminating) engine pods by name."""
+    found = get(cluster, ns, "pods", "-l", f"app.kubernetes.io/instance={name}") or {}
+    return {
+        p["metadata"]["name"]: p
+        for p in found.get("items", [])
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def replicas(cluster: DevCluster, ns: str, name: str) -> int:
+    obj = get(cluster, ns, "inferenceservice", name) or {}
+    return int(obj.get("spec", {}).get("replicas", -1))
+
+
+def events(cluster: DevCluster, ns: str, reason: str) -> list[str]:
+    found = get(cluster, ns, "events", "--field-selector", f"reason={reason}") or {}
+    return [e["message"] for e in found.get("items", [])]
+
+
+def test_autoscaling_up_drain_down_to_zero_and_back(
+    k8s_cluster: DevCluster, k8s_namespace: str, crd: str, router: FakeRouter, tmp_path: Path
+) -> None:
+    ns, name = k8s_namespace, "auto"
+    spec = isvc(
+        name,
+        ns,
+        replicas=1,
+        autoscaling={
+            "minReplicas": 0,
+            "maxReplicas": 4,
+            "targetInFlightPerReplica": 2,
+            "scaleDownStabilizationSeconds": 1,
+            "scaleToZeroAfterSeconds": 2,
+            "coldStartSeconds": 5,
+            "drainTimeoutSeconds": 120,
+        },
+    )
+    with (
+        restricted_kubeconfig(k8s_cluster, ns, tmp_path) as kubeconfig,
+        operator(
+            k8s_cluster,
+            ns,
+            kubeconfig=kubeconfig,
+            autoscale_interval=0.5,
+            router_metrics_urls=(router.url,),
+        ),
+    ):
+        k8s_cluster.apply(spec)
+        wait_for("1 pod", lambda: len(pods(k8s_cluster, ns, name)) == 1)
+
+        # -- demand above the target: 7 queued / 2 per replica -> 4
+        with router.lock:
+            router.demand.set_queue(name, 7, "critical")
+        wait_for("4 ready replicas", lambda: len(pods(k8s_cluster, ns, name)) == 4, 90)
+        assert replicas(k8s_cluster, ns, name) == 4
+        up = wait_for("a ScaledUp event", lambda: events(k8s_cluster, ns, "ScaledUp"))
+        assert "1 -> 4 replicas; in-flight 7/replica > target 2" in up, up
+        cond = condition(get(k8s_cluster, ns, "inferenceservice", name), "Autoscaling")
+        assert cond["status"] == "True" and cond["reason"] in {"ScaledUp", "Steady"}, cond
+
+        # -- demand falls to one request in flight on each pod: 4 / 2 -> 2 replicas,
+        # but the victim (least in flight, here a tie) still has its request
+        live = pods(k8s_cluster, ns, name)
+        with router.lock:
+            router.demand.set_queue(name, 0, "critical")
+            router.demand.set_in_flight({f"{ns}/{p}": 1 for p in live})
+
+        def annotated() -> str | None:
+            for pod_name, pod in pods(k8s_cluster, ns, name).items():
+                if (pod["metadata"].get("annotations") or {}).get(DRAIN) == "true":
+                    return pod_name
+            return None
+
+        victim = wait_for("a pod annotated for draining", annotated, 30)
+        assert victim == min(live)  # ties go by name
+        assert pods(k8s_cluster, ns, name)[victim]["metadata"]["annotations"][COST] == "-1000"
+        time.sleep(3)  # six decisions: the request is in flight, nothing is removed
+        assert replicas(k8s_cluster, ns, name) == 4
+        assert victim in pods(k8s_cluster, ns, name)
+        obj = get(k8s_cluster, ns, "inferenceservice", name)
+        assert condition(obj, "Autoscaling")["reason"] == "Draining", condition(obj, "Autoscaling")
+        assert (obj or {})["status"]["autoscaling"]["draining"]["pod"] == victim
+
+        # -- the requests finish: exactly the drained pod goes, then the next, ... to 0
+        before = set(pods(k8s_cluster, ns, name))
+        with router.lock:
+            router.demand.set_in_flight({f"{ns}/{p}": 0 for p in live})
+        removed = []
+        while True:
+            wait_for(
+                f"{victim} removed",
+                lambda v=victim: v not in pods(k8s_cluster, ns, name),  # type: ignore[misc]
+                60,
+            )
+            after = set(pods(k8s_cluster, ns, name))
+            assert after == before - {victim}, (before, after, victim)
+            removed.append(victim)
+            if not after:
+                break
+            victim = wait_for("the next pod annotated for draining", annotated, 30)
+            before = after
+        assert len(removed) == 4
+        wait_for("replicas 0", lambda: replicas(k8s_cluster, ns, name) == 0, 30)
+        down = events(k8s_cluster, ns, "ScaledDown")
+        assert any("1 -> 0 replicas; idle" in m for m in down), down
+        assert any(f"(pod {removed[0]} drained)" in m for m in down), down
+        assert len(events(k8s_cluster, ns, "Draining")) >= 4
+
+        # -- a request held at zero replicas brings one back at once
+        with router.lock:
+            router.demand.set_held(name, 1)
+        wait_for("1 pod again", lambda: len(pods(k8s_cluster, ns, name)) == 1, 30)
+        woke = wait_for(
+            "a ScaledUp event from zero",
+            lambda: [m for m in events(k8s_cluster, ns, "ScaledUp") if m.startswith("0 -> 1")],
+        )
+        assert "1 requests held at 0 replicas" in woke[0], woke
+        status = (get(k8s_cluster, ns, "inferenceservice", name) or {})["status"]
+        assert status["autoscaling"]["demand"]["held"] == 1
+        assert status["autoscaling"]["coldStartSeconds"] == 5
