@@ -3,16 +3,13 @@
 The operator may not import the router (import contract), so it names the series in
 :mod:`fleetgate.operator.autoscale`; these helpers render them with
 :class:`fleetgate.router.metrics.RouterMetrics` / ``ClassMetrics`` so a rename on the
-router side breaks the tests. ``fleetgate_arrivals_total`` and
-``fleetgate_held_requests`` come from the router once the scale-from-zero work
-(branch ``scalezero``) lands; until then, when RouterMetrics has no such series,
-they are registered here in the router's registry with the agreed names and labels.
+router side breaks the tests (``fleetgate_arrivals_total`` and
+``fleetgate_held_requests`` live in ``ClassMetrics``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from prometheus_client import Counter, Gauge, generate_latest
 
@@ -21,29 +18,17 @@ from fleetgate.router.metrics import ClassMetrics, RouterMetrics
 from fleetgate.router.priority.config import PriorityConfig
 
 
-def _find(metrics: RouterMetrics, name: str) -> Any | None:
-    for holder in (metrics, *(v for v in vars(metrics).values() if hasattr(v, "__dict__"))):
-        for value in vars(holder).values():
-            if isinstance(value, Counter | Gauge) and value._name == name:
-                return value
-    return None
-
-
 class RouterDemand:
     """One router's demand series; ``text()`` is its /metrics body."""
 
     def __init__(self) -> None:
         self.metrics = RouterMetrics()
         self.classes = ClassMetrics(self.metrics, PriorityConfig())
-        r = self.metrics.registry
-        arrivals = _find(self.metrics, autoscale.ARRIVALS) or _find(
-            self.classes, autoscale.ARRIVALS
-        )
-        self.arrivals = arrivals or Counter(
-            autoscale.ARRIVALS, "Requests arriving.", ["model", "class"], registry=r
-        )
-        held = _find(self.metrics, autoscale.HELD) or _find(self.classes, autoscale.HELD)
-        self.held = held or Gauge(autoscale.HELD, "Requests held.", ["model"], registry=r)
+        # the router's own series: a rename on either side fails here
+        self.arrivals: Counter = self.classes.arrivals
+        self.held: Gauge = self.classes.held
+        assert self.arrivals._name == autoscale.ARRIVALS
+        assert self.held._name == autoscale.HELD
 
     def arrive(self, model: str, n: int, cls: str = "standard") -> None:
         self.arrivals.labels(model=model, **{"class": cls}).inc(n)
