@@ -800,51 +800,39 @@ async def test_endpointslices_source_against_the_real_api(
         await _until(lambda: len(discovery.desired()) == 3)
 
 
-def _crd_with_autoscaling(cluster: DevCluster) -> None:
-    """The repo's CRD; while it has no ``spec.autoscaling`` yet (the operator side of
-    issue 15 adds it), that field is added as an open object so the API server keeps
-    it instead of pruning it. The router reads the raw object either way."""
-    doc = yaml.safe_load((REPO / "crds" / "inferenceservices.fleetgate.dev.yaml").read_text())
-    for version in doc["spec"]["versions"]:
-        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-        spec["properties"].setdefault(
-            "autoscaling", {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-        )
-    cluster.apply(doc)
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.fleetgate.dev")
-
-
 @pytest.mark.k8s
 async def test_an_inference_service_at_zero_pods_is_known(
     k8s_cluster: DevCluster, k8s_namespace: str
 ) -> None:
     ns = k8s_namespace
-    await asyncio.to_thread(_crd_with_autoscaling, k8s_cluster)
+    await asyncio.to_thread(_crd, k8s_cluster)
     zero = _k8s_isvc("zero", ns)
     zero["spec"]["model"]["name"] = "qwen-zero"
-    zero["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2, "coldStartSeconds": 5}
-    try:
-        await asyncio.to_thread(k8s_cluster.apply, zero, _k8s_isvc("fixed", ns))
-        stored = await asyncio.to_thread(
-            k8s_cluster.kubectl_json, "-n", ns, "get", "inferenceservice", "zero"
+    zero["spec"]["autoscaling"] = {
+        "minReplicas": 0,
+        "maxReplicas": 2,
+        "coldStartSeconds": 5,
+        "targetInFlightPerReplica": 4,
+    }
+    await asyncio.to_thread(k8s_cluster.apply, zero, _k8s_isvc("fixed", ns))
+    stored = await asyncio.to_thread(
+        k8s_cluster.kubectl_json, "-n", ns, "get", "inferenceservice", "zero"
+    )
+    assert stored["spec"]["autoscaling"]["minReplicas"] == 0  # kept, not pruned
+    app = build_router(RouterConfig(test_mode=True), start_background=False)
+    config = kt.KubernetesDiscoveryConfig(
+        source="pods", namespaces=(ns,), kubeconfig=str(k8s_cluster.kubeconfig)
+    )
+    d.attach(app, config, allow_url=lambda u: is_loopback_host(httpx.URL(u).host))
+    async with app.router.lifespan_context(app):
+        fleet = app.state.router.fleet
+        await _until(lambda: "qwen-zero" in fleet.standby)
+        sb = fleet.standby["qwen-zero"]
+        assert (sb.pool, sb.cold_start_s, sb.min_replicas) == ("chat", 5.0, 0)
+        assert sb.source == f"{ns}/zero"
+        assert fleet.endpoints == {}  # no pod at all, and still a known model
+        assert fleet.models(healthy_only=False, now=0.0) == ["qwen-zero"]
+        await asyncio.to_thread(
+            k8s_cluster.kubectl, "-n", ns, "delete", "inferenceservice", "zero", "--wait=false"
         )
-        assert stored["spec"]["autoscaling"]["minReplicas"] == 0  # kept, not pruned
-        app = build_router(RouterConfig(test_mode=True), start_background=False)
-        config = kt.KubernetesDiscoveryConfig(
-            source="pods", namespaces=(ns,), kubeconfig=str(k8s_cluster.kubeconfig)
-        )
-        d.attach(app, config, allow_url=lambda u: is_loopback_host(httpx.URL(u).host))
-        async with app.router.lifespan_context(app):
-            fleet = app.state.router.fleet
-            await _until(lambda: "qwen-zero" in fleet.standby)
-            sb = fleet.standby["qwen-zero"]
-            assert (sb.pool, sb.cold_start_s, sb.min_replicas) == ("chat", 5.0, 0)
-            assert sb.source == f"{ns}/zero"
-            assert fleet.endpoints == {}  # no pod at all, and still a known model
-            assert fleet.models(healthy_only=False, now=0.0) == ["qwen-zero"]
-            await asyncio.to_thread(
-                k8s_cluster.kubectl, "-n", ns, "delete", "inferenceservice", "zero", "--wait=false"
-            )
-            await _until(lambda: "qwen-zero" not in fleet.standby)
-    finally:
-        await asyncio.to_thread(_crd, k8s_cluster)  # back to the repo's CRD
+        await _until(lambda: "qwen-zero" not in fleet.standby)
