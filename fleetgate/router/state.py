@@ -29,8 +29,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 
-from fleetgate.engines.base import EngineAdapter, LoadSnapshot, MetricsSource
+from fleetgate.engines.base import EngineAdapter, KvEventsEndpoint, LoadSnapshot, MetricsSource
 from fleetgate.router.priority.saturation import SaturationView
+from fleetgate.router.scheduling.kvindex import KvIndex
+from fleetgate.router.scheduling.kvsync import KvFeedStatus
 from fleetgate.router.scheduling.load import LoadParams, RouterCounts, estimate_load
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.speed import DecodeSpeed
@@ -76,6 +78,11 @@ class Endpoint:
     prefilling: int = 0
     """Uncached prompt tokens of this router's requests here that have no first token
     yet: the prefill backlog ahead of a new request (``EndpointView.pending_prefill_tokens``)."""
+    kv_events: KvEventsEndpoint | None = None
+    """Where the engine publishes KV-cache events (None: no exact view of it)."""
+    kv_feed: KvFeedStatus = dataclasses.field(default_factory=KvFeedStatus)
+    """Its subscriber's state (``fleetgate.router.kvfeed``): the exact view in
+    ``Fleet.kv_index`` is usable only while ``kv_feed.exact`` (state ``live``)."""
 
     # ---------------------------------------------------------------- models
 
@@ -167,7 +174,8 @@ class Endpoint:
 
 
 class Fleet:
-    """All endpoints, plus the prefix index over them. Built per app, never global."""
+    """All endpoints, plus the prefix indexes over them (the approximate one from the
+    router's own routing, the exact one from KV events). Built per app, never global."""
 
     def __init__(
         self,
@@ -175,6 +183,7 @@ class Fleet:
         *,
         index: PrefixIndex,
         load_params: LoadParams,
+        kv_index: KvIndex | None = None,
     ) -> None:
         self.endpoints: dict[EndpointId, Endpoint] = {}
         for e in endpoints:
@@ -183,6 +192,8 @@ class Fleet:
             self.endpoints[e.id] = e
         self.index = index
         self.load_params = load_params
+        self.kv_index = kv_index if kv_index is not None else KvIndex()
+        """The exact prefix view, fed by the engines' KV events (``fleetgate.router.kvfeed``)."""
 
     def __iter__(self) -> Iterator[Endpoint]:
         return iter(self.endpoints.values())
