@@ -243,6 +243,11 @@ class KvIndex:
                 order[key] = pop(key)
         return n
 
+    def engine_hashes(self, endpoint: EndpointId) -> frozenset[BlockHash]:
+        """The engine's own hashes of the blocks ``endpoint`` is known to hold (debugging,
+        tests: compare with what the engine says it caches)."""
+        return frozenset(self._by_engine_hash.get(endpoint, ()))
+
     def endpoints(self) -> list[EndpointId]:
         """Endpoints with at least one entry."""
         return [e for e, order in self._order.items() if order]
