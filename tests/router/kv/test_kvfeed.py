@@ -383,3 +383,41 @@ def test_endpoint_kv_events_default() -> None:
     kv = KvEventsEndpoint("zmq", "vllm", port=1)
     assert Endpoint(EndpointId("y"), "default", "vllm", "http://127.0.0.1:1", adapter,
                     adapter.metrics_sources[0], kv_events=kv).kv_events == kv  # fmt: skip
+
+
+async def test_sim_lines_paste_into_router_backend_flags(tmp_path: Path) -> None:
+    """``fleetgate sim --vllm 1 --trtllm 1 --kv-events`` prints what ``--backend`` takes."""
+    import argparse
+
+    from fleetgate.router.cli import resolve_config
+
+    log = tmp_path / "sim.log"
+    cmd = [sys.executable, "-m", "fleetgate", "sim", "--vllm", "1", "--trtllm", "1",
+           "--kv-events", "--host", "127.0.0.1", "--port", str(_free_port())]  # fmt: skip
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out,
+                                                    stdin=asyncio.subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while log.read_text().count("engine=") < 2:
+            assert proc.returncode is None and time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.1)
+        flags = []
+        for line in log.read_text().splitlines():
+            if not line.startswith("engine="):
+                continue
+            fields = dict(part.split("=", 1) for part in line.split())
+            kv = [f"{k}={fields[k]}" for k in ("kv_events", "kv_replay") if k in fields]
+            flags.append(",".join([f"{fields['engine']}={fields['url']}", *kv]))
+        assert any("kv_events=http-drain:/kv_cache_events" in f for f in flags), flags
+        assert any("kv_replay=tcp://127.0.0.1:" in f for f in flags), flags
+        args = argparse.Namespace(config=None, backend=flags)
+        app = build_router(resolve_config(args))
+        async with app.router.lifespan_context(app):
+            eps = list(app.state.router.fleet)
+            assert all(e.kv_events is not None for e in eps)
+            await until(lambda: all(e.kv_feed.state == "live" for e in eps), "both live", 20)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 15)
