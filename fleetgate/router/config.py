@@ -620,8 +620,7 @@ def parse_backend_flag(flag: str) -> Backend:
             kv["topic"] = value
         else:
             raise ConfigError(
-                f"--backend {flag!r}: unknown option {key!r} "
-                "(name, kv_events, kv_replay, kv_topic)"
+                f"--backend {flag!r}: unknown option {key!r} (name, kv_events, kv_replay, kv_topic)"
             )
     if kv:
         fields["kv_events"] = kv

@@ -83,8 +83,8 @@ from fleetgate.router.state import Endpoint, Fleet
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-    from fleetgate.router.poller import Poller
     from fleetgate.router.kvfeed import KvFeeds
+    from fleetgate.router.poller import Poller
 
 log = logging.getLogger("fleetgate.router.discovery")
 

@@ -104,13 +104,17 @@ class _Feed:
     def state(self, state: FeedState, reason: str | None = None) -> None:
         if self.e.kv_feed.set(state, self.clock(), reason):
             if state in ("live", "syncing"):
-                log.info("endpoint %s: KV feed %s%s", self.e.id, state, f" ({reason})" * bool(reason))
+                log.info(
+                    "endpoint %s: KV feed %s%s", self.e.id, state, f" ({reason})" * bool(reason)
+                )
             else:
                 log.warning("endpoint %s: KV feed %s: %s", self.e.id, state, reason)
 
     def in_sync(self) -> None:
-        self.state("live" if self.seq.complete else "partial",
-                   None if self.seq.complete else "history before the feed started is missing")  # fmt: skip
+        if self.seq.complete:
+            self.state("live")
+        else:
+            self.state("partial", "batches from before the feed started (or lost) are missing")
 
     def decode(self, frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
         try:
@@ -122,7 +126,9 @@ class _Feed:
 
     def restart(self) -> None:
         """The engine restarted: forget its blocks, expect a stream from 0."""
-        log.info("endpoint %s: KV event stream restarted (engine restart): entries cleared", self.e.id)
+        log.info(
+            "endpoint %s: KV event stream restarted (engine restart): entries cleared", self.e.id
+        )
         self.index.clear(self.e.id)
         self.seq.restart()
         self.metrics.child(self.metrics.kv_restarts, *self.lv).inc()
@@ -425,5 +431,5 @@ class KvFeeds:
         for eid in list(self._tasks):
             await self.remove(eid)
         if self._ctx is not None:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)
             self._ctx = None

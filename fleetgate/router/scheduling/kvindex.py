@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import array
 import hashlib
-from itertools import islice
 from collections.abc import Sequence
+from itertools import islice
 
 from fleetgate.engines.base import (
     AllBlocksCleared,

@@ -190,8 +190,8 @@ def test_bad_backend_flags(flag: str, message: str) -> None:
 
 
 def test_test_mode_refuses_a_non_loopback_backend_with_events() -> None:
-    cfg = parse_config({"test_mode": True, "pools": [{"backends": [
-        {"engine": "vllm", "url": "http://10.0.0.1:8000", "kv_events": {"port": 5557}}]}]})  # fmt: skip
+    backend = {"engine": "vllm", "url": "http://10.0.0.1:8000", "kv_events": {"port": 5557}}
+    cfg = parse_config({"test_mode": True, "pools": [{"backends": [backend]}]})
     with pytest.raises(ConfigError, match="loopback"):
         cfg.check_loopback()
 

@@ -28,10 +28,9 @@ from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.scheduling.kvindex import block_keys
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.state import Endpoint, Fleet
-from fleetgate.sim.core.kv_vllm import external_hash
 from fleetgate.sim import fleet as sim_fleet
+from fleetgate.sim.core.kv_vllm import external_hash
 from fleetgate.sim.fleet import EngineSpec, RunningEngine, run_fleet
-
 
 BS = 16
 
@@ -67,12 +66,12 @@ def config(backends: list[dict[str, Any]], **kv: Any) -> RouterConfig:
 
 def truth(e: RunningEngine) -> frozenset[int]:
     """The engine's cached block hashes as it publishes them (its block pool's index)."""
-    pool = e.engine.driver.model.pool
+    pool: Any = getattr(e.engine.driver.model, "pool")  # noqa: B009 (the vLLM model's)
     return frozenset(external_hash(h) for h in pool._cached)
 
 
-async def until(pred: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
+async def until(pred: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
     while not pred():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -105,9 +104,7 @@ def prompt(seed: int, blocks: int) -> list[int]:
 
 
 def vllm_spec(**overrides: Any) -> EngineSpec:
-    return EngineSpec(
-        kind="vllm", kv_events=True, overrides={"block_size": BS, **overrides}
-    )
+    return EngineSpec(kind="vllm", kv_events=True, overrides={"block_size": BS, **overrides})
 
 
 def metric(metrics: RouterMetrics, name: str, **labels: str) -> float:
@@ -135,7 +132,8 @@ async def test_router_app_learns_blocks_of_a_request_it_routed() -> None:
             await until(lambda: fleet.kv_index.match(ep.id, keys) == 4, "4 blocks matched")
             assert ep.kv_feed.exact and ep.kv_feed.last_seq is not None
             text = (await _metrics(app)).decode()
-            assert 'fleetgate_kv_feed_state{endpoint="%s",engine="vllm",state="live"} 1.0' % ep.id in text
+            live = f'fleetgate_kv_feed_state{{endpoint="{ep.id}",engine="vllm",state="live"}} 1.0'
+            assert live in text
             assert "fleetgate_kv_events_total" in text and 'kind="stored"' in text
             assert "fleetgate_kv_index_blocks" in text
         assert ep.kv_feed.state == "off", "the lifespan stopped the feed"
@@ -297,9 +295,7 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def emulator_process(
-    tmp: Path, http: int, pub: int, replay: int
-) -> AsyncIterator[str]:
+async def emulator_process(tmp: Path, http: int, pub: int, replay: int) -> AsyncIterator[str]:
     """``fleetgate sim vllm serve`` with events on fixed ports, stopped by its PID."""
     kv = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                      "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}",
