@@ -255,6 +255,9 @@ class KvEventsSection(_Strict):
     """A ZeroMQ feed not connected for this long is reported ``broken``."""
     retry_max_s: float = Field(10.0, gt=0)
     """Longest wait between retries of a broken feed (doubling from 0.25 s)."""
+    idle_check_s: float = Field(5.0, gt=0)
+    """A ZeroMQ feed silent this long asks a replay from its last batch: a lost last
+    batch would otherwise show only at the next one (vLLM has no heartbeat)."""
 
 
 class Scrape(_Strict):

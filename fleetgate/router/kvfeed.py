@@ -137,7 +137,7 @@ class _Feed:
         self.index.apply(self.e.id, batch)
         self.seq.applied(batch.seq, batch.ts)
         status = self.e.kv_feed
-        status.last_event_at = self.clock()
+        status.last_event_at = status.verified_at = self.clock()
         if batch.seq is not None:
             status.last_seq = batch.seq
         for event in batch.events:
@@ -227,63 +227,82 @@ class ZmqFeed(_Feed):
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
         connected = False
-        need_sync = False
-        waited_since = self.clock()
+        sync_cause: str | None = None
+        waited_since = quiet_since = self.clock()
         while True:
-            if connected and need_sync:
-                await self._sync()
-                need_sync = False
-            ready = dict(await poller.poll(timeout=500))
+            if connected and sync_cause is not None:
+                await self._sync(sync_cause)
+                sync_cause = None
+                quiet_since = self.clock()
+            ready = dict(await poller.poll(timeout=250))
             if monitor in ready:
                 event = parse_monitor_message(await monitor.recv_multipart())["event"]
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    connected, need_sync = True, True
+                    connected = True
+                    sync_cause = "start" if self.seq.last is None else "reconnect"
                 elif event == zmq.EVENT_DISCONNECTED:
                     connected = False
                     waited_since = self.clock()
                     self.state("syncing", "publisher disconnected")
                 continue
             if sub in ready:
-                frames = await sub.recv_multipart()
-                try:
-                    for batch in self.decode(frames):
-                        self.offer(batch, replayed=False, replayable=self.replay_url is not None)
-                except (_Gap, KvEventsDecodeError) as err:
-                    if self.replay_url is None:
-                        # no replay: what the message held is lost for good
-                        self.index.clear(self.e.id)
-                        self.seq.accept_gap(self.seq.needed)
-                        self.in_sync()
-                        continue
-                    self.state("syncing", f"gap: {err}")
-                    await self._sync()
+                quiet_since = self.clock()
+                if not await self._live(await sub.recv_multipart()):
+                    sync_cause = "gap"
                 continue
-            if not connected and self.clock() - waited_since > self.config.connect_timeout_s:
+            now = self.clock()
+            if not connected and now - waited_since > self.config.connect_timeout_s:
                 self.state("broken", f"no connection to {self.url}")
+            elif connected and self.replay_url is not None:
+                if now - quiet_since > self.config.idle_check_s:
+                    sync_cause = "idle"  # a lost last batch shows only this way
 
-    async def _sync(self) -> None:
+    async def _live(self, frames: list[bytes]) -> bool:
+        """One message from the SUB socket; False when a replay must follow."""
+        replayable = self.replay_url is not None
+        try:
+            for batch in self.decode(frames):
+                self.offer(batch, replayed=False, replayable=replayable)
+        except (_Gap, KvEventsDecodeError) as err:
+            if replayable:
+                self.state("syncing", f"gap: {err}")
+                return False
+            # no replay: what the message held is lost for good
+            self.index.clear(self.e.id)
+            self.seq.accept_gap(self.seq.needed)
+        if self.e.kv_feed.state not in ("live", "partial") and self.seq.last is not None:
+            self.in_sync()
+        return True
+
+    async def _sync(self, cause: str) -> None:
         """Replay what is missing (see the module docstring); raises :class:`_Broken`."""
         if self.replay_url is None:
-            self.in_sync()  # nothing to replay from: go on with what the SUB delivers
+            if self.seq.last is not None:
+                self.restart()  # nothing can tell whether the publisher is the same one
+            self.state("syncing", "no replay socket: waiting for the first batch")
             return
         verify = self.seq.last
         start = verify if verify is not None else self.seq.needed
-        batches = await self._replay(start)
+        batches = await self._replay(start, cause)
         if verify is not None:
             first = batches[0] if batches else None
             if first is None or first.seq != verify or not self.seq.same_stream(verify, first.ts):
                 self.restart()  # another stream on the port: start over from 0
-                batches = await self._replay(0) if verify != 0 else batches
+                if verify != 0:
+                    batches = await self._replay(0, "restart")
             else:
                 batches = batches[1:]
-        for batch in batches:
+        for i, batch in enumerate(batches):
             self.offer(batch, replayed=True, replayable=True)
+            if i % 256 == 255:
+                await asyncio.sleep(0)  # a long replay does not hold the event loop
+        self.e.kv_feed.verified_at = self.clock()
         self.in_sync()
 
-    async def _replay(self, start: int) -> list[KvEventBatch]:
+    async def _replay(self, start: int, cause: str) -> list[KvEventBatch]:
         """Every buffered batch from ``start`` on, through a fresh DEALER socket."""
         assert self.replay_url is not None
-        self.metrics.child(self.metrics.kv_replays, *self.lv).inc()
+        self.metrics.child(self.metrics.kv_replays, *self.lv, cause).inc()
         dealer = self._socket(zmq.DEALER)
         out: list[KvEventBatch] = []
         try:
@@ -355,7 +374,7 @@ class DrainFeed(_Feed):
             return
         for batch in batches:
             self.offer(batch, replayed=False, replayable=False)
-        self.e.kv_feed.last_event_at = self.clock()
+        self.e.kv_feed.verified_at = self.clock()
         if self.seq.last is None and self.seq.complete:
             # nothing seen yet: a fresh engine's first event is its "created"; an empty
             # drain may also mean another reader took them

@@ -149,8 +149,9 @@ class RouterMetrics:
         )
         self.kv_replays = Counter(
             "fleetgate_kv_replays",
-            "Replays asked of an engine's KV-event replay socket (start, gap, reconnect).",
-            ep,
+            "Replays asked of an engine's KV-event replay socket, by cause (start, gap, "
+            "reconnect, restart, idle).",
+            [*ep, "cause"],
             registry=r,
         )
         self.kv_restarts = Counter(
@@ -270,9 +271,9 @@ class _FleetCollector(Collector):
             labels=[*ep, "state"],
         )
         feed_age = GaugeMetricFamily(
-            "fleetgate_kv_feed_last_event_age_seconds",
-            "Seconds since the last KV-event batch (drained engines: the last drain); "
-            "absent before any.",
+            "fleetgate_kv_feed_verified_age_seconds",
+            "Seconds since the KV-event feed last confirmed it had every batch (a batch "
+            "applied, a replay or idle check answered, a drain answered); absent before any.",
             labels=ep,
         )
         kv_blocks = GaugeMetricFamily(
@@ -290,8 +291,8 @@ class _FleetCollector(Collector):
             lv = [e.id, e.engine]
             for state in FEED_STATES:
                 feed.add_metric([*lv, state], 1.0 if e.kv_feed.state == state else 0.0)
-            if e.kv_feed.last_event_at is not None:
-                feed_age.add_metric(lv, max(0.0, now - e.kv_feed.last_event_at))
+            if e.kv_feed.verified_at is not None:
+                feed_age.add_metric(lv, max(0.0, now - e.kv_feed.verified_at))
             kv_blocks.add_metric(lv, float(kv_index.blocks(e.id)))
             healthy.add_metric(lv, 1.0 if e.healthy else 0.0)
             backlog.add_metric(lv, float(e.prefilling))

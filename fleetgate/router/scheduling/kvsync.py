@@ -125,8 +125,11 @@ class KvFeedStatus:
     since: float | None = None
     """When ``state`` last changed (router clock)."""
     last_event_at: float | None = None
-    """When the last batch arrived (router clock), or for a drained engine the last
-    successful drain (its heartbeat); None before any."""
+    """When the last batch was applied (router clock); None before any."""
+    verified_at: float | None = None
+    """When the feed last confirmed it had everything the engine published: a batch
+    applied, a replay ended (also the idle check's), a drain answered (router clock).
+    vLLM sends nothing while idle, so this, not ``last_event_at``, is the heartbeat."""
     last_seq: int | None = None
     reason: str | None = None
     """Why the feed is not ``live`` (one line), for logs and debugging."""

@@ -108,8 +108,13 @@ def vllm_spec(**overrides: Any) -> EngineSpec:
 
 
 def metric(metrics: RouterMetrics, name: str, **labels: str) -> float:
-    value = metrics.registry.get_sample_value(name, labels)
-    return 0.0 if value is None else value
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(
+        sample.value
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 async def test_router_app_learns_blocks_of_a_request_it_routed() -> None:
@@ -228,6 +233,43 @@ def publishers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     monkeypatch.setattr(sim_fleet, "_kv_publisher", record)
     return made
+
+
+async def test_lost_last_batch_is_found_by_the_idle_check(publishers: list[Any]) -> None:
+    async with run_fleet([vllm_spec()], time_scale=0) as sim:
+        (eng,) = sim.engines
+        (pub,) = publishers
+        cfg = config([zmq_backend(eng)], idle_check_s=0.3)
+        async with feeds_for(cfg) as (fleet, _feeds, metrics):
+            (ep,) = fleet
+            await until(lambda: ep.kv_feed.state == "live", "feed live")
+            pub._pub = DropOrGarble(pub._pub, set(range(1000)), set())  # the SUB gets nothing
+            ids = prompt(5, 3)
+            await complete(eng.url, eng.model, ids)
+            await until(lambda: fleet.kv_index.match(ep.id, block_keys(ids, BS)) == 3,
+                        "blocks learned by the idle replay")  # fmt: skip
+            assert fleet.kv_index.engine_hashes(ep.id) == truth(eng)
+            assert metric(metrics, "fleetgate_kv_replays_total", endpoint=ep.id,
+                          cause="idle") >= 1  # fmt: skip
+            assert ep.kv_feed.state == "live"
+
+
+async def test_without_replay_a_late_router_is_partial() -> None:
+    async with run_fleet([vllm_spec()], time_scale=0) as sim:
+        (eng,) = sim.engines
+        await complete(eng.url, eng.model, prompt(6, 2))  # published before anyone listens
+        backend = zmq_backend(eng)
+        del backend["kv_events"]["replay_port"]
+        async with feeds_for(config([backend])) as (fleet, _feeds, _m):
+            (ep,) = fleet
+            await until(lambda: "first batch" in (ep.kv_feed.reason or ""), "waiting for batch")
+            assert ep.kv_feed.state == "syncing"
+            await asyncio.sleep(0.3)  # let the subscription reach the publisher
+            ids = prompt(7, 2)
+            await complete(eng.url, eng.model, ids)
+            await until(lambda: ep.kv_feed.state == "partial", "partial (batch 0 was missed)")
+            assert fleet.kv_index.match(ep.id, block_keys(ids, BS)) == 2
+            assert not ep.kv_feed.exact
 
 
 async def test_router_started_late_replays_what_was_published_before() -> None:
