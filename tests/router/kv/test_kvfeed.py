@@ -459,3 +459,11 @@ async def test_sim_lines_paste_into_router_backend_flags(tmp_path: Path) -> None
         if proc.returncode is None:
             proc.terminate()
             await asyncio.wait_for(proc.wait(), 15)
+
+
+def test_feed_runs_on_uvloop() -> None:
+    """The router CLI serves on uvloop (uvicorn[standard] installs it): zmq.asyncio works there."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(test_router_started_late_replays_what_was_published_before())
