@@ -431,7 +431,7 @@ async def test_sim_lines_paste_into_router_backend_flags(tmp_path: Path) -> None
 
     log = tmp_path / "sim.log"
     cmd = [sys.executable, "-m", "fleetgate", "sim", "--vllm", "1", "--trtllm", "1",
-           "--kv-events", "--host", "127.0.0.1", "--port", str(_free_port())]  # fmt: skip
+           "--kv-events", "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out,
                                                     stdin=asyncio.subprocess.DEVNULL)  # fmt: skip
