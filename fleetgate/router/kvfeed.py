@@ -270,8 +270,8 @@ class ZmqFeed(_Feed):
             # no replay: what the message held is lost for good
             self.index.clear(self.e.id)
             self.seq.accept_gap(self.seq.needed)
-        if self.e.kv_feed.state not in ("live", "partial") and self.seq.last is not None:
-            self.in_sync()
+        if self.seq.last is not None:
+            self.in_sync()  # live, or partial once something was lost for good
         return True
 
     async def _sync(self, cause: str) -> None:

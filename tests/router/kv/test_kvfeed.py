@@ -272,6 +272,29 @@ async def test_without_replay_a_late_router_is_partial() -> None:
             assert not ep.kv_feed.exact
 
 
+async def test_without_replay_an_undecodable_message_clears_and_goes_partial(
+    publishers: list[Any],
+) -> None:
+    async with run_fleet([vllm_spec()], time_scale=0) as sim:
+        (eng,) = sim.engines
+        (pub,) = publishers
+        backend = zmq_backend(eng)
+        del backend["kv_events"]["replay_port"]
+        async with feeds_for(config([backend])) as (fleet, _feeds, metrics):
+            (ep,) = fleet
+            await until(lambda: "first batch" in (ep.kv_feed.reason or ""), "waiting for batch")
+            await asyncio.sleep(0.3)  # let the subscription reach the publisher
+            first = prompt(8, 2)
+            await complete(eng.url, eng.model, first)
+            await until(lambda: ep.kv_feed.state == "live", "live from batch 0")
+            assert fleet.kv_index.match(ep.id, block_keys(first, BS)) == 2
+            pub._pub = DropOrGarble(pub._pub, set(), set(range(1000)))
+            await complete(eng.url, eng.model, prompt(9, 2))
+            await until(lambda: ep.kv_feed.state == "partial", "partial after the garbled batch")
+            assert fleet.kv_index.blocks(ep.id) == 0, "entries cleared: they cannot be trusted"
+            assert metric(metrics, "fleetgate_kv_decode_errors_total", endpoint=ep.id) >= 1
+
+
 async def test_router_started_late_replays_what_was_published_before() -> None:
     async with run_fleet([vllm_spec()], time_scale=0) as sim:
         (eng,) = sim.engines
