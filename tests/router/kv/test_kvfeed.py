@@ -360,15 +360,27 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def emulator_process(tmp: Path, http: int, pub: int, replay: int) -> AsyncIterator[str]:
-    """``fleetgate sim vllm serve`` with events on fixed ports, stopped by its PID."""
-    kv = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                     "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}",
-                     "topic": "kv-events"})  # fmt: skip
+async def emulator_process(
+    tmp: Path, http: int, pub: int | None = None, replay: int | None = None
+) -> AsyncIterator[str]:
+    """The emulator on fixed ports, stopped by its PID: ``vllm serve`` with events on
+    ``pub``/``replay``, or without them ``trtllm-serve`` keeping events for the drain."""
     log = tmp / f"sim-{time.monotonic_ns()}.log"
-    cmd = [sys.executable, "-m", "fleetgate", "sim", "vllm", "serve", "m", "--host", "127.0.0.1",
-           "--port", str(http), "--block-size", str(BS), "--enable-prefix-caching",
-           "--kv-events-config", kv]  # fmt: skip
+    if pub is not None:
+        kv = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                         "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}",
+                         "topic": "kv-events"})  # fmt: skip
+        cmd = [sys.executable, "-m", "fleetgate", "sim", "vllm", "serve", "m", "--host",
+               "127.0.0.1", "--port", str(http), "--block-size", str(BS),
+               "--enable-prefix-caching", "--kv-events-config", kv]  # fmt: skip
+    else:
+        options = tmp / "llm_api_options.yaml"
+        options.write_text(
+            f"kv_cache_config:\n  event_buffer_max_size: 256\n  tokens_per_block: {BS}\n"
+        )
+        cmd = [sys.executable, "-m", "fleetgate", "sim", "trtllm-serve", "m", "--host",
+               "127.0.0.1", "--port", str(http),
+               "--extra_llm_api_options", str(options)]  # fmt: skip
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out,
                                                     stdin=asyncio.subprocess.DEVNULL)  # fmt: skip
@@ -417,6 +429,29 @@ async def test_engine_restart_on_the_same_port_clears_and_relearns(tmp_path: Pat
             assert fleet.kv_index.blocks(ep.id) == 2
             assert metric(metrics, "fleetgate_kv_feed_restarts_total", endpoint=ep.id,
                           engine="vllm") == 1  # fmt: skip
+
+
+async def test_trtllm_restart_on_the_same_port_clears_and_relearns(tmp_path: Path) -> None:
+    http = _free_port()
+    backend = {"engine": "trtllm", "url": f"http://127.0.0.1:{http}",
+               "kv_events": {"transport": "http-drain", "path": "/kv_cache_events"}}  # fmt: skip
+    before, after = prompt(1, 3), prompt(2, 2)
+    async with feeds_for(config([backend])) as (fleet, _feeds, metrics):
+        (ep,) = fleet
+        async with emulator_process(tmp_path, http) as url:
+            await until(lambda: ep.kv_feed.state == "live", "feed live", 30)
+            await complete(url, "m", before)
+            await until(lambda: fleet.kv_index.match(ep.id, block_keys(before, BS)) == 3,
+                        "first engine's blocks")  # fmt: skip
+        await until(lambda: ep.kv_feed.state == "broken", "drains fail while it is down")
+        assert fleet.kv_index.blocks(ep.id) == 0, "a failed drain cannot be trusted"
+        async with emulator_process(tmp_path, http) as url:
+            await until(lambda: ep.kv_feed.state == "live", "live again (created, id 0)", 30)
+            await complete(url, "m", after)
+            await until(lambda: fleet.kv_index.match(ep.id, block_keys(after, BS)) == 2,
+                        "second engine's blocks")  # fmt: skip
+            assert fleet.kv_index.match(ep.id, block_keys(before, BS)) == 0
+            assert metric(metrics, "fleetgate_kv_feed_restarts_total", endpoint=ep.id) == 1
 
 
 async def test_endpoint_without_events_stays_off_and_bad_endpoint_breaks() -> None:
