@@ -94,7 +94,8 @@ class KvIndex:
     holder pays, a small engine keeps its view), oldest first, down to
     ``max_blocks - max_blocks // 256`` so evictions come in batches. Recency: a store
     puts the new blocks, then their parent, at the young end (a parent outlives its
-    children); a match moves the matched run there deepest first (the root youngest).
+    children); once the index is over half full, a match moves the matched run there
+    deepest first (the root youngest).
     An evicted block's descendants stay but cannot match past it (a chain stops at
     the first gap), and a later ``BlockStored`` whose parent was evicted is dropped,
     so eviction only ever under-reports.
@@ -112,6 +113,7 @@ class KvIndex:
             raise ValueError(f"max_blocks must be >= 1, not {max_blocks}")
         self.max_blocks = max_blocks
         self._low_water = max_blocks - max_blocks // 256
+        self._touch_from = max_blocks // 2
         self._order: dict[EndpointId, dict[int, BlockHash]] = {}
         self._by_engine_hash: dict[EndpointId, dict[BlockHash, int]] = {}
         self._total = 0
@@ -225,8 +227,11 @@ class KvIndex:
     def match(self, endpoint: EndpointId, keys: Sequence[int]) -> int:
         """Leading blocks of ``keys`` resident on ``endpoint`` (a chain: stop at the first gap).
 
-        The matched run becomes the most recently used (deepest first, so the root is
-        the youngest and eviction takes leaves before the prefixes they extend).
+        Once the index is over half its bound, the matched run becomes the most
+        recently used (deepest first, so the root is the youngest and eviction takes
+        leaves before the prefixes they extend). Below that, eviction is not near and
+        the move would cost ~8x the lookups (measured: 11 us against 1.4 us for 32
+        keys), so order is store order until then.
         """
         order = self._order.get(endpoint)
         if not order:
@@ -236,7 +241,7 @@ class KvIndex:
             if key not in order:
                 break
             n += 1
-        if n:
+        if n and self._total > self._touch_from:
             pop = order.pop
             for i in range(n - 1, -1, -1):
                 key = keys[i]

@@ -100,6 +100,17 @@ def test_match_refreshes_recency() -> None:
     assert idx.match(A, block_keys(tokens(1000, 1), BS)) == 0, "the least recent went"
 
 
+def test_match_below_half_the_bound_keeps_store_order() -> None:
+    idx = KvIndex(max_blocks=10)
+    for i in range(4):  # 4 of 10: not over half
+        idx.apply(A, stored([i + 1], tokens(1000 * i, 1)))
+    assert idx.match(A, block_keys(tokens(0, 1), BS)) == 1
+    for i in range(4, 11):
+        idx.apply(A, stored([i + 1], tokens(1000 * i, 1)))
+    # the match above (4 of 10 entries) did not move the first block: it went first
+    assert idx.match(A, block_keys(tokens(0, 1), BS)) == 0
+
+
 def test_eviction_takes_leaves_before_their_prefix() -> None:
     idx = KvIndex(max_blocks=4)
     toks = tokens(0, 4)
