@@ -42,10 +42,12 @@ from fleetgate.router.config import ConfigError, RouterConfig, Scheduling
 from fleetgate.router.errors import error_body
 from fleetgate.router.exchange import Exchange
 from fleetgate.router.identity import Gatekeeper, KeyFile, TenantLimiter
+from fleetgate.router.kvfeed import KvFeeds
 from fleetgate.router.metrics import ClassMetrics, RouterMetrics
 from fleetgate.router.placement import Placer
 from fleetgate.router.poller import Poller
 from fleetgate.router.rawhttp import RawUpstream
+from fleetgate.router.scheduling.kvindex import KvIndex
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.pipeline import Pipeline, PipelineWeights, default_pipeline
 from fleetgate.router.scheduling.prefix import PrefixIndex
@@ -79,6 +81,7 @@ def build_fleet(config: RouterConfig) -> Fleet:
                 metrics_source=source,
                 capacity_hint=b.capacity,
                 served_model=b.served_model,
+                kv_events=b.kv_events.endpoint(adapter.name) if b.kv_events else None,
             )
         )
     sched = config.scheduling
@@ -91,6 +94,7 @@ def build_fleet(config: RouterConfig) -> Fleet:
         endpoints,
         standby=standby,
         index=PrefixIndex(sched.index_capacity),
+        kv_index=KvIndex(config.kv_events.max_blocks),
         load_params=LoadParams(
             fresh_for=sched.fresh_for_s,
             stale_after=sched.stale_after_s,
@@ -191,6 +195,7 @@ def build_router(
     limiter = TenantLimiter(limits.default if limits else None, limits.tenants if limits else {})
     poller = Poller(fleet, client, config, metrics, clock, raw_gets=transport is None)
     poller.on_change = admission.on_fleet_change
+    kv_feeds = KvFeeds(fleet, client, config.kv_events, metrics, clock)
 
     async def models(request: Request) -> Response:
         now = clock()
@@ -224,6 +229,7 @@ def build_router(
         reload: asyncio.Task[None] | None = None
         if start_background:
             await poller.start()
+            kv_feeds.start()
             if gate.keys is not None and ident is not None and ident.api_keys is not None:
                 reload = asyncio.get_running_loop().create_task(
                     _reload_keys(gate.keys, ident.api_keys.reload_s)
@@ -235,6 +241,7 @@ def build_router(
                 reload.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reload
+            await kv_feeds.stop()
             await poller.stop()
             if queue is not None:
                 queue.close()
@@ -267,6 +274,7 @@ def build_router(
     app.state.router = services
     app.state.admission = admission
     app.state.poller = poller
+    app.state.kv_feeds = kv_feeds
     app.state.gate = gate
     app.state.limiter = limiter
     return app

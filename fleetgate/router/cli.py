@@ -41,8 +41,10 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         "--backend",
         action="append",
         default=[],
-        metavar="ENGINE=URL",
-        help="add an engine endpoint, e.g. vllm=http://127.0.0.1:18100 (repeatable)",
+        metavar="ENGINE=URL[,OPT=V...]",
+        help="add an engine endpoint, e.g. vllm=http://127.0.0.1:18100 (repeatable); "
+        "options after commas: name=ID, kv_events=tcp://HOST:PORT, kv_replay=tcp://HOST:PORT, "
+        "kv_topic=T, or kv_events=http-drain:/PATH (what `fleetgate sim --kv-events` prints)",
     )
     parser.add_argument(
         "--tokenizer",

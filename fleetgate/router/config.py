@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from fleetgate.engines import UnknownEngineError, get_adapter
+from fleetgate.engines.base import KvEventsEndpoint
 from fleetgate.router.k8s_targets import KubernetesDiscoveryConfig
 from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.served import EngineVersionError, check_version
@@ -43,6 +44,48 @@ from fleetgate.router.served import EngineVersionError, check_version
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class BackendKvEvents(_Strict):
+    """Where a static backend publishes its KV-cache events (``backends[].kv_events``).
+
+    ``zmq`` (vLLM ``--kv-events-config``): PUB ``port`` and ROUTER ``replay_port`` on the
+    backend URL's host, ``topic`` as configured on the engine (empty: every topic).
+    ``http-drain`` (TensorRT-LLM): ``POST path`` on the backend URL.
+    """
+
+    transport: Literal["zmq", "http-drain"] = "zmq"
+    port: int | None = Field(None, ge=1, le=65535)
+    replay_port: int | None = Field(None, ge=1, le=65535)
+    """Without it a gap cannot be replayed: the feed clears and goes ``partial``."""
+    topic: str = ""
+    path: str | None = None
+    format: str | None = None
+    """The decoder's name (informational; the backend's engine adapter decodes)."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> BackendKvEvents:
+        if self.transport == "zmq":
+            if self.port is None:
+                raise ValueError("transport zmq needs port")
+            if self.path is not None:
+                raise ValueError("path is for transport http-drain")
+        else:
+            if self.path is None or not self.path.startswith("/"):
+                raise ValueError("transport http-drain needs path, e.g. /kv_cache_events")
+            if self.port is not None or self.replay_port is not None:
+                raise ValueError("http-drain uses the backend URL's port: no port/replay_port")
+        return self
+
+    def endpoint(self, engine: str) -> KvEventsEndpoint:
+        return KvEventsEndpoint(
+            transport=self.transport,
+            format=self.format or engine,
+            port=self.port,
+            replay_port=self.replay_port,
+            topic=self.topic,
+            path=self.path,
+        )
 
 
 class Backend(_Strict):
@@ -62,6 +105,9 @@ class Backend(_Strict):
     served_model: str | None = Field(None, min_length=1)
     """The model name clients use, when the engine lists another (trtllm-serve lists
     its model path): shown by ``/v1/models`` and in answers in its place."""
+    kv_events: BackendKvEvents | None = None
+    """Where the engine publishes KV-cache events, for the exact prefix view (docs/router.md
+    "Exact prefix view: KV events"). Absent: no subscriber for this backend."""
 
     @field_validator("engine")
     @classmethod
@@ -235,6 +281,27 @@ class Scheduling(_Strict):
         if self.cold_choices is None:
             return None if self.router_replicas == 1 else 1
         return self.cold_choices
+
+
+class KvEventsSection(_Strict):
+    """``kv_events:`` the KV-event subscribers and the exact index (docs/router.md)."""
+
+    enabled: bool = True
+    """False: no subscriber runs, whatever backends or discovery say."""
+    max_blocks: int = Field(2_000_000, ge=1)
+    """Bound of the exact index: (endpoint, block) entries over all endpoints; past it
+    the biggest holder's least recently stored/matched entries are evicted."""
+    drain_interval_s: float = Field(0.2, gt=0)
+    """``http-drain`` (TensorRT-LLM): seconds between two ``POST``s."""
+    replay_timeout_s: float = Field(2.0, gt=0)
+    """Longest wait for a replay to end (and for one drain ``POST``)."""
+    connect_timeout_s: float = Field(5.0, gt=0)
+    """A ZeroMQ feed not connected for this long is reported ``broken``."""
+    retry_max_s: float = Field(10.0, gt=0)
+    """Longest wait between retries of a broken feed (doubling from 0.25 s)."""
+    idle_check_s: float = Field(5.0, gt=0)
+    """A ZeroMQ feed silent this long asks a replay from its last batch: a lost last
+    batch would otherwise show only at the next one (vLLM has no heartbeat)."""
 
 
 class Scrape(_Strict):
@@ -490,6 +557,7 @@ class RouterConfig(_Strict):
     timeouts: Timeouts = Timeouts()
     limits: Limits = Limits()
     discovery: Discovery = Discovery()
+    kv_events: KvEventsSection = KvEventsSection()
     identity: IdentitySection | None = None
     """API keys, a trusted gateway, per-tenant limits. Absent: any client may name any
     tenant and class (docs/deploy.md)."""
@@ -593,16 +661,59 @@ def load_config(path: str | Path) -> RouterConfig:
 
 
 def parse_backend_flag(flag: str) -> Backend:
-    """``ENGINE=URL`` from ``--backend``."""
-    engine, sep, url = flag.partition("=")
+    """``ENGINE=URL[,OPTION=VALUE...]`` from ``--backend``.
+
+    Options (what ``fleetgate sim --kv-events`` prints, so its lines paste in):
+    ``kv_events=tcp://HOST:PORT`` (ZeroMQ PUB, HOST the URL's), ``kv_replay=tcp://HOST:PORT``,
+    ``kv_topic=TOPIC``, or ``kv_events=http-drain:/PATH`` (TensorRT-LLM); ``name=ID``.
+    """
+    engine, sep, rest = flag.partition("=")
+    url, *options = rest.split(",")
     if not sep or not engine or not url:
         raise ConfigError(
             f"--backend {flag!r}: expected ENGINE=URL, e.g. vllm=http://127.0.0.1:8000"
         )
+    fields: dict[str, Any] = {"engine": engine, "url": url}
+    kv: dict[str, Any] = {}
+    for option in options:
+        key, eq, value = option.partition("=")
+        if not eq or not value:
+            raise ConfigError(f"--backend {flag!r}: option {option!r} is not KEY=VALUE")
+        if key == "name":
+            fields["name"] = value
+        elif key == "kv_events" and value.startswith("http-drain:"):
+            kv.update(transport="http-drain", path=value.removeprefix("http-drain:"))
+        elif key in ("kv_events", "kv_replay"):
+            kv["port" if key == "kv_events" else "replay_port"] = _tcp_port(flag, url, value)
+        elif key == "kv_topic":
+            kv["topic"] = value
+        else:
+            raise ConfigError(
+                f"--backend {flag!r}: unknown option {key!r} (name, kv_events, kv_replay, kv_topic)"
+            )
+    if kv:
+        fields["kv_events"] = kv
     try:
-        return Backend(engine=engine, url=url)
+        return Backend(**fields)
     except ValidationError as e:
         raise ConfigError(f"--backend {flag!r}: {_describe(e)}") from None
+
+
+def _tcp_port(flag: str, url: str, value: str) -> int:
+    """The port of ``tcp://HOST:PORT``, whose HOST must be the backend URL's."""
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or port is None:
+        raise ConfigError(f"--backend {flag!r}: {value!r} is not tcp://HOST:PORT")
+    if parts.hostname != urlsplit(url).hostname:
+        raise ConfigError(
+            f"--backend {flag!r}: {value!r}: events are read on the backend's own host "
+            f"{urlsplit(url).hostname!r}"
+        )
+    return port
 
 
 def with_backends(config: RouterConfig, flags: list[str]) -> RouterConfig:

@@ -97,6 +97,7 @@ from fleetgate.router.state import Endpoint, Fleet, Standby
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from fleetgate.router.kvfeed import KvFeeds
     from fleetgate.router.poller import Poller
 
 log = logging.getLogger("fleetgate.router.discovery")
@@ -268,10 +269,17 @@ class FleetMembership:
     """
 
     def __init__(
-        self, fleet: Fleet, poller: Poller, *, allow_url: Callable[[str], bool] | None = None
+        self,
+        fleet: Fleet,
+        poller: Poller,
+        *,
+        allow_url: Callable[[str], bool] | None = None,
+        kv_feeds: KvFeeds | None = None,
     ) -> None:
         self.fleet = fleet
         self.poller = poller
+        self.kv_feeds = kv_feeds
+        """Subscribers to the endpoints' KV events (None: no exact view)."""
         self.allow_url = allow_url or (lambda url: True)
         self.targets: dict[EndpointId, Target] = {}
         self.refused: set[Target] = set()
@@ -301,11 +309,16 @@ class FleetMembership:
             capacity_hint=t.capacity,
             served_model=t.model,
             draining=t.draining,
+            kv_events=t.kv_events,
         )
+        if t.kv_events_error:
+            log.warning("endpoint %s: %s; no exact prefix view of it", t.id, t.kv_events_error)
         self.fleet.endpoints[t.id] = e
         self.targets[t.id] = t
         loop = asyncio.get_running_loop()
         self._tasks[t.id] = [loop.create_task(self._poll(e), name=f"discovered:{t.id}")]
+        if self.kv_feeds is not None:
+            self.kv_feeds.add(e)
         release = f" {t.engine_version}" if t.engine_version else ""
         log.info("endpoint %s joined (%s%s %s, pool %s, model %s)",
                  t.id, t.engine, release, t.url, t.pool, t.model)  # fmt: skip
@@ -346,8 +359,11 @@ class FleetMembership:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.targets.pop(eid, None)
+        if self.kv_feeds is not None:
+            await self.kv_feeds.remove(eid)
         if self.fleet.endpoints.pop(eid, None) is not None:
             self.fleet.index.forget(eid)
+            self.fleet.kv_index.clear(eid)
             log.info("endpoint %s left", eid)
 
     def changed(self) -> None:
@@ -521,7 +537,12 @@ def attach(
     @contextlib.asynccontextmanager
     async def lifespan(a: Starlette) -> AsyncIterator[Any]:
         async with inner(a) as state:
-            membership = FleetMembership(a.state.router.fleet, a.state.poller, allow_url=allow_url)
+            membership = FleetMembership(
+                a.state.router.fleet,
+                a.state.poller,
+                allow_url=allow_url,
+                kv_feeds=getattr(a.state, "kv_feeds", None),
+            )
             discovery = KubernetesDiscovery(membership, config, access)
             a.state.discovery = discovery
             await discovery.start()

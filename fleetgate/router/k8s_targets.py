@@ -15,12 +15,14 @@ InferenceServices that scale from zero, known with no pod at all
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetgate.engines import UnknownEngineError, get_adapter
+from fleetgate.engines.base import KvEventsEndpoint
 from fleetgate.router.scheduling.types import EndpointId
 
 # The operator's discovery labels (fleetgate/operator/manifests.py). Copied, not
@@ -37,6 +39,7 @@ ANNOTATION_ENGINE_VERSION = "fleetgate.dev/engine-version"
 ANNOTATION_DRAIN = "fleetgate.dev/drain"
 """``"true"`` on a pod: the autoscaler chose it for removal; routers send it no new
 work and its in-flight requests finish (``fleetgate_endpoint_in_flight`` reaches 0)."""
+ANNOTATION_KV_EVENTS = "fleetgate.dev/kv-events"
 ISVC_GROUP_VERSION = "fleetgate.dev/v1alpha1"
 ISVC_PLURAL = "inferenceservices"
 
@@ -93,6 +96,11 @@ class Target:
     draining: bool = False
     """The pod is marked ``fleetgate.dev/drain: "true"`` (a flag on the live endpoint,
     changed in place: :attr:`Plan.drain`)."""
+    kv_events: KvEventsEndpoint | None = None
+    """Where the pod publishes KV-cache events (``fleetgate.dev/kv-events``; ``pods``
+    source only: EndpointSlices carry no annotations)."""
+    kv_events_error: str | None = None
+    """Why a present ``fleetgate.dev/kv-events`` annotation was not usable."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -210,7 +218,7 @@ def addresses_from_pod(pod: Mapping[str, Any], port_name: str) -> list[Address]:
     annotations = tuple(
         sorted(
             (k, str(notes[k]))
-            for k in (ANNOTATION_SERVED_MODEL, ANNOTATION_ENGINE_VERSION)
+            for k in (ANNOTATION_SERVED_MODEL, ANNOTATION_ENGINE_VERSION, ANNOTATION_KV_EVENTS)
             if notes.get(k)
         )
     )
@@ -304,6 +312,51 @@ def scale_from_zero(
     return out
 
 
+def parse_kv_events_annotation(value: str) -> KvEventsEndpoint:
+    """The operator's ``fleetgate.dev/kv-events`` JSON -> where the pod publishes.
+
+    ``{"transport": "zmq", "format", "port", "replayPort"?, "topic"?}`` or
+    ``{"transport": "http-drain", "format", "path"}`` (``manifests.kv_events_annotation``).
+    Raises ``ValueError`` with one line saying what is wrong.
+    """
+    try:
+        data = json.loads(value)
+    except ValueError:
+        raise ValueError(f"{ANNOTATION_KV_EVENTS} is not JSON: {value[:80]!r}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{ANNOTATION_KV_EVENTS} must be a JSON object")
+    known = {"transport", "format", "port", "replayPort", "topic", "path"}
+    if unknown := sorted(set(data) - known):
+        raise ValueError(f"{ANNOTATION_KV_EVENTS}: unknown field(s) {', '.join(unknown)}")
+    transport = data.get("transport")
+    fmt = data.get("format")
+    if not isinstance(fmt, str) or not fmt:
+        raise ValueError(f"{ANNOTATION_KV_EVENTS}: format must be a non-empty string")
+
+    def port(name: str) -> int | None:
+        v = data.get(name)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
+            raise ValueError(f"{ANNOTATION_KV_EVENTS}: {name} must be a port 1-65535, not {v!r}")
+        return v
+
+    topic = data.get("topic", "")
+    if not isinstance(topic, str):
+        raise ValueError(f"{ANNOTATION_KV_EVENTS}: topic must be a string")
+    if transport == "zmq":
+        pub = port("port")
+        if pub is None:
+            raise ValueError(f"{ANNOTATION_KV_EVENTS}: transport zmq needs port")
+        return KvEventsEndpoint("zmq", fmt, port=pub, replay_port=port("replayPort"), topic=topic)
+    if transport == "http-drain":
+        path = data.get("path")
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ValueError(f"{ANNOTATION_KV_EVENTS}: transport http-drain needs a /path")
+        return KvEventsEndpoint("http-drain", fmt, path=path)
+    raise ValueError(f"{ANNOTATION_KV_EVENTS}: unknown transport {transport!r}")
+
+
 def engine_version(a: Address, engine_spec: Mapping[str, Any]) -> str | None:
     """The release an address's engine runs, as the operator wrote its arguments for.
 
@@ -346,6 +399,13 @@ def target_for(
         return None
     who = a.pod or f"{a.service}/{a.address}:{a.port}"
     host = f"[{a.address}]" if a.ipv6 else a.address
+    kv_events, kv_error = None, None
+    noted = a.annotation(ANNOTATION_KV_EVENTS)
+    if noted:
+        try:
+            kv_events = parse_kv_events_annotation(noted)
+        except ValueError as e:
+            kv_error = str(e)
     return Target(
         id=EndpointId(f"{a.namespace}/{who}"),
         pool=pool,
@@ -358,6 +418,8 @@ def target_for(
         or str((spec.get("model") or {}).get("name") or a.service),
         engine_version=engine_version(a, engine_spec) if _versioned(engine) else None,
         draining=a.draining,
+        kv_events=kv_events,
+        kv_events_error=kv_error,
     )
 
 

@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fleetgate.router.priority.config import PriorityConfig
+from fleetgate.router.scheduling.kvsync import FEED_STATES
 from fleetgate.router.state import Fleet
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -153,6 +154,32 @@ class RouterMetrics:
             registry=r,
         )
 
+        self.kv_events = Counter(
+            "fleetgate_kv_events",
+            "KV-cache events applied to the exact index, by kind (stored, removed, cleared).",
+            [*ep, "kind"],
+            registry=r,
+        )
+        self.kv_replays = Counter(
+            "fleetgate_kv_replays",
+            "Replays asked of an engine's KV-event replay socket, by cause (start, gap, "
+            "reconnect, restart, idle).",
+            [*ep, "cause"],
+            registry=r,
+        )
+        self.kv_restarts = Counter(
+            "fleetgate_kv_feed_restarts",
+            "Engine restarts seen in a KV-event stream (the endpoint's entries were cleared).",
+            ep,
+            registry=r,
+        )
+        self.kv_decode_errors = Counter(
+            "fleetgate_kv_decode_errors",
+            "KV-event messages that did not decode (each handled as a gap).",
+            ep,
+            registry=r,
+        )
+
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, memoised: the request path asks for the same few
         children on every request, and label sets are bounded (see module docstring)."""
@@ -201,7 +228,7 @@ class _FleetCollector(Collector):
         self.fleet = fleet
         self.clock = clock
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         now = self.clock()
         ep = ["endpoint", "engine"]
         healthy = GaugeMetricFamily(
@@ -252,8 +279,36 @@ class _FleetCollector(Collector):
             "first token yet (the prefill-cost rule's input).",
             labels=ep,
         )
+        feed = GaugeMetricFamily(
+            "fleetgate_kv_feed_state",
+            "1 for the KV-event feed's current state (off, syncing, live, partial, broken); "
+            "the exact view is used only while live.",
+            labels=[*ep, "state"],
+        )
+        feed_age = GaugeMetricFamily(
+            "fleetgate_kv_feed_verified_age_seconds",
+            "Seconds since the KV-event feed last confirmed it had every batch (a batch "
+            "applied, a replay or idle check answered, a drain answered); absent before any.",
+            labels=ep,
+        )
+        kv_blocks = GaugeMetricFamily(
+            "fleetgate_kv_index_blocks",
+            "Blocks the exact index holds for the endpoint (from its KV events).",
+            labels=ep,
+        )
+        kv_index = self.fleet.kv_index
+        evictions = CounterMetricFamily(
+            "fleetgate_kv_index_evictions",
+            "Exact-index entries evicted by its bound (kv_events.max_blocks).",
+        )
+        evictions.add_metric([], float(kv_index.evicted))
         for e in self.fleet:
             lv = [e.id, e.engine]
+            for state in FEED_STATES:
+                feed.add_metric([*lv, state], 1.0 if e.kv_feed.state == state else 0.0)
+            if e.kv_feed.verified_at is not None:
+                feed_age.add_metric(lv, max(0.0, now - e.kv_feed.verified_at))
+            kv_blocks.add_metric(lv, float(kv_index.blocks(e.id)))
             healthy.add_metric(lv, 1.0 if e.healthy else 0.0)
             backlog.add_metric(lv, float(e.prefilling))
             if e.speed.seconds_per_token is not None:
@@ -273,6 +328,7 @@ class _FleetCollector(Collector):
             if s.prefix_query_tokens is not None:
                 queries.add_metric(lv, s.prefix_query_tokens)
         yield from (healthy, ejected, age, kv, queued, hits, queries, index, speed, backlog)
+        yield from (feed, feed_age, kv_blocks, evictions)
 
 
 class ClassMetrics:

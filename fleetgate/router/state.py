@@ -29,10 +29,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 
-from fleetgate.engines.base import EngineAdapter, LoadSnapshot, MetricsSource
+from fleetgate.engines.base import EngineAdapter, KvEventsEndpoint, LoadSnapshot, MetricsSource
 from fleetgate.router.priority.saturation import SaturationView
 from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.kvindex import KvIndex
+from fleetgate.router.scheduling.kvsync import KvFeedStatus
 from fleetgate.router.scheduling.load import LoadParams, RouterCounts, estimate_load
 from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached
 from fleetgate.router.scheduling.prefix import PrefixIndex
@@ -83,10 +84,17 @@ class Endpoint:
     """Marked for removal (Kubernetes discovery: the pod's ``fleetgate.dev/drain``
     annotation): the ``not-draining`` filter sends it no new work; what runs there
     finishes."""
-    kv_live: bool = False
-    """This endpoint's KV-event feed is live (set by the KV-event subscriber): only then
-    does the exact view (``Fleet.kv_index``) speak for it; otherwise the approximate
-    prefix index does."""
+    kv_events: KvEventsEndpoint | None = None
+    """Where the engine publishes KV-cache events (None: no exact view of it)."""
+    kv_feed: KvFeedStatus = dataclasses.field(default_factory=KvFeedStatus)
+    """Its subscriber's state (``fleetgate.router.kvfeed``): the exact view in
+    ``Fleet.kv_index`` is usable only while ``kv_feed.exact`` (state ``live``)."""
+
+    @property
+    def kv_live(self) -> bool:
+        """The exact view (``Fleet.kv_index``) speaks for this endpoint: its KV-event
+        feed is ``live``; otherwise the approximate prefix index does."""
+        return self.kv_feed.exact
 
     @property
     def block_size(self) -> int:
@@ -205,7 +213,8 @@ class Standby:
 
 
 class Fleet:
-    """All endpoints, plus the prefix index over them. Built per app, never global."""
+    """All endpoints, plus the prefix indexes over them (the approximate one from the
+    router's own routing, the exact one from KV events). Built per app, never global."""
 
     def __init__(
         self,
@@ -223,8 +232,8 @@ class Fleet:
             self.endpoints[e.id] = e
         self.index = index
         self.load_params = load_params
-        self.kv_index = kv_index
-        """The exact view, fed by engines' KV events (None: no feed configured)."""
+        self.kv_index = kv_index if kv_index is not None else KvIndex()
+        """The exact prefix view, fed by the engines' KV events (``fleetgate.router.kvfeed``)."""
         self.standby: dict[str, Standby] = {s.model: s for s in standby}
         """Models that scale from zero, by served name (known with 0 endpoints)."""
 

@@ -31,6 +31,7 @@ import yaml
 from pydantic import ValidationError
 
 from fleetgate.cli import CliError
+from fleetgate.engines.trtllm.kv_events import KV_EVENTS_PATH as TRTLLM_KV_EVENTS_PATH
 from fleetgate.sim.entrypoints import ENGINE_COMMANDS, default_profile
 from fleetgate.sim.fleet import EngineSpec, FleetError, FleetFile, check_loopback, run_fleet
 
@@ -89,8 +90,11 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--kv-events",
         action="store_true",
-        help="vLLM: publish KV-cache events over ZeroMQ (vLLM 0.32 wire) on ephemeral "
-        "loopback ports, printed as kv_events=... kv_replay=...",
+        help="KV-cache events: vLLM publishes over ZeroMQ (vLLM 0.32 wire) on ephemeral "
+        "loopback ports, printed as kv_events=... kv_replay=...; TensorRT-LLM keeps them "
+        "for POST /kv_cache_events (printed kv_events=http-drain:/kv_cache_events). "
+        "Append the printed options to the router's --backend: "
+        "--backend vllm=URL,kv_events=tcp://...,kv_replay=tcp://...",
     )
     group.add_argument(
         "--no-prompt-tokens-details",
@@ -171,7 +175,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int
                 enable_prompt_tokens_details=details,
                 max_num_queued_reqs=args.max_num_queued_reqs,
                 version=args.vllm_version if kind == "vllm" else None,
-                kv_events=bool(args.kv_events) and kind == "vllm",
+                kv_events=bool(args.kv_events),
             )
             for _ in range(count)
         ]
@@ -196,8 +200,10 @@ async def serve(args: argparse.Namespace) -> int:
         async with run_fleet(
             specs, args.host, args.port, model=model, time_scale=time_scale, seed=seed
         ) as fleet:
-            for e in fleet.engines:
+            for spec, e in zip(specs, fleet.engines, strict=True):
                 kv = f" kv_events={e.kv_events} kv_replay={e.kv_replay}" if e.kv_events else ""
+                if spec.kind == "trtllm" and spec.kv_events:
+                    kv = f" kv_events=http-drain:{TRTLLM_KV_EVENTS_PATH}"
                 print(f"engine={e.kind} url={e.url} model={e.model}{kv}", flush=True)
             await stop.wait()
     except FleetError as e:

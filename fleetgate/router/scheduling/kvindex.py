@@ -12,6 +12,12 @@ finds its entries.
 Block size is part of the key (a block of 16 tokens and one of 32 never share a
 key), so engines with different block sizes share one index.
 
+Bounded (:class:`KvIndex` ``max_blocks``): past the bound the index evicts, from the
+endpoint that holds the most entries, its least recently stored or matched ones. An
+evicted entry only makes the view a subset of the truth (a block the engine still
+holds is not matched; never the other way round). Memory per entry is measured by
+``python -m fleetgate_tools.bench.kvindex_memory`` (docs/router.md).
+
 Pure: no I/O, no clock. The subscriber (``fleetgate.router.kvfeed``) feeds it from
 the event loop.
 """
@@ -20,7 +26,8 @@ from __future__ import annotations
 
 import array
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from itertools import islice
 
 from fleetgate.engines.base import (
     AllBlocksCleared,
@@ -66,15 +73,52 @@ def _next_key(
     return int.from_bytes(_step(parent, tokens), "big")
 
 
+DEFAULT_MAX_BLOCKS = 2_000_000
+"""Default bound on (endpoint, block) entries. An entry costs ~200 bytes (measured,
+docs/router.md), so 2 million is ~380 MiB, within the chart's 1 GiB router limit; it
+covers ~65 engines of 30k GPU blocks (an 80 GB card serving an 8B model at block
+size 16). Set ``kv_events.max_blocks`` to the fleet's total GPU blocks or more."""
+
+
 class KvIndex:
-    """Block key -> endpoints holding it, fed by KV events, queried per request.
+    """Per endpoint: block key -> engine hash and back, fed by KV events, queried per request.
+
+    Each endpoint has two dicts: ``_order`` (router key -> engine hash, in recency
+    order: the first entry is the least recently stored or matched) and
+    ``_by_engine_hash`` (engine hash -> router key, for ``BlockRemoved`` and parent
+    lookups). Nothing is shared between endpoints, so :meth:`match` is one dict
+    lookup per key and :meth:`clear` drops two dicts.
+
+    Bound: at most ``max_blocks`` entries over all endpoints. When a store goes past
+    it, entries are evicted from the endpoint holding the most (fair: the biggest
+    holder pays, a small engine keeps its view), oldest first, down to
+    ``max_blocks - max_blocks // 256`` so evictions come in batches. Recency: a store
+    puts the new blocks, then their parent, at the young end (a parent outlives its
+    children); once the index is over half full, a match moves the matched run there
+    deepest first (the root youngest).
+    An evicted block's descendants stay but cannot match past it (a chain stops at
+    the first gap), and a later ``BlockStored`` whose parent was evicted is dropped,
+    so eviction only ever under-reports.
+
+    One key under two engine hashes on one endpoint (the engine hashed something the
+    router key does not see, e.g. a cache salt): the newer hash wins and the older
+    one's later ``BlockRemoved`` is ignored; removing the newer removes the key
+    (under-reporting again, never over).
 
     Not thread-safe: one router process, its event loop.
     """
 
-    def __init__(self) -> None:
-        self._holders: dict[int, set[EndpointId]] = {}
+    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks must be >= 1, not {max_blocks}")
+        self.max_blocks = max_blocks
+        self._low_water = max_blocks - max_blocks // 256
+        self._touch_from = max_blocks // 2
+        self._order: dict[EndpointId, dict[int, BlockHash]] = {}
         self._by_engine_hash: dict[EndpointId, dict[BlockHash, int]] = {}
+        self._total = 0
+        self.evicted = 0
+        """Entries evicted by the bound since the index was built (a counter)."""
 
     # ------------------------------------------------------------------ feed
 
@@ -84,76 +128,135 @@ class KvIndex:
             if isinstance(event, BlockStored):
                 self._stored(endpoint, event)
             elif isinstance(event, BlockRemoved):
-                self._removed(endpoint, event.block_hashes)
+                self._removed(endpoint, event)
             elif isinstance(event, AllBlocksCleared):
-                self.clear(endpoint)
+                if event.medium in (None, "GPU", "gpu"):
+                    self.clear(endpoint)
+        if self._total > self.max_blocks:
+            self._evict(self._total - self._low_water)
 
     def _stored(self, endpoint: EndpointId, event: BlockStored) -> None:
         if event.medium not in (None, "GPU", "gpu"):
             return
         if event.spec_kind not in (None, "full_attention"):
             return
-        hashes = self._by_engine_hash.setdefault(endpoint, {})
         size = event.block_size
         if size <= 0 or len(event.token_ids) < size * len(event.block_hashes):
             return  # a partial block: never matched
+        hashes = self._by_engine_hash.get(endpoint)
+        order = self._order.get(endpoint)
+        if hashes is None or order is None:
+            hashes = self._by_engine_hash[endpoint] = {}
+            order = self._order[endpoint] = {}
         parent: int | None = None
         if event.parent_hash is not None:
-            found = hashes.get(event.parent_hash)
-            if found is None:
-                return  # the parent was never seen: its chain cannot be keyed
-            parent = found
+            parent = hashes.get(event.parent_hash)
+            if parent is None:
+                return  # the parent was never seen (or evicted): the chain cannot be keyed
+        added = 0
+        new_keys: list[int] = []
+        tokens = event.token_ids
+        key = parent
         for i, engine_hash in enumerate(event.block_hashes):
-            key = _next_key(
-                parent, event.token_ids[i * size : (i + 1) * size], size, event.lora_name
-            )
+            key = _next_key(key, tokens[i * size : (i + 1) * size], size, event.lora_name)
+            old_key = hashes.get(engine_hash)
+            if old_key is not None and old_key != key:
+                # the engine reused a hash for other tokens: the old entry is gone
+                if order.get(old_key) == engine_hash:
+                    del order[old_key]
+                    added -= 1
+            old_hash = order.pop(key, None)
+            if old_hash is None:
+                added += 1
+            elif old_hash != engine_hash:
+                hashes.pop(old_hash, None)  # one key, two hashes: the newer wins
             hashes[engine_hash] = key
-            self._holders.setdefault(key, set()).add(endpoint)
-            parent = key
+            order[key] = engine_hash
+            new_keys.append(key)
+        # recency: the deepest block oldest, the parent youngest
+        for k in reversed(new_keys[:-1]):
+            order[k] = order.pop(k)
+        if parent is not None and parent in order:
+            order[parent] = order.pop(parent)
+        self._total += added
 
-    def _removed(self, endpoint: EndpointId, engine_hashes: Iterable[BlockHash]) -> None:
+    def _removed(self, endpoint: EndpointId, event: BlockRemoved) -> None:
+        if event.medium not in (None, "GPU", "gpu"):
+            return
         hashes = self._by_engine_hash.get(endpoint)
         if not hashes:
             return
-        for engine_hash in engine_hashes:
+        order = self._order[endpoint]
+        for engine_hash in event.block_hashes:
             key = hashes.pop(engine_hash, None)
-            if key is None:
-                continue
-            holders = self._holders.get(key)
-            if holders is not None:
-                holders.discard(endpoint)
-                if not holders:
-                    del self._holders[key]
+            if key is not None and order.get(key) == engine_hash:
+                del order[key]
+                self._total -= 1
 
     def clear(self, endpoint: EndpointId) -> None:
-        """Forget everything ``endpoint`` held (AllBlocksCleared, an engine restart)."""
-        hashes = self._by_engine_hash.pop(endpoint, None)
-        if hashes:
-            self._removed_keys(endpoint, hashes.values())
+        """Forget everything ``endpoint`` held (AllBlocksCleared, a restart, it left)."""
+        self._by_engine_hash.pop(endpoint, None)
+        order = self._order.pop(endpoint, None)
+        if order:
+            self._total -= len(order)
 
-    def _removed_keys(self, endpoint: EndpointId, keys: Iterable[int]) -> None:
-        for key in keys:
-            holders = self._holders.get(key)
-            if holders is not None:
-                holders.discard(endpoint)
-                if not holders:
-                    del self._holders[key]
+    def _evict(self, count: int) -> None:
+        """Evict ``count`` entries, always from the endpoint holding the most."""
+        batch = max(1, self.max_blocks // 1024)
+        while count > 0:
+            endpoint = max(self._order, key=lambda e: len(self._order[e]))
+            order = self._order[endpoint]
+            if not order:
+                return
+            hashes = self._by_engine_hash[endpoint]
+            victims = list(islice(order.items(), min(count, batch)))
+            for key, engine_hash in victims:
+                del order[key]
+                hashes.pop(engine_hash, None)
+            n = len(victims)
+            self._total -= n
+            self.evicted += n
+            count -= n
 
     # ----------------------------------------------------------------- query
 
     def blocks(self, endpoint: EndpointId) -> int:
         """Blocks ``endpoint`` is known to hold."""
-        return len(self._by_engine_hash.get(endpoint, ()))
+        return len(self._order.get(endpoint, ()))
 
     def match(self, endpoint: EndpointId, keys: Sequence[int]) -> int:
-        """Leading blocks of ``keys`` resident on ``endpoint`` (a chain: stop at the first gap)."""
+        """Leading blocks of ``keys`` resident on ``endpoint`` (a chain: stop at the first gap).
+
+        Once the index is over half its bound, the matched run becomes the most
+        recently used (deepest first, so the root is the youngest and eviction takes
+        leaves before the prefixes they extend). Below that, eviction is not near and
+        the move would cost ~8x the lookups (measured: 11 us against 1.4 us for 32
+        keys), so order is store order until then.
+        """
+        order = self._order.get(endpoint)
+        if not order:
+            return 0
         n = 0
         for key in keys:
-            holders = self._holders.get(key)
-            if holders is None or endpoint not in holders:
+            if key not in order:
                 break
             n += 1
+        if n and self._total > self._touch_from:
+            pop = order.pop
+            for i in range(n - 1, -1, -1):
+                key = keys[i]
+                order[key] = pop(key)
         return n
 
+    def engine_hashes(self, endpoint: EndpointId) -> frozenset[BlockHash]:
+        """The engine's own hashes of the blocks ``endpoint`` is known to hold (debugging,
+        tests: compare with what the engine says it caches)."""
+        return frozenset(self._by_engine_hash.get(endpoint, ()))
+
+    def endpoints(self) -> list[EndpointId]:
+        """Endpoints with at least one entry."""
+        return [e for e, order in self._order.items() if order]
+
     def __len__(self) -> int:
-        return len(self._holders)
+        """Entries over all endpoints ((endpoint, block) pairs: what ``max_blocks`` bounds)."""
+        return self._total

@@ -78,7 +78,8 @@ class Router:
         self.s.fleet.kv_index = KvIndex()
         self.eps: list[Endpoint] = list(self.s.fleet)
         for e, on in zip(self.eps, live, strict=True):
-            e.healthy, e.models, e.kv_live = True, frozenset({MODEL}), on
+            e.healthy, e.models = True, frozenset({MODEL})
+            e.kv_feed.set("live" if on else "off", 0.0)
         self.by_url = {e.url: e.id for e in self.eps}
 
     def engine(self, request: httpx.Request) -> httpx.Response:
@@ -276,7 +277,7 @@ def test_fleet_views_use_the_exact_view_only_where_the_feed_is_live() -> None:
     full = len(prefix) // BS * BS
     assert views[a.id].exact_cached_tokens == full
     assert views[b.id].exact_cached_tokens is None
-    b.kv_live = True
+    b.kv_feed.set("live", 0.0)
     assert r.s.fleet.views((), [], 0.0, keys)[1].exact_cached_tokens == full
     r.s.fleet.kv_index = None
     assert all(v.exact_cached_tokens is None for v in r.s.fleet.views((), [], 0.0, keys))

@@ -1,0 +1,454 @@
+"""KV-event subscribers: one task per endpoint that publishes events, feeding the KvIndex.
+
+Each endpoint whose :attr:`~fleetgate.router.state.Endpoint.kv_events` is set gets one
+asyncio task (:class:`KvFeeds`), started with the app (static backends) or when
+Kubernetes discovery adds the endpoint, cancelled when it leaves (its index entries
+are then cleared). Batches are decoded by the endpoint's adapter
+(``decode_kv_events``) and applied to ``Fleet.kv_index`` in order, under the rules of
+:class:`~fleetgate.router.scheduling.kvsync.FeedSequencer`.
+
+``zmq`` (vLLM): a SUB socket on ``tcp://<endpoint host>:<port>`` subscribed to the
+topic, and for every replay a fresh DEALER on the replay port (a request that timed
+out can never answer a later one). A socket monitor reports the connection:
+
+* connected (handshake done): replay from the first batch not applied yet (0 at
+  start), so what was published before the subscription took effect is not lost;
+  after a reconnect the replay starts one batch earlier, at the last applied one,
+  whose timestamp must match: otherwise another publisher (a restarted engine) owns
+  the port, the endpoint's entries are cleared and the replay starts again from 0;
+* a batch whose ``seq`` jumps (or a message that does not decode: never "nothing
+  changed") asks a replay from the first missing batch; a batch that goes back is an
+  engine restart (entries cleared); replayed batches the SUB socket delivers again
+  are skipped;
+* a replay whose first batch is later than asked (the engine's buffer no longer
+  reaches back) is applied anyway and the feed is ``partial``.
+
+``http-drain`` (TensorRT-LLM): ``POST`` the path on the engine's HTTP port every
+``kv_events.drain_interval_s`` through the router's httpx client. Reading removes
+the events, so there is no replay: a lost or undecodable body clears the endpoint's
+entries and the feed is ``partial`` until the engine reports a new cache
+(``created``, decoded as ``AllBlocksCleared``).
+
+Failures (no connection, replay unanswered, HTTP errors) make the feed ``broken``
+and are retried with a doubling backoff up to ``kv_events.retry_max_s``; the scorer
+uses an endpoint's exact view only while its feed is ``live``
+(:attr:`~fleetgate.router.scheduling.kvsync.KvFeedStatus.exact`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
+
+import httpx
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from fleetgate.engines.base import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEventBatch,
+    KvEventsDecodeError,
+)
+from fleetgate.router.config import KvEventsSection
+from fleetgate.router.metrics import RouterMetrics
+from fleetgate.router.scheduling.kvindex import KvIndex
+from fleetgate.router.scheduling.kvsync import FeedSequencer, FeedState, Step
+from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.router.state import Endpoint, Fleet
+
+log = logging.getLogger("fleetgate.router.kvfeed")
+
+_KINDS = {BlockStored: "stored", BlockRemoved: "removed", AllBlocksCleared: "cleared"}
+
+
+class _Gap(Exception):
+    """Batches are missing (or a message did not decode): replay from ``needed``."""
+
+
+class _Broken(Exception):
+    """The stream cannot be read right now (one line why)."""
+
+
+def zmq_url(endpoint_url: str, port: int) -> str:
+    """``tcp://host:port`` on the host of the engine's HTTP URL (brackets for IPv6)."""
+    host = urlsplit(endpoint_url).hostname or ""
+    shown = f"[{host}]" if ":" in host else host
+    return f"tcp://{shown}:{port}"
+
+
+class _Feed:
+    """What both transports share: the sequencer, the index, status and metrics."""
+
+    def __init__(
+        self,
+        e: Endpoint,
+        index: KvIndex,
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
+        config: KvEventsSection,
+    ) -> None:
+        self.e = e
+        self.index = index
+        self.metrics = metrics
+        self.clock = clock
+        self.config = config
+        self.seq = FeedSequencer()
+        self.lv = (e.id, e.engine)
+
+    def state(self, state: FeedState, reason: str | None = None) -> None:
+        if self.e.kv_feed.set(state, self.clock(), reason):
+            if state in ("live", "syncing"):
+                log.info(
+                    "endpoint %s: KV feed %s%s", self.e.id, state, f" ({reason})" * bool(reason)
+                )
+            else:
+                log.warning("endpoint %s: KV feed %s: %s", self.e.id, state, reason)
+
+    def in_sync(self) -> None:
+        if self.seq.complete:
+            self.state("live")
+        else:
+            self.state("partial", "batches from before the feed started (or lost) are missing")
+
+    def decode(self, frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
+        try:
+            return self.e.adapter.decode_kv_events(frames)
+        except KvEventsDecodeError as err:
+            self.metrics.child(self.metrics.kv_decode_errors, *self.lv).inc()
+            log.warning("endpoint %s: undecodable KV event message: %s", self.e.id, err)
+            raise
+
+    def restart(self) -> None:
+        """The engine restarted: forget its blocks, expect a stream from 0."""
+        log.info(
+            "endpoint %s: KV event stream restarted (engine restart): entries cleared", self.e.id
+        )
+        self.index.clear(self.e.id)
+        self.seq.restart()
+        self.metrics.child(self.metrics.kv_restarts, *self.lv).inc()
+
+    def apply(self, batch: KvEventBatch) -> None:
+        self.index.apply(self.e.id, batch)
+        self.seq.applied(batch.seq, batch.ts)
+        status = self.e.kv_feed
+        status.last_event_at = status.verified_at = self.clock()
+        if batch.seq is not None:
+            status.last_seq = batch.seq
+        for event in batch.events:
+            self.metrics.child(self.metrics.kv_events, *self.lv, _KINDS[type(event)]).inc()
+            if isinstance(event, AllBlocksCleared) and event.medium in (None, "GPU", "gpu"):
+                self.seq.cleared()
+
+    def offer(self, batch: KvEventBatch, *, replayed: bool, replayable: bool) -> None:
+        """One batch from the stream: apply, skip, or raise :class:`_Gap`."""
+        step = self.seq.classify(batch.seq, batch.ts)
+        if step is Step.RESTART:
+            self.restart()
+            step = self.seq.classify(batch.seq, batch.ts)
+        if step is Step.DUPLICATE:
+            return
+        if step is Step.GAP:
+            if replayable and not replayed:
+                raise _Gap(f"seq {batch.seq} after {self.seq.last}")
+            # a replay that starts later than asked, or a stream without replay
+            assert batch.seq is not None
+            log.warning("endpoint %s: KV batches %d..%d lost for good; view partial",
+                        self.e.id, self.seq.needed, batch.seq - 1)  # fmt: skip
+            self.seq.accept_gap(batch.seq)
+        self.apply(batch)
+
+
+class ZmqFeed(_Feed):
+    """vLLM's ZeroMQ PUB stream + ROUTER replay (see the module docstring)."""
+
+    def __init__(
+        self,
+        e: Endpoint,
+        index: KvIndex,
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
+        config: KvEventsSection,
+        ctx: zmq.asyncio.Context,
+    ) -> None:
+        super().__init__(e, index, metrics, clock, config)
+        kv = e.kv_events
+        assert kv is not None and kv.transport == "zmq" and kv.port is not None
+        self.ctx = ctx
+        self.url = zmq_url(e.url, kv.port)
+        self.replay_url = zmq_url(e.url, kv.replay_port) if kv.replay_port is not None else None
+        self.topic = kv.topic.encode()
+        self.ipv6 = self.url.startswith("tcp://[")
+
+    async def run(self) -> None:
+        self.state("syncing", "connecting")
+        delay = 0.25
+        while True:
+            started = self.clock()
+            try:
+                await self._session()
+            except _Broken as err:
+                self.state("broken", str(err))
+            except zmq.ZMQError as err:
+                self.state("broken", f"zmq: {err}")
+            if self.clock() - started > self.config.retry_max_s:
+                delay = 0.25  # the session had worked for a while: start the backoff over
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.config.retry_max_s)
+
+    def _socket(self, kind: int) -> zmq.asyncio.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.ipv6:
+            sock.setsockopt(zmq.IPV6, 1)
+        return sock
+
+    async def _session(self) -> None:
+        sub = self._socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        try:
+            sub.connect(self.url)
+            await self._read(sub, monitor)
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    async def _read(self, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        connected = False
+        sync_cause: str | None = None
+        waited_since = quiet_since = self.clock()
+        while True:
+            if connected and sync_cause is not None:
+                await self._sync(sync_cause)
+                sync_cause = None
+                quiet_since = self.clock()
+            ready = dict(await poller.poll(timeout=250))
+            if monitor in ready:
+                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    connected = True
+                    sync_cause = "start" if self.seq.last is None else "reconnect"
+                elif event == zmq.EVENT_DISCONNECTED:
+                    connected = False
+                    waited_since = self.clock()
+                    self.state("syncing", "publisher disconnected")
+                continue
+            if sub in ready:
+                quiet_since = self.clock()
+                if not await self._live(await sub.recv_multipart()):
+                    sync_cause = "gap"
+                continue
+            now = self.clock()
+            if not connected and now - waited_since > self.config.connect_timeout_s:
+                self.state("broken", f"no connection to {self.url}")
+            elif connected and self.replay_url is not None:
+                if now - quiet_since > self.config.idle_check_s:
+                    sync_cause = "idle"  # a lost last batch shows only this way
+
+    async def _live(self, frames: list[bytes]) -> bool:
+        """One message from the SUB socket; False when a replay must follow."""
+        replayable = self.replay_url is not None
+        try:
+            for batch in self.decode(frames):
+                self.offer(batch, replayed=False, replayable=replayable)
+        except (_Gap, KvEventsDecodeError) as err:
+            if replayable:
+                self.state("syncing", f"gap: {err}")
+                return False
+            # no replay: what the message held is lost for good
+            self.index.clear(self.e.id)
+            self.seq.accept_gap(self.seq.needed)
+        if self.seq.last is not None:
+            self.in_sync()  # live, or partial once something was lost for good
+        return True
+
+    async def _sync(self, cause: str) -> None:
+        """Replay what is missing (see the module docstring); raises :class:`_Broken`."""
+        if self.replay_url is None:
+            if self.seq.last is not None:
+                self.restart()  # nothing can tell whether the publisher is the same one
+            self.state("syncing", "no replay socket: waiting for the first batch")
+            return
+        verify = self.seq.last
+        start = verify if verify is not None else self.seq.needed
+        batches = await self._replay(start, cause)
+        if verify is not None:
+            first = batches[0] if batches else None
+            if first is None or first.seq != verify or not self.seq.same_stream(verify, first.ts):
+                self.restart()  # another stream on the port: start over from 0
+                if verify != 0:
+                    batches = await self._replay(0, "restart")
+            else:
+                batches = batches[1:]
+        for i, batch in enumerate(batches):
+            self.offer(batch, replayed=True, replayable=True)
+            if i % 256 == 255:
+                await asyncio.sleep(0)  # a long replay does not hold the event loop
+        self.e.kv_feed.verified_at = self.clock()
+        self.in_sync()
+
+    async def _replay(self, start: int, cause: str) -> list[KvEventBatch]:
+        """Every buffered batch from ``start`` on, through a fresh DEALER socket."""
+        assert self.replay_url is not None
+        self.metrics.child(self.metrics.kv_replays, *self.lv, cause).inc()
+        dealer = self._socket(zmq.DEALER)
+        out: list[KvEventBatch] = []
+        try:
+            dealer.connect(self.replay_url)
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.config.replay_timeout_s
+            while True:
+                left = deadline - loop.time()
+                if left <= 0 or not await dealer.poll(timeout=int(left * 1000) + 1):
+                    raise _Broken(f"replay from {self.replay_url} unanswered")
+                frames = await dealer.recv_multipart()
+                try:
+                    batches = self.decode(frames)
+                except KvEventsDecodeError as err:
+                    raise _Broken(f"undecodable replay message: {err}") from None
+                if not batches:
+                    return out  # the end marker
+                out.extend(batches)
+        finally:
+            dealer.close(linger=0)
+
+
+class DrainFeed(_Feed):
+    """TensorRT-LLM's ``POST /kv_cache_events`` (reading drains the engine's buffer)."""
+
+    def __init__(
+        self,
+        e: Endpoint,
+        index: KvIndex,
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
+        config: KvEventsSection,
+        client: httpx.AsyncClient,
+    ) -> None:
+        super().__init__(e, index, metrics, clock, config)
+        kv = e.kv_events
+        assert kv is not None and kv.transport == "http-drain" and kv.path is not None
+        self.client = client
+        self.url = e.url + kv.path
+
+    async def run(self) -> None:
+        self.state("syncing", "first drain")
+        delay = self.config.drain_interval_s
+        while True:
+            try:
+                await self.drain()
+                delay = self.config.drain_interval_s
+            except _Broken as err:
+                self.state("broken", str(err))
+                delay = min(max(delay * 2, 0.25), self.config.retry_max_s)
+            await asyncio.sleep(delay)
+
+    async def drain(self) -> None:
+        """One ``POST``: apply what it returns."""
+        try:
+            resp = await self.client.post(self.url, timeout=self.config.replay_timeout_s)
+        except httpx.HTTPError as err:
+            # the engine may have answered (and dropped its events) before the error
+            self._lost(f"drain failed: {err!r}")
+            raise _Broken(f"POST {self.url}: {err!r}") from None
+        if resp.status_code != 200:
+            raise _Broken(f"POST {self.url}: HTTP {resp.status_code}")
+        try:
+            batches = self.decode([resp.content])
+        except KvEventsDecodeError:
+            self._lost("undecodable drain")
+            self.in_sync()
+            return
+        for batch in batches:
+            self.offer(batch, replayed=False, replayable=False)
+        self.e.kv_feed.verified_at = self.clock()
+        if self.seq.last is None and self.seq.complete:
+            # nothing seen yet: a fresh engine's first event is its "created"; an empty
+            # drain may also mean another reader took them
+            self.state("syncing", "no event yet")
+        else:
+            self.in_sync()
+
+    def _lost(self, why: str) -> None:
+        """Drained events are gone for good: the entries can no longer be trusted."""
+        self.index.clear(self.e.id)
+        self.seq.accept_gap(self.seq.needed)
+        log.warning("endpoint %s: %s: KV entries cleared, view partial", self.e.id, why)
+
+
+class KvFeeds:
+    """The subscriber tasks of a fleet, one per endpoint with ``kv_events``."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        client: httpx.AsyncClient,
+        config: KvEventsSection,
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self.fleet = fleet
+        self.client = client
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: dict[EndpointId, asyncio.Task[None]] = {}
+        self.feeds: dict[EndpointId, _Feed] = {}
+
+    def start(self) -> None:
+        """A task for every endpoint of the fleet that publishes events."""
+        for e in self.fleet:
+            self.add(e)
+
+    def add(self, e: Endpoint) -> bool:
+        """Start ``e``'s subscriber (False: no events, or already running)."""
+        kv = e.kv_events
+        if kv is None or not self.config.enabled or e.id in self._tasks:
+            return False
+        feed: _Feed
+        if kv.transport == "zmq":
+            if self._ctx is None:
+                self._ctx = zmq.asyncio.Context()
+            feed = ZmqFeed(e, self.fleet.kv_index, self.metrics, self.clock, self.config,
+                           self._ctx)  # fmt: skip
+            runner = feed.run()
+        else:
+            feed = DrainFeed(e, self.fleet.kv_index, self.metrics, self.clock, self.config,
+                             self.client)  # fmt: skip
+            runner = feed.run()
+        self.feeds[e.id] = feed
+        self._tasks[e.id] = asyncio.get_running_loop().create_task(runner, name=f"kvfeed:{e.id}")
+        return True
+
+    async def remove(self, eid: EndpointId) -> None:
+        """Stop ``eid``'s subscriber and forget its blocks (the endpoint left)."""
+        task = self._tasks.pop(eid, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        feed = self.feeds.pop(eid, None)
+        self.fleet.kv_index.clear(eid)
+        if feed is not None:
+            feed.e.kv_feed.set("off", self.clock(), "stopped")
+
+    async def stop(self) -> None:
+        for eid in list(self._tasks):
+            await self.remove(eid)
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
