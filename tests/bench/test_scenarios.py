@@ -73,3 +73,54 @@ def test_make_refuses_bad_settings(kwargs: dict[str, float], match: str) -> None
         scenarios.make("shared-prefix", **base)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown workload"):
         scenarios.make("nope", engines=2, duration_s=10, time_scale=1, seed=0)
+
+
+def test_modelled_duration_is_kept_as_is() -> None:
+    sc = scenarios.make("shared-prefix", engines=2, modelled_s=12, time_scale=8, seed=0)
+    assert sc.duration_s == 12.0
+    with pytest.raises(ValueError, match="exactly one"):
+        scenarios.make("shared-prefix", engines=2, time_scale=8, seed=0)
+    with pytest.raises(ValueError, match="exactly one"):
+        scenarios.make("shared-prefix", engines=2, duration_s=8, modelled_s=1, time_scale=8, seed=0)
+
+
+@pytest.mark.parametrize("engines", [2, 4, 16])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_evictions_working_set_is_two_to_three_times_the_fleet_cache(
+    engines: int, mixed: bool
+) -> None:
+    sc = scenarios.make(
+        "evictions", engines=engines, modelled_s=60, time_scale=8, seed=3, mixed=mixed
+    )
+    # the fleet's cache, from the emulator's own profile with the scenario's overrides
+    doc = sc.fleet_file(list(range(18000, 18000 + engines)))
+    cache = 0
+    for e in FleetFile.model_validate(doc).engines:
+        p = resolve_profile(e.profile, e.overrides)
+        cache += p.num_blocks * (p.block_size or (16 if e.kind == "vllm" else 32))
+    assert sc.cache_tokens() == cache
+    sessions = sc.sessions()
+    docs = {
+        s.session_id.split("-")[0]: s.turns[0].content.split("\n\nQuestion:")[0] for s in sessions
+    }
+    working_set = sum(len(d.split()) for d in docs.values())
+    assert 2.0 * cache <= working_set <= 3.0 * cache
+    # one document fits an engine, the working set does not fit the fleet
+    smallest = min(
+        resolve_profile(e.profile, e.overrides).max_model_len
+        for e in FleetFile.model_validate(doc).engines
+    )
+    assert max(len(d.split()) for d in docs.values()) < smallest
+
+
+def test_flash_crowd_bursts_hundreds_of_questions_on_one_document() -> None:
+    sc = scenarios.make("flash-crowd", engines=4, modelled_s=20, time_scale=8, seed=1)
+    sessions = sc.sessions()
+    hot = [s for s in sessions if s.session_id.startswith("hot-")]
+    assert len(hot) >= 200 and len(hot) >= sc.slots()
+    docs = {s.turns[0].content.split("\n\nQuestion:")[0] for s in hot}
+    assert len(docs) == 1 and len(next(iter(docs)).split()) == 6000
+    starts = [s.start_s for s in hot]
+    assert 6.0 <= min(starts) and max(starts) <= 6.5
+    background = [s for s in sessions if not s.session_id.startswith("hot-")]
+    assert background and any(s.start_s > 6.5 for s in background)

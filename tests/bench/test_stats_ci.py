@@ -53,8 +53,14 @@ def test_coverage_of_the_95_percent_interval_is_near_95() -> None:
     trials = 80
     for _ in range(trials):
         # hit rate: Bernoulli(0.6) tokens of 10-token prompts vs Bernoulli(0.4)
-        a = {f"s{i}": [(float(sum(data.random() < 0.6 for _ in range(10))), 10.0)] for i in range(150)}
-        b = {f"s{i}": [(float(sum(data.random() < 0.4 for _ in range(10))), 10.0)] for i in range(150)}
+        a = {
+            f"s{i}": [(float(sum(data.random() < 0.6 for _ in range(10))), 10.0)]
+            for i in range(150)
+        }
+        b = {
+            f"s{i}": [(float(sum(data.random() < 0.4 for _ in range(10))), 10.0)]
+            for i in range(150)
+        }
         ci = paired_bootstrap([(a, b)], ratio_of_sums(0, 1), difference, boot, replicates=200)
         assert ci is not None
         hits += ci.low <= 0.2 <= ci.high

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from fleetgate.sim.core.timing import engine_config, resolve_profile
 from fleetgate_tools.bench.workloads import Session, WorkloadParams, build
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -48,6 +49,9 @@ class Load:
 #: ``priority``: 8 running sequences and the engines' priority queues switched
 #: on (``--scheduling-policy priority`` / ``waiting_queue_policy``), as fleetgate
 #: deploys them so that its per-request levels reach the engine schedulers.
+#: ``evict``: 8192 tokens of KV per engine (512 vLLM blocks of 16, 256 TensorRT-LLM
+#: blocks of 32), about five 1500-token documents: the ``evictions`` workload's
+#: working set is 2.5x the fleet's cache.
 ENGINE_SHAPES: dict[str, dict[str, dict[str, Any]]] = {
     "docs": {
         "vllm": {"num_gpu_blocks": 4096, "max_num_seqs": 64, "max_model_len": 16384},
@@ -56,6 +60,10 @@ ENGINE_SHAPES: dict[str, dict[str, dict[str, Any]]] = {
     "chat": {
         "vllm": {"num_gpu_blocks": 1024, "max_num_seqs": 16, "max_model_len": 8192},
         "trtllm": {"num_gpu_blocks": 512, "max_batch_size": 16, "max_model_len": 8192},
+    },
+    "evict": {
+        "vllm": {"num_gpu_blocks": 512, "max_num_seqs": 32, "max_model_len": 4096},
+        "trtllm": {"num_gpu_blocks": 256, "max_batch_size": 32, "max_model_len": 4096},
     },
     "priority": {
         "vllm": {
@@ -102,6 +110,9 @@ LOADS: dict[str, Load] = {
         mixed=True,
         shape="priority",
     ),
+    # guesses go stale: rates not calibrated on a knee (docs/bench.md)
+    "evictions": Load("evictions", 4.0, 1.0, {"*": 1.0}, shape="evict"),
+    "flash-crowd": Load("flash-crowd", 2.0, 1.0, {"*": 2.0}, shape="docs"),
     "mixed-engine": Load(
         "priority-storm",
         11.0,
@@ -138,7 +149,18 @@ class Scenario:
             scale=self.load.scale,
             seed=self.seed,
             slots=self.slots(),
+            cache_tokens=self.cache_tokens(),
         )
+
+    def cache_tokens(self) -> int:
+        """KV-cache tokens of the whole fleet (blocks x block size, the emulator's
+        own defaults where the shape does not set them)."""
+        total = 0
+        for kind in self.engine_kinds():
+            overrides = ENGINE_SHAPES[self.load.shape][kind]
+            cfg = engine_config(kind, resolve_profile(PROFILES[kind], overrides))  # type: ignore[arg-type]
+            total += cfg.num_blocks * cfg.block_size
+        return total
 
     def slots(self) -> int:
         """Concurrent sequences of the whole fleet (0 when a limit is unknown)."""
@@ -188,24 +210,32 @@ def make(
     name: str,
     *,
     engines: int,
-    duration_s: float,
     time_scale: float,
     seed: int,
+    duration_s: float | None = None,
+    modelled_s: float | None = None,
     load_factor: float = 1.0,
     mixed: bool = False,
 ) -> Scenario:
-    """``duration_s`` is WALL seconds of arrivals; the scenario holds modelled seconds."""
+    """Give exactly one of ``duration_s`` (WALL seconds of arrivals, divided by the
+    time scale: the demo's and ``bench infperf``'s meaning) or ``modelled_s``
+    (modelled seconds of arrivals: ``bench run --duration``). The scenario holds
+    modelled seconds."""
     if name not in LOADS:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(LOADS)}")
     if engines < 1:
         raise ValueError("--engines must be >= 1")
-    if duration_s <= 0 or time_scale <= 0 or load_factor <= 0:
+    if (duration_s is None) == (modelled_s is None):
+        raise ValueError("give exactly one of duration_s (wall) and modelled_s")
+    length = modelled_s if modelled_s is not None else duration_s
+    assert length is not None
+    if length <= 0 or time_scale <= 0 or load_factor <= 0:
         raise ValueError("duration, time scale and load factor must be > 0")
     return Scenario(
         name=name,
         load=LOADS[name],
         engines=engines,
-        duration_s=duration_s / time_scale,
+        duration_s=length if modelled_s is not None else length / time_scale,
         time_scale=time_scale,
         seed=seed,
         load_factor=load_factor,

@@ -145,9 +145,7 @@ class Interval:
         return value < self.low or value > self.high
 
 
-def _flatten(
-    clusters: Mapping[str, Cluster], keys: Sequence[str]
-) -> list[tuple[float, ...]]:
+def _flatten(clusters: Mapping[str, Cluster], keys: Sequence[str]) -> list[tuple[float, ...]]:
     out: list[tuple[float, ...]] = []
     for k in keys:
         out.extend(clusters.get(k, ()))
