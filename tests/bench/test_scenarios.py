@@ -124,3 +124,24 @@ def test_flash_crowd_bursts_hundreds_of_questions_on_one_document() -> None:
     assert 6.0 <= min(starts) and max(starts) <= 6.5
     background = [s for s in sessions if not s.session_id.startswith("hot-")]
     assert background and any(s.start_s > 6.5 for s in background)
+
+
+def test_choose_time_scale_keeps_measured_cpu_under_the_target() -> None:
+    # 1.4 cores busy on a 2-core machine at scale 8 = 70%: scale 8 is just enough
+    assert scenarios.choose_time_scale(8, cpu_seconds=14, wall_s=10, cores=2) == 8.0
+    # a quarter of that: a quarter of the scale
+    assert scenarios.choose_time_scale(8, cpu_seconds=3.5, wall_s=10, cores=2) == 2.0
+    # over the target: a larger scale, rounded up to a half
+    assert scenarios.choose_time_scale(8, cpu_seconds=16, wall_s=10, cores=2) == 9.5
+    # never below 1 (faster than the modelled hardware)
+    assert scenarios.choose_time_scale(8, cpu_seconds=0.1, wall_s=10, cores=2) == 1.0
+    with pytest.raises(ValueError, match="positive"):
+        scenarios.choose_time_scale(8, cpu_seconds=1, wall_s=0, cores=2)
+
+
+def test_fleet_file_turns_kv_events_on_for_every_engine() -> None:
+    sc = scenarios.make("shared-prefix", engines=2, modelled_s=5, time_scale=4, seed=0, mixed=True)
+    fleet = FleetFile.model_validate(sc.fleet_file([18100, 18101], kv_events=True))
+    assert [e.kv_events for e in fleet.engines] == [True, True]
+    plain = FleetFile.model_validate(sc.fleet_file([18100, 18101]))
+    assert [e.kv_events for e in plain.engines] == [False, False]

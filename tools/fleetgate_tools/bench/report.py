@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from fleetgate_tools.bench.compare import Comparison, Figure
 from fleetgate_tools.bench.summary import Aggregate, median
 
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -30,6 +31,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("output_tokens_per_s", "output tok/s", "{:.0f}"),
     ("goodput", "goodput (req/s)", "{:.2f}"),
     ("hit_rate", "engine hit rate", "{:.1%}"),
+    ("usage_hit_rate", "usage hit rate", "{:.1%}"),
     ("imbalance", "imbalance", "{:.2f}"),
     ("router_cpu_s", "router CPU (s)", "{:.1f}"),
 )
@@ -228,6 +230,56 @@ def headline_table(aggs: Sequence[Aggregate]) -> list[str]:
     return lines
 
 
+#: (figure, column title, points: show x100) of the comparison table.
+COMPARISON_FIGURES: tuple[tuple[str, str, bool], ...] = (
+    ("ttft_p50_ratio", "TTFT p50 ratio", False),
+    ("ttft_p90_ratio", "TTFT p90 ratio", False),
+    ("ttft_p99_ratio", "TTFT p99 ratio", False),
+    ("hit_rate_diff", "usage hit rate diff (points)", True),
+)
+
+
+def figure_cell(f: Figure | None, points: bool) -> str:
+    """``estimate [low-high] verdict`` (+ ``seeds min..max`` over several seeds)."""
+    if f is None or f.interval is None:
+        return "n/a"
+    k = 100.0 if points else 1.0
+    fmt = "{:+.1f}" if points else "{:.2f}"
+    ci = f.interval
+    text = f"{fmt.format(ci.estimate * k)} [{fmt.format(ci.low * k)}, {fmt.format(ci.high * k)}]"
+    if len(f.per_seed) > 1:
+        text += f" seeds {fmt.format(min(f.per_seed) * k)}..{fmt.format(max(f.per_seed) * k)}"
+    mark = {"win": " **win**", "loss": " **loss**"}.get(f.verdict, "")
+    return text + mark
+
+
+def comparison_table(comparisons: Sequence[Comparison]) -> list[str]:
+    """Every contender against its baseline with 95% intervals; empty without any."""
+    if not comparisons:
+        return []
+    level = next((f.interval.level for c in comparisons for f in c.figures if f.interval), 0.95)
+    head = (
+        "| workload | load | contender | vs | seeds | "
+        + " | ".join(t for _, t, _ in COMPARISON_FIGURES)
+        + " |"
+    )
+    lines = [
+        f"Ratios and differences with {level:.0%} bootstrap intervals [low, high] "
+        "(win/loss only when the interval excludes 1, or 0 for a difference):",
+        "",
+        head,
+        "|" + "---|" * (len(COMPARISON_FIGURES) + 5),
+    ]
+    for c in comparisons:
+        cells = [figure_cell(c.figure(n), pts) for n, _, pts in COMPARISON_FIGURES]
+        lines.append(
+            f"| {c.workload} | x{c.load_factor:g} | {c.contender} | {c.baseline} | {c.seeds} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return lines
+
+
 def render_markdown(
     aggs: Sequence[Aggregate],
     *,
@@ -235,6 +287,7 @@ def render_markdown(
     command: str,
     notes: Sequence[str] = (),
     plots: Sequence[str] = (),
+    comparisons: Sequence[Comparison] = (),
 ) -> str:
     lines = [f"# {title}", "", "Command:", "", "```", command, "```", ""]
     lines += [f"- {n}" for n in notes]
@@ -256,6 +309,9 @@ def render_markdown(
             et = extra_table(at)
             if et:
                 lines += ["Other figures:", ""] + et + [""]
+        cmp = comparison_table([c for c in comparisons if c.workload == w])
+        if cmp:
+            lines += cmp + [""]
         lines += ["Goals:", ""] + goal_lines(w, mine) + [""]
         for p in plots:
             if Path(p).stem.endswith(w):  # no workload name ends another's

@@ -20,6 +20,7 @@ the faster NIM-calibrated profile) engines, vLLM first (5 engines: 3 + 2).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from fleetgate.sim.core.timing import engine_config, resolve_profile
@@ -185,8 +186,9 @@ class Scenario:
         o = self.load.ttft_objective_s
         return o.get(priority_class, o["*"])
 
-    def fleet_file(self, ports: list[int]) -> dict[str, Any]:
-        """``fleetgate sim --fleet`` YAML (as a dict) on the given loopback ports."""
+    def fleet_file(self, ports: list[int], kv_events: bool = False) -> dict[str, Any]:
+        """``fleetgate sim --fleet`` YAML (as a dict) on the given loopback ports;
+        ``kv_events``: every engine publishes KV-cache events."""
         kinds = self.engine_kinds()
         if len(ports) != len(kinds):
             raise ValueError(f"need {len(kinds)} ports, got {len(ports)}")
@@ -200,6 +202,7 @@ class Scenario:
                     "profile": PROFILES[k],
                     "port": p,
                     "overrides": dict(ENGINE_SHAPES[self.load.shape][k]),
+                    **({"kv_events": True} if kv_events else {}),
                 }
                 for k, p in zip(kinds, ports, strict=True)
             ],
@@ -241,6 +244,43 @@ def make(
         load_factor=load_factor,
         mixed=mixed,
     )
+
+
+#: ``--time-scale auto``: the share of the machine's cores that the emulator, the
+#: router(s), the round-robin front and the load generator may use together.
+TARGET_CPU_SHARE = 0.7
+#: ``--time-scale auto``: the scale of the calibration run is 2 x engines (the old
+#: default); it lasts this many modelled seconds.
+CALIBRATION_MODELLED_S = 3.0
+
+
+def choose_time_scale(
+    calibration_scale: float,
+    cpu_seconds: float,
+    wall_s: float,
+    cores: int,
+    target: float = TARGET_CPU_SHARE,
+    step: float = 0.5,
+    lowest: float = 1.0,
+) -> float:
+    """The smallest time scale (a multiple of ``step``, at least ``lowest``) at which
+    the CPU measured in a calibration run would stay under ``target`` of ``cores``.
+
+    The emulator's, the routers' and the load generator's work is per modelled
+    second, so their CPU per wall second falls as 1 / time scale: a run that used
+    ``cpu_seconds`` in ``wall_s`` at ``calibration_scale`` needs
+    ``calibration_scale x share / target`` where share = cpu / (wall x cores).
+    Work per WALL second (metric scrapes at a fixed rate) does not shrink, so the
+    estimate is slightly optimistic below the calibration scale: the report
+    shows the measured shares of the real run to check it.
+    """
+    if calibration_scale <= 0 or wall_s <= 0 or cores < 1 or not 0 < target <= 1:
+        raise ValueError("calibration scale, wall time, cores and target must be positive")
+    if cpu_seconds < 0:
+        raise ValueError("cpu seconds must be >= 0")
+    share = cpu_seconds / (wall_s * cores)
+    needed = calibration_scale * share / target
+    return max(lowest, math.ceil(needed / step - 1e-9) * step)
 
 
 def wall_sessions(sessions: list[Session], time_scale: float) -> list[Session]:

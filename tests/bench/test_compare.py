@@ -1,0 +1,84 @@
+"""Contender vs baseline comparisons with intervals (compare.py, report.py), no processes."""
+
+from __future__ import annotations
+
+import random
+
+from fleetgate_tools.bench import compare, report
+from fleetgate_tools.bench.stats import RequestResult
+from fleetgate_tools.bench.summary import RunRecord
+
+
+def _record(
+    contender: str, repeat: int, mean_ttft: float, hit: float, seed: int, warm_ttft: float = 50.0
+) -> RunRecord:
+    rng = random.Random(seed)
+    results = []
+    for i in range(300):
+        sent = i / 30.0  # 10 modelled seconds
+        r = RequestResult(f"s{i}", 0, "standard", sent, status=200)
+        # the warm-up (first second) is slow: it must not count
+        r.ttft = warm_ttft if sent < 1.0 else rng.expovariate(1 / mean_ttft)
+        r.prompt_tokens = 100
+        r.cached_tokens = sum(rng.random() < hit for _ in range(100))
+        results.append(r)
+    return RunRecord(
+        "shared-prefix", contender, repeat, 1.0, 10.0, 4.0, [], results, 1.0, warmup_s=1.0
+    )
+
+
+def test_fleetgate_against_the_best_peer_with_intervals_over_seeds() -> None:
+    records = []
+    for rep in range(3):
+        records += [
+            _record("fleetgate", rep, 0.5, 0.7, 10 + rep),
+            _record("vllm-router-cache_aware", rep, 1.0, 0.5, 20 + rep),
+            _record("sglang-router-cache_aware", rep, 2.0, 0.5, 30 + rep),
+        ]
+    out = compare.compare(records, random.Random(1), replicates=200)
+    by_name = {c.contender: c for c in out}
+    # the best peer (lowest median p90) is the baseline; it is not compared with itself
+    assert set(by_name) == {"fleetgate", "sglang-router-cache_aware"}
+    fg = by_name["fleetgate"]
+    assert fg.baseline == "vllm-router-cache_aware" and fg.seeds == 3
+    p90 = fg.figure("ttft_p90_ratio")
+    assert p90 is not None and p90.interval is not None
+    assert p90.interval.low < 0.5 < p90.interval.high and p90.verdict == "win"
+    assert len(p90.per_seed) == 3 and min(p90.per_seed) <= p90.interval.estimate <= max(
+        p90.per_seed
+    )
+    hit = fg.figure("hit_rate_diff")
+    assert hit is not None and hit.interval is not None and hit.verdict == "win"
+    assert 0.15 < hit.interval.low and hit.interval.high < 0.25
+    slow = by_name["sglang-router-cache_aware"].figure("ttft_p90_ratio")
+    assert slow is not None and slow.verdict == "loss"
+    lines = report.comparison_table(out)
+    row = next(line for line in lines if "| fleetgate |" in line)
+    assert "vllm-router-cache_aware" in row and "**win**" in row and " seeds " in row
+    assert compare.as_dict(fg)["figures"]["ttft_p90_ratio"]["verdict"] == "win"  # type: ignore[index]
+
+
+def test_warm_up_requests_are_left_out() -> None:
+    """Both sides equal after the warm-up, very different during it: no clear difference."""
+    a = _record("fleetgate", 0, 1.0, 0.5, 1, warm_ttft=0.001)
+    b = _record("fleetgate-approx", 0, 1.0, 0.5, 1, warm_ttft=100.0)
+    (c,) = compare.compare([b, a], random.Random(2), replicates=100)
+    assert c.baseline == "fleetgate-approx"  # no peer: the first contender
+    for name in ("ttft_p50_ratio", "ttft_p90_ratio", "hit_rate_diff"):
+        f = c.figure(name)
+        assert f is not None and f.verdict == "no clear difference", name
+
+
+def test_failed_runs_and_missing_usage_are_not_compared() -> None:
+    a = _record("fleetgate", 0, 1.0, 0.5, 1)
+    b = _record("vllm-router-cache_aware", 0, 1.0, 0.5, 2)
+    for r in b.results:
+        r.cached_tokens = None
+    broken = RunRecord(
+        "shared-prefix", "sglang-router-cache_aware", 0, 1.0, 10.0, 4.0, [], [], None, error="x"
+    )
+    (c,) = compare.compare([a, b, broken], random.Random(3), replicates=50)
+    assert c.contender == "fleetgate"
+    hit = c.figure("hit_rate_diff")
+    assert hit is not None and hit.interval is None and hit.verdict == "n/a"
+    assert report.figure_cell(hit, True) == "n/a"
