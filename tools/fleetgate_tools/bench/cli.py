@@ -318,8 +318,8 @@ def execute(
             calibrations[w] = figures
             print(
                 f"bench: {w}: {figures['calibration_cpu_s']:g} CPU s in "
-                f"{figures['calibration_wall_s']:g} wall s on {figures['cores']} cores at "
-                f"scale {cal_scale:g} -> time scale {scale:g}",
+                f"{figures['calibration_wall_s']:g} wall s of arrivals on "
+                f"{figures['cores']} cores at scale {cal_scale:g} -> time scale {scale:g}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -417,7 +417,7 @@ def notes_for(
             out.append(
                 f"{w}: time scale chosen by calibration: {c['calibration_cpu_s']:g} CPU s "
                 f"(emulator + router + front + load generator) in {c['calibration_wall_s']:g} "
-                f"wall s on {c['cores']} cores at scale {c['calibration_scale']:g} -> "
+                f"wall s of arrivals on {c['cores']} cores at scale {c['calibration_scale']:g} -> "
                 f"{c['chosen_scale']:g} keeps them under "
                 f"{scenarios.TARGET_CPU_SHARE:.0%} of the machine."
             )

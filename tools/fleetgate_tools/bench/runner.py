@@ -740,11 +740,14 @@ def calibrate_time_scale(
     if not used or not wall:
         raise ValueError("time-scale calibration measured no CPU")
     cores = os.cpu_count() or 1
-    scale = choose_time_scale(short.time_scale, float(used), float(wall), cores)
+    # CPU over the ARRIVAL window (not the drain after it, when little runs): the
+    # share while the load is on, a little high rather than low
+    window = min(float(wall), short.duration_s * short.time_scale)
+    scale = choose_time_scale(short.time_scale, float(used), window, cores)
     return scale, {
         "calibration_scale": short.time_scale,
         "calibration_modelled_s": short.duration_s,
-        "calibration_wall_s": wall,
+        "calibration_wall_s": round(window, 2),
         "calibration_cpu_s": used,
         "cores": cores,
         "chosen_scale": scale,
