@@ -1,18 +1,23 @@
 """``fleetgate bench run WORKLOAD[,WORKLOAD...] [options]``: side-by-side router benchmarks.
 
-For every repeat, load factor and contender (in that nesting, so that slow
-drift of a shared machine hits every contender alike) one run starts a fresh
-emulated fleet and the contender as subprocesses on free loopback ports,
-replays the identical seeded schedule (seed + repeat index: every contender
-sees the same arrivals within a repeat) and stops both. Results are medians
-over repeats with (min-max) spread, written as JSON (``--json``) and as a
+For every workload (its time scale given, or calibrated with ``--time-scale
+auto``), seed, load factor and contender (in that nesting, so that slow drift
+of a shared machine hits every contender alike) one run starts a fresh
+emulated fleet and the contender (``--router-replicas`` processes behind the
+round-robin front) as subprocesses on free loopback ports, replays the
+identical seeded schedule (every contender sees the same arrivals for a seed)
+for ``--duration`` MODELLED seconds and stops both. Figures leave out the
+``--warmup``. Results are medians over seeds with (min-max) spread, and every
+contender is compared with the best peer with bootstrap intervals
+(:mod:`fleetgate_tools.bench.compare`), written as JSON (``--json``) and as a
 Markdown report with PNG plots (``--report DIR``; default a new directory
 ``~/.cache/fleetgate/bench/<UTC time>``, never the committed ``bench/results``).
 An existing report or JSON file is not overwritten without ``--force``: checked
 before anything runs.
 Peer routers are installed on first use into ``~/.cache/fleetgate/peers``; a
 peer that cannot be installed or started is recorded with its exact error and
-the other contenders still run.
+the other contenders still run (so is ``fleetgate-events`` on a router that
+does not take the KV-event config yet).
 """
 
 from __future__ import annotations

@@ -6,13 +6,19 @@
    subprocess on free loopback ports (a fresh fleet per run: empty caches,
    identical engine seeds);
 2. writes the contender's config (fleetgate) and starts it on a free loopback
-   port; waits until ``GET /v1/models`` answers 200 through it;
+   port (``router_replicas`` > 1: that many, behind the round-robin front of
+   :mod:`fleetgate_tools.bench.rrproxy`); waits until ``GET /v1/models``
+   answers 200 through it. ``fleetgate-events``: the fleet publishes KV events
+   and the config is checked against the router's model first
+   (:class:`EventsUnsupported` when the router does not take it);
 3. (fleetgate only) probes whether the router takes priority class names in
    ``x-fleetgate-priority`` or still only integer levels, and maps classes to
    levels (critical 5, batch -5) in the latter case;
 4. scrapes every engine's /metrics (adapters in ``fleetgate.engines``), reads
    the contender's CPU seconds, replays the scenario's sessions (identical for
-   every contender: built from the seed), scrapes and reads CPU again;
+   every contender: built from the seed), scrapes again at the end of the
+   warm-up (the start of the steady window) and at the end, and reads CPU
+   again; deadlines are modelled time x the time scale (:func:`deadlines`);
 5. for ``priority-storm``-like workloads, reads preemption/resume counters
    from the router's /metrics if it exposes them and replays a bounded sample
    of completed requests without load ("twin run") to count mismatching texts;
