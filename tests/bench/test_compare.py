@@ -6,7 +6,7 @@ import random
 
 from fleetgate_tools.bench import compare, report
 from fleetgate_tools.bench.stats import RequestResult
-from fleetgate_tools.bench.summary import RunRecord
+from fleetgate_tools.bench.summary import EngineWindow, RunRecord
 
 
 def _record(
@@ -22,8 +22,9 @@ def _record(
         r.prompt_tokens = 100
         r.cached_tokens = sum(rng.random() < hit for _ in range(100))
         results.append(r)
+    engine = EngineWindow("vllm", "http://127.0.0.1:1", 1000.0, 1000.0 * hit, 10.0, 1000.0, 0.0)
     return RunRecord(
-        "shared-prefix", contender, repeat, 1.0, 10.0, 4.0, [], results, 1.0, warmup_s=1.0
+        "shared-prefix", contender, repeat, 1.0, 10.0, 4.0, [engine], results, 1.0, warmup_s=1.0
     )
 
 
@@ -82,3 +83,21 @@ def test_failed_runs_and_missing_usage_are_not_compared() -> None:
     hit = c.figure("hit_rate_diff")
     assert hit is not None and hit.interval is None and hit.verdict == "n/a"
     assert report.figure_cell(hit, True) == "n/a"
+
+
+def test_goal_lines_carry_the_interval_of_their_ratio() -> None:
+    from fleetgate_tools.bench.summary import aggregate, summarise_run
+
+    records = [
+        _record("fleetgate", 0, 0.5, 0.7, 1),
+        _record("vllm-router-cache_aware", 0, 1.0, 0.5, 2),
+    ]
+    aggs = aggregate([summarise_run(r, lambda _c: 1.0) for r in records])
+    comparisons = compare.compare(records, random.Random(4), replicates=200)
+    lines = report.goal_lines("shared-prefix", aggs, comparisons)
+    p90 = next(line for line in lines if "TTFT p90" in line)
+    assert "95% CI [" in p90 and ", win)" in p90
+    hit = next(line for line in lines if "hit rate" in line)
+    assert "usage hit rate difference (95% CI [+" in hit and "points, win)" in hit
+    # without comparisons: the old lines, no interval
+    assert all("CI" not in line for line in report.goal_lines("shared-prefix", aggs))

@@ -112,8 +112,28 @@ def extra_table(aggs: Sequence[Aggregate]) -> list[str]:
     return lines
 
 
-def goal_lines(workload: str, aggs: Sequence[Aggregate]) -> list[str]:
-    """The issue's goals for ``workload``, checked on the highest load factor."""
+def _interval_text(
+    comparisons: Sequence[Comparison], contender: str, baseline: str, lf: float, name: str
+) -> str:
+    """`` (95% CI [low, high])`` of ``name`` for contender vs baseline, or ``""``."""
+    for c in comparisons:
+        if (c.contender, c.baseline, c.load_factor) == (contender, baseline, lf):
+            f = c.figure(name)
+            if f is not None and f.interval is not None:
+                k, fmt = (100.0, "{:+.1f}") if name.endswith("_diff") else (1.0, "{:.2f}")
+                ci = f.interval
+                return (
+                    f" ({ci.level:.0%} CI [{fmt.format(ci.low * k)}, {fmt.format(ci.high * k)}]"
+                    f"{' points' if k == 100.0 else ''}, {f.verdict})"
+                )
+    return ""
+
+
+def goal_lines(
+    workload: str, aggs: Sequence[Aggregate], comparisons: Sequence[Comparison] = ()
+) -> list[str]:
+    """The issue's goals for ``workload``, checked on the highest load factor; with
+    ``comparisons``, each ratio carries its bootstrap interval."""
     ran = [a for a in aggs if a.failed < a.repeats]
     if not ran:
         return ["- no contender ran"]
@@ -136,9 +156,10 @@ def goal_lines(workload: str, aggs: Sequence[Aggregate]) -> list[str]:
         mine = median(fg, "ttft_p90")
         ok = None if best is None or mine is None else mine <= 0.7 * best[0]
         if best is not None and mine is not None:
+            ci = _interval_text(comparisons, "fleetgate", best[1], top, "ttft_p90_ratio")
             out.append(
                 f"- TTFT p90 <= 0.7x best peer ({best[1]} {best[0]:.3f} s): fleetgate "
-                f"{mine:.3f} s = {mine / best[0]:.2f}x -> {verdict(ok)}"
+                f"{mine:.3f} s = {mine / best[0]:.2f}x{ci} -> {verdict(ok)}"
             )
         else:
             out.append(f"- TTFT p90 <= 0.7x best peer: {verdict(None)}")
@@ -146,9 +167,12 @@ def goal_lines(workload: str, aggs: Sequence[Aggregate]) -> list[str]:
         best_hit = max(((v, n) for v, n in hits if v is not None), default=None)
         mine_hit = median(fg, "hit_rate")
         if best_hit is not None and mine_hit is not None:
+            ci = _interval_text(comparisons, "fleetgate", best_hit[1], top, "hit_rate_diff")
+            if ci:
+                ci = " usage hit rate difference" + ci
             out.append(
                 f"- hit rate >= best peer ({best_hit[1]} {best_hit[0]:.1%}): fleetgate "
-                f"{mine_hit:.1%} -> {verdict(mine_hit >= best_hit[0])}"
+                f"{mine_hit:.1%}{ci} -> {verdict(mine_hit >= best_hit[0])}"
             )
         imb = median(fg, "imbalance")
         if imb is not None:
@@ -312,7 +336,7 @@ def render_markdown(
         cmp = comparison_table([c for c in comparisons if c.workload == w])
         if cmp:
             lines += cmp + [""]
-        lines += ["Goals:", ""] + goal_lines(w, mine) + [""]
+        lines += ["Goals:", ""] + goal_lines(w, mine, comparisons) + [""]
         for p in plots:
             if Path(p).stem.endswith(w):  # no workload name ends another's
                 lines += [f"![{w}]({Path(p).name})", ""]
