@@ -120,3 +120,15 @@ def test_command_line_spells_out_the_steady_state_settings(tmp_path: Path) -> No
     for part in ("--duration 60", "--warmup 5 ", "--seeds 0,1,2", "--time-scale auto"):
         assert part in line
     assert "--router-replicas 2" in line
+
+
+def test_several_replica_counts_name_the_contenders() -> None:
+    s = bench_cli.resolve(parse(["run", "agentic", "--router-replicas", "1,2"]))
+    assert s.router_replicas == (1, 2)
+    fg = s.contenders[0]
+    assert [s.contender_name(fg, n) for n in (1, 2)] == ["fleetgate", "fleetgate@2r"]
+    only_two = bench_cli.resolve(parse(["run", "agentic", "--router-replicas", "2"]))
+    assert only_two.contender_name(fg, 2) == "fleetgate", "one count: plain names"
+    for bad in ("0", "1,1", "x", "5"):
+        with pytest.raises(CliError, match="--router-replicas"):
+            bench_cli.resolve(parse(["run", "agentic", "--router-replicas", bad]))

@@ -101,3 +101,36 @@ def test_goal_lines_carry_the_interval_of_their_ratio() -> None:
     assert "usage hit rate difference (95% CI [+" in hit and "points, win)" in hit
     # without comparisons: the old lines, no interval
     assert all("CI" not in line for line in report.goal_lines("shared-prefix", aggs))
+
+
+def test_two_replicas_are_compared_with_one_replica_of_the_same_router() -> None:
+    records = [
+        _record("fleetgate", 0, 0.5, 0.7, 1),
+        _record("fleetgate@2r", 0, 0.5, 0.6, 2),
+        _record("vllm-router-cache_aware", 0, 1.0, 0.5, 3),
+        _record("vllm-router-cache_aware@2r", 0, 1.0, 0.5, 4),
+    ]
+    out = compare.compare(records, random.Random(5), replicates=200)
+    pairs = {(c.contender, c.baseline) for c in out}
+    assert pairs == {
+        ("fleetgate", "vllm-router-cache_aware"),
+        ("fleetgate@2r", "fleetgate"),
+        ("vllm-router-cache_aware@2r", "vllm-router-cache_aware"),
+    }
+    two = next(c for c in out if c.contender == "fleetgate@2r")
+    hit = two.figure("hit_rate_diff")
+    assert hit is not None and hit.interval is not None and hit.verdict == "loss"
+    assert -0.15 < hit.interval.low < -0.1 < hit.interval.high < -0.05
+    same = next(c for c in out if c.contender == "vllm-router-cache_aware@2r").figure(
+        "hit_rate_diff"
+    )
+    assert same is not None and same.verdict == "no clear difference"
+
+
+def test_a_run_with_few_sessions_has_no_intervals() -> None:
+    a = _record("fleetgate", 0, 0.5, 0.7, 1)
+    b = _record("vllm-router-cache_aware", 0, 1.0, 0.5, 2)
+    for r in (a, b):
+        r.results = r.results[:40]  # 30 in the warm-up, 10 steady
+    (c,) = compare.compare([a, b], random.Random(6), replicates=50)
+    assert all(f.interval is None and f.verdict == "n/a" for f in c.figures)

@@ -131,3 +131,11 @@ def test_steady_drops_requests_sent_during_warm_up() -> None:
     rs = [RequestResult("s", 0, "standard", t) for t in (0.0, 0.9, 1.0, 5.0)]
     assert [r.sent_at for r in steady(rs, 1.0)] == [1.0, 5.0]
     assert len(steady(rs, 0.0)) == 4
+
+
+def test_too_few_clusters_give_no_interval() -> None:
+    data = random.Random(14)
+    a, b = _exp_clusters(data, 12, 1.0), _exp_clusters(data, 12, 3.0)
+    stat = percentile_stat(99)
+    assert paired_bootstrap([(a, b)], stat, ratio, random.Random(0), min_clusters=30) is None
+    assert paired_bootstrap([(a, b)], stat, ratio, random.Random(0), replicates=20) is not None

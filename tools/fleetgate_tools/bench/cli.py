@@ -71,9 +71,9 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--router-replicas",
-        type=int,
-        default=1,
-        help="contender processes behind a round-robin TCP front (1)",
+        default="1",
+        help="contender processes behind a round-robin TCP front (1); several values "
+        "(1,2) run every contender at each, named NAME@2r for 2",
     )
     p.add_argument(
         "--bootstrap",
@@ -138,10 +138,17 @@ class Settings:
     mixed: bool
     warmup: tuple[float, bool] = (10.0, True)
     """(value, is a percentage of the arrival window)."""
-    router_replicas: int = 1
+    router_replicas: tuple[int, ...] = (1,)
+    """Replica counts to run every contender at (several: names get ``@<n>r``)."""
     wall_duration_s: float | None = None
     """``--wall-duration``: wall seconds of arrivals (the old ``--duration``)."""
     bootstrap: int = 1000
+
+    def contender_name(self, contender: cmod.Contender, replicas: int) -> str:
+        """``NAME`` or, when several replica counts run and this one is > 1, ``NAME@<n>r``."""
+        if len(self.router_replicas) > 1 and replicas > 1:
+            return f"{contender.name}@{replicas}r"
+        return contender.name
 
     @property
     def repeats(self) -> int:
@@ -235,8 +242,16 @@ def resolve(args: argparse.Namespace) -> Settings:
             raise CliError(f"--time-scale {args.time_scale!r}: a number or 'auto'") from None
         if scale <= 0:
             raise CliError("--time-scale must be > 0")
-    if not 1 <= args.router_replicas <= 4:
-        raise CliError("--router-replicas must be 1-4")
+    try:
+        replicas = tuple(int(x) for x in str(args.router_replicas).split(",") if x.strip())
+    except ValueError:
+        raise CliError(f"--router-replicas {args.router_replicas!r}: integers like 1,2") from None
+    if (
+        not replicas
+        or len(set(replicas)) != len(replicas)
+        or any(not 1 <= r <= 4 for r in replicas)
+    ):
+        raise CliError("--router-replicas must be distinct numbers 1-4")
     if not 0 <= args.bootstrap <= 100000:
         raise CliError("--bootstrap must be 0-100000")
     warmup = parse_warmup(args.warmup)
@@ -252,7 +267,7 @@ def resolve(args: argparse.Namespace) -> Settings:
         factors,
         args.mixed,
         warmup=warmup,
-        router_replicas=args.router_replicas,
+        router_replicas=replicas,
         wall_duration_s=args.wall_duration,
         bootstrap=args.bootstrap,
     )
@@ -266,6 +281,63 @@ def _calibration_contender(settings: Settings) -> cmod.Contender:
     """The contender of the calibration run: the first fleetgate one (its emulator
     CPU share is the highest, docs/bench.md), else the first."""
     return next((c for c in settings.contenders if c.kind == "fleetgate"), settings.contenders[0])
+
+
+def _one(
+    settings: Settings,
+    sc: scenarios.Scenario,
+    c: cmod.Contender,
+    replicas: int,
+    rep: int,
+    seed: int,
+    warmup: float,
+    unavailable: dict[str, str],
+    work: Path,
+    peers_root: Path,
+    source: Path | None,
+    progress: str,
+) -> tuple[RunRecord, Any]:
+    """One run (or the record of a contender that cannot run) and its summary."""
+    name = settings.contender_name(c, replicas)
+    t0 = time.monotonic()
+    if c.kind in unavailable:
+        rec = RunRecord(
+            sc.name,
+            name,
+            rep,
+            sc.load_factor,
+            sc.duration_s,
+            sc.time_scale,
+            [],
+            [],
+            None,
+            error=unavailable[c.kind],
+            warmup_s=warmup,
+        )
+    else:
+        run_dir = work / f"{sc.name}-s{seed}-x{sc.load_factor:g}-{name}"
+        rec = runner.run_one(
+            sc,
+            c,
+            rep,
+            run_dir,
+            peers_root=peers_root,
+            source=source,
+            warmup_s=warmup,
+            router_replicas=replicas,
+        )
+        rec.contender = name
+    rec.extra.setdefault("seed", seed)
+    s = summarise_run(rec, sc.objective)
+    p90 = f"{s.ttft_p90:.3f}" if s.ttft_p90 is not None else "n/a"
+    status = rec.error or f"{s.requests} steady requests, {s.errors} errors, TTFT p90 {p90} s"
+    print(
+        f"bench: {progress} {sc.name} x{sc.load_factor:g} {name} seed {seed}: {status} "
+        f"({time.monotonic() - t0:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return rec, s
 
 
 def execute(
@@ -287,6 +359,7 @@ def execute(
         * settings.repeats
         * len(settings.load_factors)
         * len(settings.contenders)
+        * len(settings.router_replicas)
     )
     n = 0
     for w in settings.workloads:
@@ -316,7 +389,7 @@ def execute(
                     work / f"{w}-calibration",
                     peers_root=peers_root,
                     source=source,
-                    router_replicas=settings.router_replicas,
+                    router_replicas=max(settings.router_replicas),
                 )
             except ValueError as e:
                 raise CliError(str(e)) from None
@@ -348,47 +421,12 @@ def execute(
                     mixed=settings.mixed,
                 )
                 for c in settings.contenders:
-                    n += 1
-                    t0 = time.monotonic()
-                    if c.kind in unavailable:
-                        rec = RunRecord(
-                            w,
-                            c.name,
-                            rep,
-                            lf,
-                            sc.duration_s,
-                            sc.time_scale,
-                            [],
-                            [],
-                            None,
-                            error=unavailable[c.kind],
-                            warmup_s=warmup,
-                        )
-                    else:
-                        run_dir = work / f"{w}-s{seed}-x{lf:g}-{c.name}"
-                        rec = runner.run_one(
-                            sc,
-                            c,
-                            rep,
-                            run_dir,
-                            peers_root=peers_root,
-                            source=source,
-                            warmup_s=warmup,
-                            router_replicas=settings.router_replicas,
-                        )
-                    rec.extra.setdefault("seed", seed)
-                    s = summarise_run(rec, sc.objective)
-                    p90 = f"{s.ttft_p90:.3f}" if s.ttft_p90 is not None else "n/a"
-                    status = rec.error or (
-                        f"{s.requests} steady requests, {s.errors} errors, TTFT p90 {p90} s"
-                    )
-                    print(
-                        f"bench: [{n}/{total}] {w} x{lf:g} {c.name} seed {seed}: {status} "
-                        f"({time.monotonic() - t0:.0f} s)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    out.append((rec, s))
+                    for replicas in settings.router_replicas:
+                        n += 1
+                        out.append(
+                            _one(settings, sc, c, replicas, rep, seed, warmup, unavailable,
+                                 work, peers_root, source, f"[{n}/{total}]")
+                        )  # fmt: skip
     return out
 
 
@@ -434,9 +472,11 @@ def notes_for(
         "imbalance = max/mean of per-engine generated tokens; goodput = requests per modelled "
         "second meeting their class's TTFT objective.",
     ]
-    if settings.router_replicas > 1:
+    if settings.router_replicas != (1,):
+        counts = ", ".join(str(r) for r in settings.router_replicas)
         out.append(
-            f"every contender ran as {settings.router_replicas} processes behind a round-robin "
+            f"every contender ran as {counts} process(es) (NAME@<n>r when several counts run) "
+            "behind a round-robin "
             "TCP front (per connection); router CPU is their sum."
         )
     return out + [f"not available: {k} ({v})." for k, v in cmod.UNAVAILABLE.items()]
@@ -460,8 +500,8 @@ def command_line(args: argparse.Namespace, settings: Settings) -> str:
         f"--load-factors {','.join(f'{f:g}' for f in settings.load_factors)}",
         f"--contenders {','.join(c.name for c in settings.contenders)}",
     ]
-    if settings.router_replicas != 1:
-        parts.append(f"--router-replicas {settings.router_replicas}")
+    if settings.router_replicas != (1,):
+        parts.append(f"--router-replicas {','.join(str(r) for r in settings.router_replicas)}")
     if settings.bootstrap != 1000:
         parts.append(f"--bootstrap {settings.bootstrap}")
     if settings.mixed:
@@ -555,7 +595,7 @@ def run(args: argparse.Namespace) -> int:
                 "time_scale_calibration": calibrations,
                 "load_factors": settings.load_factors,
                 "mixed": settings.mixed,
-                "router_replicas": settings.router_replicas,
+                "router_replicas": list(settings.router_replicas),
                 "bootstrap": settings.bootstrap,
             },
             "runs": [summary_dict(s) for s in summaries],

@@ -2,7 +2,9 @@
 
 For every (workload, load factor) the baseline is the best peer router (lowest
 median steady-state TTFT p90 over seeds) when a peer ran, else the first
-contender of the command line. Every other contender is compared with it on
+contender of the command line. Every other contender is compared with it, and
+a contender run with several router replicas (``NAME@2r``) also with itself
+at one replica (``NAME``; the issue's "within 2 points of one replica"), on
 the SAME seeds (paired: each repeat replays one schedule), see
 :func:`fleetgate_tools.bench.stats.paired_bootstrap`:
 
@@ -39,6 +41,11 @@ from fleetgate_tools.bench.stats import (
     verdict,
 )
 from fleetgate_tools.bench.summary import RunRecord
+
+#: Fewer steady sessions than this in a seed: no interval (``n/a``), whatever
+#: the point estimate; a percentile interval of a p99 from a dozen requests
+#: would claim wins it cannot support.
+MIN_SESSIONS = 30
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,15 +130,17 @@ def compare(
     out: list[Comparison] = []
     for (workload, lf), by_contender in groups.items():
         names = [n for n in order if n in by_contender]
+        single = [n for n in names if "@" not in n]
         peers = [
             (p, n)
-            for n in names
+            for n in single
             if _is_peer(n) and (p := _median_p90(list(by_contender[n].values()))) is not None
         ]
-        baseline = min(peers)[1] if peers else names[0]
-        for name in names:
-            if name == baseline:
-                continue
+        best = min(peers)[1] if peers else (single or names)[0]
+        todo = [(n, best) for n in single if n != best]
+        # NAME@<n>r (router replicas) against the same contender with one replica
+        todo += [(n, n.split("@")[0]) for n in names if "@" in n and n.split("@")[0] in names]
+        for name, baseline in todo:
             seeds = sorted(set(by_contender[name]) & set(by_contender[baseline]))
             if not seeds:
                 continue
@@ -149,7 +158,15 @@ def compare(
                 if any(not x or not y for x, y in runs):
                     figures.append(Figure(fname, None, "n/a", (), lower))
                     continue
-                ci = paired_bootstrap(runs, stat, combine, rng, replicates=replicates, level=level)
+                ci = paired_bootstrap(
+                    runs,
+                    stat,
+                    combine,
+                    rng,
+                    replicates=replicates,
+                    level=level,
+                    min_clusters=MIN_SESSIONS,
+                )
                 per_seed = []
                 for x, y in runs:
                     fig = combine(

@@ -197,20 +197,24 @@ def paired_bootstrap(
     *,
     replicates: int = 1000,
     level: float = 0.95,
+    min_clusters: int = 1,
 ) -> Interval | None:
     """CI of ``median over runs of combine(stat(A_run), stat(B_run))``.
 
     ``runs``: one (A clusters, B clusters) pair per seed, keyed by cluster id
     (session id); the clusters drawn are those of either side (a session one
     contender never finished still counts for the other). One run: the plain
-    paired cluster bootstrap over requests. None when the figure is undefined on
-    the original data or on more than half of the replicates.
+    paired cluster bootstrap over requests. None when a run has fewer than
+    ``min_clusters`` clusters, or the figure is undefined on the original data
+    or on more than half of the replicates.
     """
     if not runs:
         raise ValueError("no runs")
     if not 0 < level < 1 or replicates < 1:
         raise ValueError("level must be in (0, 1) and replicates >= 1")
     keysets = [sorted(set(a) | set(b)) for a, b in runs]
+    if any(len(keys) < min_clusters for keys in keysets):
+        return None  # too few sessions for a percentile interval to mean anything
     point = [
         _paired_figure(a, b, keys, stat, combine)
         for (a, b), keys in zip(runs, keysets, strict=True)
