@@ -270,9 +270,10 @@ def choose_time_scale(
     second, so their CPU per wall second falls as 1 / time scale: a run that used
     ``cpu_seconds`` in ``wall_s`` at ``calibration_scale`` needs
     ``calibration_scale x share / target`` where share = cpu / (wall x cores).
-    Work per WALL second (metric scrapes at a fixed rate) does not shrink, so the
-    estimate is slightly optimistic below the calibration scale: the report
-    shows the measured shares of the real run to check it.
+    Work per WALL second (each router scrapes every engine 5 times a second, the
+    emulator's tickers) does not grow as the scale falls, yet this model scales
+    it up too: below the calibration scale the estimate is high (conservative).
+    The report shows the measured shares of the real run to check it.
     """
     if calibration_scale <= 0 or wall_s <= 0 or cores < 1 or not 0 < target <= 1:
         raise ValueError("calibration scale, wall time, cores and target must be positive")
