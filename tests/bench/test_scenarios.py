@@ -139,6 +139,16 @@ def test_choose_time_scale_keeps_measured_cpu_under_the_target() -> None:
         scenarios.choose_time_scale(8, cpu_seconds=1, wall_s=0, cores=2)
 
 
+def test_choose_time_scale_keeps_the_idle_share_out_of_the_1_over_scale_part() -> None:
+    # 30% of the machine at scale 8, 10% of it idle (per wall second): the load's 20%
+    # scales as 1/scale, so 70% allows 8 x 0.2 / 0.6 = 2.67 -> 3
+    assert scenarios.choose_time_scale(8, 6.0, 10, 2, idle_share=0.1) == 3.0
+    # without the idle part the same run would ask for 8 x 0.3 / 0.7 = 3.43 -> 3.5
+    assert scenarios.choose_time_scale(8, 6.0, 10, 2) == 3.5
+    with pytest.raises(ValueError, match="idle processes alone"):
+        scenarios.choose_time_scale(8, 16.0, 10, 2, idle_share=0.75)
+
+
 def test_fleet_file_turns_kv_events_on_for_every_engine() -> None:
     sc = scenarios.make("shared-prefix", engines=2, modelled_s=5, time_scale=4, seed=0, mixed=True)
     fleet = FleetFile.model_validate(sc.fleet_file([18100, 18101], kv_events=True))

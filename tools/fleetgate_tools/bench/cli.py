@@ -459,10 +459,14 @@ def notes_for(
             c = calibrations[w]
             out.append(
                 f"{w}: time scale chosen by calibration: {c['calibration_cpu_s']:g} CPU s "
-                f"(emulator + router + front + load generator) in {c['calibration_wall_s']:g} "
+                f"(emulator + router + front + load generator; idle "
+                f"{c.get('idle_machine_cpu_share', 0.0):.1%} of the machine) in "
+                f"{c['calibration_wall_s']:g} "
                 f"wall s of arrivals on {c['cores']} cores at scale {c['calibration_scale']:g} -> "
                 f"{c['chosen_scale']:g} keeps them under "
-                f"{scenarios.TARGET_CPU_SHARE:.0%} of the machine."
+                f"{scenarios.TARGET_CPU_SHARE:.0%} of the machine; the calibration's TTFT p90 "
+                f"(modelled, first seconds, no warm-up left out): "
+                f"{c.get('calibration_ttft_p90') or float('nan'):.3f} s."
             )
     out += [
         f"{settings.repeats} seed(s) ({', '.join(str(s) for s in settings.seeds)}); a fresh "

@@ -54,7 +54,7 @@ from fleetgate_tools.bench.scenarios import (
     choose_time_scale,
     wall_sessions,
 )
-from fleetgate_tools.bench.stats import RequestResult
+from fleetgate_tools.bench.stats import RequestResult, percentile
 from fleetgate_tools.bench.summary import EngineWindow, RunRecord
 
 #: Integer levels used when the router does not take class names yet.
@@ -67,6 +67,8 @@ _ENGINE_LINE = re.compile(
 #: Modelled seconds the load may take to drain after the last arrival (at least;
 #: half the arrival window when that is longer), before ``unfinished at deadline``.
 DRAIN_MODELLED_S = 10.0
+#: ``--time-scale auto``: wall seconds the calibration run measures the idle CPU.
+IDLE_PROBE_S = 3.0
 
 
 @dataclasses.dataclass
@@ -524,17 +526,29 @@ async def _drive(
     on_result: Callable[[RequestResult], None] | None,
     hooks: Hooks,
     warmup_s: float = 0.0,
+    idle_probe_s: float = 0.0,
 ) -> tuple[list[RequestResult], list[EngineWindow], float | None, dict[str, Any]]:
     wall, deadline, request_timeout = deadlines(scenario, hooks.extra_drain_s)
     url = routers.url
     sessions = scenario.sessions()
     classes = any(s.priority_class for s in sessions)
+    idle_share: float | None = None
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
         mapping: Callable[[str], str | None] | None = None
         if not contender.classes:
             mapping = _no_header
         elif contender.kind == "fleetgate" and classes:
             mapping = await priority_mapping(client, url)
+        if idle_probe_s > 0:
+            # what the processes use per WALL second without load (time-scale calibration)
+            i0, s0, t_idle = routers.cpu(), fleet.proc.cpu(), time.monotonic()
+            p0 = routers.proxy.cpu() if routers.proxy is not None else 0.0
+            await asyncio.sleep(idle_probe_s)
+            i1, s1 = routers.cpu(), fleet.proc.cpu()
+            p1 = routers.proxy.cpu() if routers.proxy is not None else 0.0
+            if None not in (i0, i1, s0, s1, p0, p1):
+                idle_cpu = (i1 or 0) - (i0 or 0) + (s1 or 0) - (s0 or 0) + (p1 or 0) - (p0 or 0)
+                idle_share = idle_cpu / (time.monotonic() - t_idle) / (os.cpu_count() or 1)
         before = await scrape(client, fleet.engines)
         counters_before = await _all_counters(client, routers.urls) if classes else {}
         decisions_before = await _all_decisions(client, routers.urls, contender)
@@ -599,6 +613,8 @@ async def _drive(
         # every process of the run together, as a share of the machine
         extra["machine_cpu_share"] = round(used / elapsed / (os.cpu_count() or 1), 3)
         extra["cpu_seconds"] = round(used, 2)
+        if idle_share is not None:
+            extra["idle_machine_cpu_share"] = round(idle_share, 4)
         if classes:
             extra["priority_header"] = (
                 "class names"
@@ -654,6 +670,7 @@ def run_one(
     hooks: Hooks | None = None,
     warmup_s: float = 0.0,
     router_replicas: int = 1,
+    idle_probe_s: float = 0.0,
 ) -> RunRecord:
     """One contender on one fresh fleet; a start-up failure becomes ``record.error``.
 
@@ -662,6 +679,8 @@ def run_one(
     benchmark measures a fixed version while the working tree changes.
     ``warmup_s``: modelled seconds at the start left out of the figures.
     ``router_replicas``: that many contender processes behind the round-robin front.
+    ``idle_probe_s``: first measure the processes' CPU for that many wall seconds
+    without load (``extra["idle_machine_cpu_share"]``).
     """
     if not 0 <= warmup_s < scenario.duration_s:
         raise ValueError("the warm-up must be shorter than the arrival window")
@@ -698,7 +717,7 @@ def run_one(
             priority_classes=classes,
         )
         results, engines, cpu, extra = asyncio.run(
-            _drive(scenario, contender, fleet, routers, on_result, hooks, warmup_s)
+            _drive(scenario, contender, fleet, routers, on_result, hooks, warmup_s, idle_probe_s)
         )
         record.results, record.engines, record.router_cpu_s = results, engines, cpu
         record.extra = extra
@@ -739,6 +758,7 @@ def calibrate_time_scale(
         peers_root=peers_root,
         source=source,
         router_replicas=router_replicas,
+        idle_probe_s=IDLE_PROBE_S,
     )
     if rec.error is not None:
         raise ValueError(f"time-scale calibration with {contender.name} failed: {rec.error}")
@@ -749,12 +769,16 @@ def calibrate_time_scale(
     # CPU over the ARRIVAL window (not the drain after it, when little runs): the
     # share while the load is on, a little high rather than low
     window = min(float(wall), short.duration_s * short.time_scale)
-    scale = choose_time_scale(short.time_scale, float(used), window, cores)
+    idle = float(rec.extra.get("idle_machine_cpu_share", 0.0))
+    scale = choose_time_scale(short.time_scale, float(used), window, cores, idle_share=idle)
     return scale, {
         "calibration_scale": short.time_scale,
         "calibration_modelled_s": short.duration_s,
         "calibration_wall_s": round(window, 2),
         "calibration_cpu_s": used,
         "cores": cores,
+        "idle_machine_cpu_share": idle,
         "chosen_scale": scale,
+        # to compare with the real run's: latencies should not depend on the scale
+        "calibration_ttft_p90": percentile([r.ttft for r in rec.results if r.ok and r.ttft], 90),
     }

@@ -262,25 +262,30 @@ def choose_time_scale(
     target: float = TARGET_CPU_SHARE,
     step: float = 0.5,
     lowest: float = 1.0,
+    idle_share: float = 0.0,
 ) -> float:
     """The smallest time scale (a multiple of ``step``, at least ``lowest``) at which
     the CPU measured in a calibration run would stay under ``target`` of ``cores``.
 
-    The emulator's, the routers' and the load generator's work is per modelled
-    second, so their CPU per wall second falls as 1 / time scale: a run that used
-    ``cpu_seconds`` in ``wall_s`` at ``calibration_scale`` needs
-    ``calibration_scale x share / target`` where share = cpu / (wall x cores).
-    Work per WALL second (each router scrapes every engine 5 times a second, the
-    emulator's tickers) does not grow as the scale falls, yet this model scales
-    it up too: below the calibration scale the estimate is high (conservative).
-    The report shows the measured shares of the real run to check it.
+    A run's share of the machine is ``idle + work / scale``: ``idle_share`` is what
+    the processes use per WALL second with no load (each router scraping every
+    engine 5 times a second, the emulator's tickers), measured before the load;
+    the rest is work per modelled second, which falls as 1 / scale. A run that
+    used ``cpu_seconds`` in ``wall_s`` at ``calibration_scale`` (share = cpu /
+    (wall x cores)) therefore needs ``calibration_scale x (share - idle) /
+    (target - idle)``. The report shows the measured shares of the real run.
     """
     if calibration_scale <= 0 or wall_s <= 0 or cores < 1 or not 0 < target <= 1:
         raise ValueError("calibration scale, wall time, cores and target must be positive")
-    if cpu_seconds < 0:
-        raise ValueError("cpu seconds must be >= 0")
+    if cpu_seconds < 0 or idle_share < 0:
+        raise ValueError("cpu seconds and the idle share must be >= 0")
     share = cpu_seconds / (wall_s * cores)
-    needed = calibration_scale * share / target
+    idle = min(idle_share, share)
+    if idle >= target:
+        raise ValueError(
+            f"the idle processes alone use {idle:.0%} of the machine (target {target:.0%})"
+        )
+    needed = calibration_scale * (share - idle) / (target - idle)
     return max(lowest, math.ceil(needed / step - 1e-9) * step)
 
 
