@@ -134,3 +134,14 @@ def test_a_run_with_few_sessions_has_no_intervals() -> None:
         r.results = r.results[:40]  # 30 in the warm-up, 10 steady
     (c,) = compare.compare([a, b], random.Random(6), replicates=50)
     assert all(f.interval is None and f.verdict == "n/a" for f in c.figures)
+
+
+def test_summary_counts_warm_up_requests_and_their_errors_apart() -> None:
+    from fleetgate_tools.bench.summary import summarise_run
+
+    rec = _record("fleetgate", 0, 1.0, 0.5, 1)
+    rec.results[0].status = 503  # sent at 0 s: in the warm-up
+    rec.results[-1].status = 503  # sent late: steady
+    s = summarise_run(rec, lambda _c: 1.0)
+    assert s.warmup_requests == 30 and s.warmup_errors == 1
+    assert s.requests == 270 and s.errors == 1

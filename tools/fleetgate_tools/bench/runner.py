@@ -30,6 +30,7 @@ Latencies in the returned record are modelled seconds (wall / time scale).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import re
@@ -184,7 +185,8 @@ def start_routers(
         argv = [sys.executable, "-m", "fleetgate_tools.bench.rrproxy", "--port", str(port)]
         for u in urls:
             argv += ["--upstream", u.removeprefix("http://")]
-        proxy = procs.start("rrproxy", argv, run_dir / "rrproxy.log", env)
+        # the harness's own interpreter and path: ``--source`` holds only ``fleetgate``
+        proxy = procs.start("rrproxy", argv, run_dir / "rrproxy.log")
         front = f"http://127.0.0.1:{port}"
         try:
             procs.wait_until(
@@ -584,9 +586,13 @@ async def _drive(
             )
         finally:
             if warm is not None and not warm.done():
+                # the load ended before the warm-up did (every session finished early)
                 warm.cancel()
-        if warm is not None:
-            before, decisions_before = await warm
+                with contextlib.suppress(asyncio.CancelledError):
+                    await warm
+        warmup_scraped = warm is not None and not warm.cancelled()
+        if warm is not None and warmup_scraped:
+            before, decisions_before = warm.result()
         cpu1, sim1, wall1 = routers.cpu(), fleet.proc.cpu(), time.monotonic()
         proxy1 = routers.proxy.cpu() if routers.proxy is not None else None
         gen1 = time.process_time()
@@ -597,6 +603,8 @@ async def _drive(
         elapsed = max(wall1 - wall0, 1e-9)
         extra["wall_s"] = round(elapsed, 2)
         extra["router_replicas"] = len(routers.processes)
+        if warm is not None and not warmup_scraped:
+            extra["warmup_scrape"] = "missed: counters cover the whole run"
         used = gen1 - gen0
         if sim0 is not None and sim1 is not None:
             # > ~0.8 means the emulator itself was short of CPU (time scale too small)

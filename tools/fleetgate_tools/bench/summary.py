@@ -100,6 +100,8 @@ class RunSummary:
     """Sum of the answers' ``cached_tokens`` / sum of their ``prompt_tokens``."""
     warmup_requests: int = 0
     """Requests sent during the warm-up (not in any figure)."""
+    warmup_errors: int = 0
+    """Of those, the failed ones (shown so that no error goes unseen)."""
 
 
 def hit_rate(engines: Iterable[EngineWindow]) -> float | None:
@@ -162,6 +164,7 @@ def summarise_run(record: RunRecord, objective: Callable[[str], float]) -> RunSu
         error=record.error,
         usage_hit_rate=usage_hit_rate(rs),
         warmup_requests=len(record.results) - len(rs),
+        warmup_errors=sum(1 for r in record.results if not r.ok) - sum(1 for r in rs if not r.ok),
     )
 
 
@@ -200,6 +203,7 @@ RUN_METRICS: tuple[str, ...] = (
     "router_cpu_s",
     "engine_preemptions",
     "warmup_requests",
+    "warmup_errors",
 )
 CLASS_METRICS: tuple[str, ...] = (
     "requests",
