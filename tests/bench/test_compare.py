@@ -145,3 +145,20 @@ def test_summary_counts_warm_up_requests_and_their_errors_apart() -> None:
     s = summarise_run(rec, lambda _c: 1.0)
     assert s.warmup_requests == 30 and s.warmup_errors == 1
     assert s.requests == 270 and s.errors == 1
+
+
+def test_tail_percentiles_need_enough_sessions_above_them() -> None:
+    assert compare.min_sessions("ttft_p50_ratio") == 30
+    assert compare.min_sessions("ttft_p90_ratio") == 50
+    assert compare.min_sessions("ttft_p99_ratio") == 500
+    assert compare.min_sessions("hit_rate_diff") == 30
+    # 270 steady sessions: p50/p90 get intervals, p99 does not
+    a = _record("fleetgate", 0, 0.5, 0.7, 1)
+    b = _record("vllm-router-cache_aware", 0, 1.0, 0.5, 2)
+    (c,) = compare.compare([a, b], random.Random(7), replicates=50)
+    p99 = c.figure("ttft_p99_ratio")
+    p90 = c.figure("ttft_p90_ratio")
+    assert p99 is not None and p99.interval is None and p99.verdict == "n/a"
+    assert p90 is not None and p90.interval is not None
+    assert report.figure_cell(p99, False).endswith("(no interval)")
+    assert report.figure_cell(p99, False).endswith("(no interval)")

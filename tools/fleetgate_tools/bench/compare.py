@@ -22,6 +22,7 @@ the TTFT figures and counted in the report's error column instead.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import statistics
 from collections.abc import Mapping, Sequence
@@ -43,9 +44,21 @@ from fleetgate_tools.bench.stats import (
 from fleetgate_tools.bench.summary import RunRecord
 
 #: Fewer steady sessions than this in a seed: no interval (``n/a``), whatever
-#: the point estimate; a percentile interval of a p99 from a dozen requests
-#: would claim wins it cannot support.
+#: the point estimate.
 MIN_SESSIONS = 30
+#: A percentile's interval also needs this many sessions ABOVE the percentile
+#: (p90: 50 sessions, p99: 500): the bootstrap cannot draw values beyond the
+#: largest observed, so an interval for a p99 of a few dozen requests would
+#: claim wins it cannot support.
+MIN_TAIL = 5
+
+
+def min_sessions(figure: str) -> int:
+    """The fewest steady sessions per seed for an interval of ``figure``."""
+    for q in (50, 90, 99):
+        if figure.startswith(f"ttft_p{q}_"):
+            return max(MIN_SESSIONS, math.ceil(MIN_TAIL / (1 - q / 100) - 1e-9))
+    return MIN_SESSIONS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,7 +178,7 @@ def compare(
                     rng,
                     replicates=replicates,
                     level=level,
-                    min_clusters=MIN_SESSIONS,
+                    min_clusters=min_sessions(fname),
                 )
                 per_seed = []
                 for x, y in runs:

@@ -15,6 +15,7 @@ ran, a figure is missing) says why.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -265,10 +266,13 @@ COMPARISON_FIGURES: tuple[tuple[str, str, bool], ...] = (
 
 def figure_cell(f: Figure | None, points: bool) -> str:
     """``estimate [low-high] verdict`` (+ ``seeds min..max`` over several seeds)."""
-    if f is None or f.interval is None:
+    if f is None or (f.interval is None and not f.per_seed):
         return "n/a"
     k = 100.0 if points else 1.0
     fmt = "{:+.1f}" if points else "{:.2f}"
+    if f.interval is None:
+        # too few sessions (or an undefined replicate figure): the estimate, no verdict
+        return f"{fmt.format(statistics.median(f.per_seed) * k)} (no interval)"
     ci = f.interval
     text = f"{fmt.format(ci.estimate * k)} [{fmt.format(ci.low * k)}, {fmt.format(ci.high * k)}]"
     if len(f.per_seed) > 1:
