@@ -162,3 +162,15 @@ def test_tail_percentiles_need_enough_sessions_above_them() -> None:
     assert p90 is not None and p90.interval is not None
     assert report.figure_cell(p99, False).endswith("(no interval)")
     assert report.figure_cell(p99, False).endswith("(no interval)")
+
+
+def test_error_rate_difference_counts_what_the_ttft_ratios_leave_out() -> None:
+    a = _record("fleetgate", 0, 1.0, 0.5, 1)
+    b = _record("vllm-router-cache_aware", 0, 1.0, 0.5, 2)
+    for r in a.results[100:200]:  # 100 of 270 steady requests fail
+        r.status = 503
+    (c,) = compare.compare([a, b], random.Random(8), replicates=200)
+    err = c.figure("error_rate_diff")
+    assert err is not None and err.interval is not None and err.verdict == "loss"
+    assert err.interval.low < 100 / 270 < err.interval.high
+    assert "**loss**" in report.figure_cell(err, True)

@@ -11,7 +11,9 @@ the SAME seeds (paired: each repeat replays one schedule), see
 * TTFT p50 / p90 / p99 as ratios contender / baseline (lower is better);
 * prompt-token hit rate from the answers' ``usage.prompt_tokens_details.
   cached_tokens`` (sum cached / sum prompt tokens over the steady requests) as a
-  difference in points (higher is better), and as a ratio.
+  difference in points (higher is better), and as a ratio;
+* the share of failed steady requests as a difference in points (lower is
+  better): the TTFT figures leave failed requests out, this one does not.
 
 A ratio's verdict is ``win`` or ``loss`` only when its interval excludes 1 (a
 difference's: 0); otherwise ``no clear difference``. Only steady-state requests
@@ -107,6 +109,14 @@ def usage_clusters(results: Sequence[RequestResult]) -> Mapping[str, Cluster]:
     return out
 
 
+def error_clusters(results: Sequence[RequestResult]) -> Mapping[str, Cluster]:
+    """Per session, (failed, 1) for every request: the error rate's observations."""
+    out: dict[str, list[tuple[float, ...]]] = {}
+    for r in results:
+        out.setdefault(r.session_id, []).append((0.0 if r.ok else 1.0, 1.0))
+    return out
+
+
 #: (figure name, clusters, statistic, combine, neutral, lower is better)
 FIGURES: tuple[tuple[str, str, Statistic, Combine, float, bool], ...] = (
     ("ttft_p50_ratio", "ttft", percentile_stat(50), ratio, 1.0, True),
@@ -114,6 +124,7 @@ FIGURES: tuple[tuple[str, str, Statistic, Combine, float, bool], ...] = (
     ("ttft_p99_ratio", "ttft", percentile_stat(99), ratio, 1.0, True),
     ("hit_rate_diff", "usage", ratio_of_sums(0, 1), difference, 0.0, False),
     ("hit_rate_ratio", "usage", ratio_of_sums(0, 1), ratio, 1.0, False),
+    ("error_rate_diff", "errors", ratio_of_sums(0, 1), difference, 0.0, True),
 )
 
 
@@ -166,7 +177,9 @@ def compare(
             ]
             figures = []
             for fname, kind, stat, combine, neutral, lower in FIGURES:
-                make = ttft_clusters if kind == "ttft" else usage_clusters
+                make = {"ttft": ttft_clusters, "usage": usage_clusters, "errors": error_clusters}[
+                    kind
+                ]
                 runs = [(make(a), make(b)) for a, b in pairs]
                 if any(not x or not y for x, y in runs):
                     figures.append(Figure(fname, None, "n/a", (), lower))

@@ -261,6 +261,7 @@ COMPARISON_FIGURES: tuple[tuple[str, str, bool], ...] = (
     ("ttft_p90_ratio", "TTFT p90 ratio", False),
     ("ttft_p99_ratio", "TTFT p99 ratio", False),
     ("hit_rate_diff", "usage hit rate diff (points)", True),
+    ("error_rate_diff", "error rate diff (points)", True),
 )
 
 
