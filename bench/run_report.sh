@@ -4,6 +4,9 @@
 # the figures belong to one commit even while the working tree changes.
 # One contender at a time on a fresh emulated fleet; about 90 minutes on a shared
 # 2-core machine. JSON with every run goes to ${BENCH_JSON_DIR:-/tmp/fg-bench}.
+# --wall-duration 30: the committed results were made with 30 WALL seconds of
+# arrivals (the old --duration); the steady-state rules (docs/bench.md) take
+# --duration in modelled seconds and leave out a 10% warm-up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FG="${FLEETGATE:-.venv/bin/fleetgate}"
@@ -16,13 +19,13 @@ PRIO=fleetgate,fleetgate-no-preemption,vllm-router-cache_aware,vllm-router-round
 MIXED=fleetgate,fleetgate-no-speed,fleetgate-no-preemption,vllm-router-cache_aware,vllm-router-round_robin,sglang-router-cache_aware
 
 for w in ${WORKLOADS:-shared-prefix chat-multiturn}; do
-  "$FG" bench run "$w" --engines 4 --duration 30 --seed 0 --repeats 2 --contenders all \
+  "$FG" bench run "$w" --engines 4 --wall-duration 30 --seed 0 --repeats 2 --contenders all \
     --source "$SRC" --json "$OUT/$w.json" --report bench/results --force
 done
-"$FG" bench run priority-storm --engines 4 --duration 30 --seed 0 --repeats 3 --contenders "$PRIO" \
+"$FG" bench run priority-storm --engines 4 --wall-duration 30 --seed 0 --repeats 3 --contenders "$PRIO" \
   --source "$SRC" --json "$OUT/priority-storm.json" --report bench/results --force
-"$FG" bench run mixed-engine --engines 4 --duration 30 --seed 0 --repeats 2 --contenders "$MIXED" \
+"$FG" bench run mixed-engine --engines 4 --wall-duration 30 --seed 0 --repeats 2 --contenders "$MIXED" \
   --source "$SRC" --json "$OUT/mixed-engine.json" --report bench/results --force
-"$FG" bench run agentic --engines 4 --duration 30 --seed 0 --repeats 1 \
+"$FG" bench run agentic --engines 4 --wall-duration 30 --seed 0 --repeats 1 \
   --contenders fleetgate,fleetgate-least-loaded,vllm-router-cache_aware,vllm-router-power_of_two,sglang-router-cache_aware \
   --source "$SRC" --json "$OUT/agentic.json" --report bench/results --force

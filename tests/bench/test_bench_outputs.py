@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgate.cli import main
+from fleetgate.cli import CliError, main
 from fleetgate_tools.bench import cli as bench_cli
 
 
@@ -55,3 +55,80 @@ def test_existing_outputs_lists_what_a_run_would_replace(tmp_path: Path) -> None
         tmp_path / "x.md",
         tmp_path / "x-agentic.png",
     ]
+
+
+def test_duration_is_modelled_and_wall_duration_keeps_the_old_meaning() -> None:
+    s = bench_cli.resolve(parse(["run", "agentic", "--duration", "60", "--time-scale", "8"]))
+    assert s.duration_s == 60 and s.modelled_s(8.0) == 60
+    assert s.warmup_s(60) == pytest.approx(6.0), "default warm-up: 10% of the window"
+    old = bench_cli.resolve(parse(["run", "agentic", "--wall-duration", "30", "--time-scale", "8"]))
+    assert old.modelled_s(8.0) == 3.75
+    with pytest.raises(CliError, match="not both"):
+        bench_cli.resolve(parse(["run", "agentic", "--duration", "5", "--wall-duration", "5"]))
+    assert bench_cli.resolve(parse(["run", "agentic"])).duration_s == 60
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("10%", (10.0, True)), ("5", (5.0, False)), ("0", (0.0, False))]
+)
+def test_warmup_is_seconds_or_a_percentage(text: str, expected: tuple[float, bool]) -> None:
+    assert bench_cli.parse_warmup(text) == expected
+
+
+@pytest.mark.parametrize("text", ["x", "-1", "100%"])
+def test_bad_warmups_are_refused(text: str) -> None:
+    with pytest.raises(CliError, match="--warmup"):
+        bench_cli.parse_warmup(text)
+
+
+def test_a_warmup_longer_than_the_run_is_refused() -> None:
+    with pytest.raises(CliError, match="shorter than --duration"):
+        bench_cli.resolve(parse(["run", "agentic", "--duration", "5", "--warmup", "5"]))
+
+
+def test_seeds_and_the_old_seed_repeats_flags() -> None:
+    assert bench_cli.resolve(parse(["run", "agentic", "--seeds", "0,1,2"])).seeds == [0, 1, 2]
+    assert bench_cli.resolve(parse(["run", "agentic", "--seed", "4", "--repeats", "2"])).seeds == [
+        4,
+        5,
+    ]
+    assert bench_cli.resolve(parse(["run", "agentic"])).seeds == [0]
+    with pytest.raises(CliError, match="not both"):
+        bench_cli.resolve(parse(["run", "agentic", "--seeds", "1,2", "--repeats", "2"]))
+    with pytest.raises(CliError, match="distinct"):
+        bench_cli.resolve(parse(["run", "agentic", "--seeds", "1,1"]))
+    with pytest.raises(CliError, match="integers"):
+        bench_cli.resolve(parse(["run", "agentic", "--seeds", "a"]))
+
+
+def test_time_scale_auto_number_or_default() -> None:
+    assert bench_cli.resolve(parse(["run", "agentic", "--time-scale", "auto"])).time_scale is None
+    assert bench_cli.resolve(parse(["run", "agentic", "--engines", "3"])).time_scale == 6.0
+    assert bench_cli.resolve(parse(["run", "agentic", "--time-scale", "2.5"])).time_scale == 2.5
+    with pytest.raises(CliError, match="a number or 'auto'"):
+        bench_cli.resolve(parse(["run", "agentic", "--time-scale", "fast"]))
+    with pytest.raises(CliError, match="--router-replicas"):
+        bench_cli.resolve(parse(["run", "agentic", "--router-replicas", "0"]))
+
+
+def test_command_line_spells_out_the_steady_state_settings(tmp_path: Path) -> None:
+    args = parse(
+        ["run", "evictions", "--seeds", "0,1,2", "--time-scale", "auto", "--router-replicas", "2"]
+        + ["--warmup", "5", "--report", str(tmp_path)]
+    )
+    line = bench_cli.command_line(args, bench_cli.resolve(args))
+    for part in ("--duration 60", "--warmup 5 ", "--seeds 0,1,2", "--time-scale auto"):
+        assert part in line
+    assert "--router-replicas 2" in line
+
+
+def test_several_replica_counts_name_the_contenders() -> None:
+    s = bench_cli.resolve(parse(["run", "agentic", "--router-replicas", "1,2"]))
+    assert s.router_replicas == (1, 2)
+    fg = s.contenders[0]
+    assert [s.contender_name(fg, n) for n in (1, 2)] == ["fleetgate", "fleetgate@2r"]
+    only_two = bench_cli.resolve(parse(["run", "agentic", "--router-replicas", "2"]))
+    assert only_two.contender_name(fg, 2) == "fleetgate", "one count: plain names"
+    for bad in ("0", "1,1", "x", "5"):
+        with pytest.raises(CliError, match="--router-replicas"):
+            bench_cli.resolve(parse(["run", "agentic", "--router-replicas", bad]))

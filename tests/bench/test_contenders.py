@@ -52,7 +52,9 @@ def test_peer_policies_are_the_ones_the_issue_names() -> None:
     }
 
 
-@pytest.mark.parametrize("name", [n for n, c in cmod.CONTENDERS.items() if c.kind == "fleetgate"])
+@pytest.mark.parametrize(
+    "name", [n for n, c in cmod.CONTENDERS.items() if c.kind == "fleetgate" and not c.kv_events]
+)
 def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     c = cmod.CONTENDERS[name]
     config = parse_config(cmod.fleetgate_config(c, BACKENDS, seed=3))
@@ -161,6 +163,7 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         n
         for n, c in cmod.CONTENDERS.items()
         if c.kind == "fleetgate"
+        and not c.kv_events  # fleetgate-events: checked below, needs the KV-event router
         and parse_config(cmod.fleetgate_config(c, BACKENDS, seed=0)).scheduling.weights.speed > 0
     }
     assert with_speed == {
@@ -176,6 +179,7 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         "fleetgate-prefill-greedy",
         "fleetgate-rendezvous",
         "fleetgate-flat-bound",
+        "fleetgate-approx",
     }
 
 
@@ -191,3 +195,51 @@ def test_prefill_cost_contenders_set_exactly_their_rule() -> None:
     assert off.prefill_slack is None and off.load_bound == default.load_bound
     greedy = sched("fleetgate-prefill-greedy")
     assert (greedy.prefill_slack, greedy.prefill_slack_tokens) == (0.0, 0)
+
+
+def test_events_contender_gives_every_backend_its_event_endpoint_and_the_tokenizer() -> None:
+    c = cmod.CONTENDERS["fleetgate-events"]
+    events = [
+        cmod.kv_events_backend("vllm", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"),
+        cmod.kv_events_backend("trtllm", None, None),
+    ]
+    config = cmod.fleetgate_config(c, BACKENDS, seed=1, kv_events=events, router_replicas=2)
+    first, second = config["pools"][0]["backends"]
+    assert first["kv_events"] == {
+        "transport": "zmq",
+        "format": "vllm-zmq-msgpack",
+        "port": 5557,
+        "replay_port": 5558,
+        "topic": "kv-events",
+    }
+    assert second["kv_events"] == {
+        "transport": "http-drain",
+        "format": "trtllm-http-json",
+        "path": "/kv_cache_events",
+    }
+    assert config["scheduling"]["tokenizers"] == {cmod.MODEL: {"kind": "emulator"}}
+    assert config["scheduling"]["router_replicas"] == 2
+    # an approximate contender never sends the event sections, even when known
+    plain = cmod.fleetgate_config(cmod.CONTENDERS["fleetgate"], BACKENDS, 1, kv_events=events)
+    assert all("kv_events" not in b for b in plain["pools"][0]["backends"])
+    assert "tokenizers" not in plain["scheduling"]
+    with pytest.raises(ValueError, match="every engine must publish"):
+        cmod.fleetgate_config(c, BACKENDS, seed=1)
+    with pytest.raises(ValueError, match="no KV-event endpoints"):
+        cmod.kv_events_backend("vllm", None, None)
+
+
+def test_events_support_error_names_what_the_router_rejects() -> None:
+    from fleetgate.router.config import Backend, Scheduling
+
+    c = cmod.CONTENDERS["fleetgate-events"]
+    events = [cmod.kv_events_backend("vllm", "tcp://127.0.0.1:1", "tcp://127.0.0.1:2")] * 2
+    config = cmod.fleetgate_config(c, BACKENDS, seed=1, kv_events=events)
+    why = cmod.events_support_error(config)
+    if "kv_events" not in Backend.model_fields:
+        assert why is not None and "does not accept the KV-event config yet" in why
+        assert "kv_events" in why
+    elif "tokenizers" not in Scheduling.model_fields:
+        assert why is not None and "tokenizers" in why
+    else:  # both branches merged: the config must validate as written
+        assert why is None

@@ -83,3 +83,25 @@ def test_messages_for_carries_real_answers_in_history() -> None:
 def test_unknown_workload_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match="shared-prefix"):
         workloads.build("nope", WorkloadParams())
+
+
+def test_evictions_sizes_documents_from_the_cache_and_skews_popularity() -> None:
+    p = WorkloadParams(duration_s=200, rate=8, seed=5, cache_tokens=30000)
+    groups, doc = workloads.eviction_documents(p)
+    assert doc == workloads.EVICTION_DOC_TOKENS
+    assert groups * doc == pytest.approx(workloads.EVICTION_WORKING_SET * 30000, rel=0.05)
+    sessions = workloads.build("evictions", p)
+    counts: dict[str, int] = {}
+    for s in sessions:
+        g = s.session_id.split("-")[0]
+        counts[g] = counts.get(g, 0) + 1
+    ranked = sorted(counts.values(), reverse=True)
+    # Zipf-like: the most asked document far above the median one, but the tail is asked too
+    assert ranked[0] > 4 * statistics.median(ranked)
+    assert len(counts) > 0.8 * groups
+
+
+def test_flash_burst_follows_fleet_slots() -> None:
+    assert workloads.flash_burst(WorkloadParams(duration_s=10, slots=64))[0] == 200
+    n, start, end = workloads.flash_burst(WorkloadParams(duration_s=10, slots=1024))
+    assert n == 1024 and start == 3.0 and end == 3.5

@@ -41,6 +41,14 @@ fleetgate ablations are configuration variations of the same router
   by default when ``router_replicas`` > 1 (the Helm chart's 2 replicas)
 * ``fleetgate-no-speed``     default weights with the engine-speed scorer off; only
   differs on class workloads over engines of different speeds (mixed-engine)
+* ``fleetgate-events``       default weights on the exact prefix view: the emulated
+  engines publish KV-cache events (fleet file ``kv_events: true``; vLLM over
+  ZeroMQ, TensorRT-LLM kept for ``POST /kv_cache_events``), each backend gets
+  its ``kv_events`` endpoint and ``scheduling.tokenizers`` maps the model to the
+  emulator's tokenizer (``{kind: emulator}``). Needs a router that takes those
+  keys (issue 13 section 3); :func:`events_support_error` says when it does not.
+* ``fleetgate-approx``       the same as ``fleetgate`` (the approximate prefix
+  view, no events), under the name the issue's comparisons use
 * ``round-robin-no-classes`` the ``fleetgate demo`` baseline: what a plain load
   balancer does (a Kubernetes Service, a round-robin proxy): endpoints take
   turns and the requests' priority classes are not sent (no ``priority:``
@@ -65,6 +73,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from fleetgate.engines.trtllm.kv_events import KV_EVENTS_PATH, TRTLLM_KV_EVENTS_FORMAT
+from fleetgate.engines.vllm import KV_EVENTS_TOPIC, VLLM_KV_EVENTS_FORMAT
+from fleetgate.router.config import ConfigError, parse_config
 from fleetgate.router.priority.config import DEFAULT_CLASSES, PriorityClass
 
 ContenderKind = Literal["fleetgate", "vllm-router", "sglang-router"]
@@ -99,6 +110,9 @@ class Contender:
     classes: bool = True
     """Send the workload's priority classes (``x-fleetgate-priority``; fleetgate: its
     ``priority:`` section). False: a class-blind load balancer, the header not sent."""
+    kv_events: bool = False
+    """fleetgate: engines publish KV-cache events and the router subscribes (exact
+    prefix view with the emulator's tokenizer)."""
 
 
 CONTENDERS: dict[str, Contender] = {
@@ -197,6 +211,17 @@ CONTENDERS: dict[str, Contender] = {
             description="default weights with the engine-speed scorer off",
         ),
         Contender(
+            "fleetgate-events",
+            "fleetgate",
+            kv_events=True,
+            description="default weights, exact prefix view from the engines' KV events",
+        ),
+        Contender(
+            "fleetgate-approx",
+            "fleetgate",
+            description="default weights, approximate prefix view (no events)",
+        ),
+        Contender(
             "round-robin-no-classes",
             "fleetgate",
             picker="round-robin",
@@ -263,6 +288,8 @@ def fleetgate_config(
     *,
     capacities: Sequence[int | None] | None = None,
     time_scale: float = 1.0,
+    kv_events: Sequence[dict[str, Any] | None] | None = None,
+    router_replicas: int = 1,
 ) -> dict[str, Any]:
     """The router YAML (as a dict) for ``contender`` over ``(engine, url)`` backends.
 
@@ -278,15 +305,27 @@ def fleetgate_config(
     modelled second): the classes' times (TTFT objective, queue time limit,
     Retry-After) are the defaults multiplied by it, so the router works to the
     same objectives, in its wall clock, that the report measures in modelled time.
+
+    ``kv_events``: per backend, its ``kv_events`` section (:func:`kv_events_backend`;
+    a ``kv_events`` contender needs one for every backend). ``router_replicas``:
+    ``scheduling.router_replicas`` (2 behind the bench's round-robin front), as
+    the Helm chart sets it from its replica count.
     """
     caps = list(capacities) if capacities is not None else [None] * len(backends)
     if len(caps) != len(backends):
         raise ValueError(f"{len(caps)} capacities for {len(backends)} backends")
+    events = list(kv_events) if kv_events is not None else [None] * len(backends)
+    if len(events) != len(backends):
+        raise ValueError(f"{len(events)} kv_events for {len(backends)} backends")
+    if contender.kv_events and any(e is None for e in events):
+        raise ValueError(f"{contender.name}: every engine must publish KV events")
     pool_backends: list[dict[str, Any]] = []
-    for (kind, url), cap in zip(backends, caps, strict=True):
+    for (kind, url), cap, ev in zip(backends, caps, events, strict=True):
         b: dict[str, Any] = {"engine": kind, "url": url}
         if cap is not None:
             b["capacity"] = cap
+        if contender.kv_events and ev is not None:
+            b["kv_events"] = dict(ev)
         pool_backends.append(b)
     config: dict[str, Any] = {
         "test_mode": True,
@@ -308,7 +347,65 @@ def fleetgate_config(
     if contender.picker is not None:
         config["scheduling"]["picker"] = contender.picker
     config["scheduling"].update(contender.scheduling)
+    if router_replicas != 1:
+        config["scheduling"]["router_replicas"] = router_replicas
+    if contender.kv_events:
+        config["scheduling"]["tokenizers"] = {MODEL: {"kind": "emulator"}}
     return config
+
+
+#: The model every bench fleet serves (``scenarios.MODEL``; repeated here to keep
+#: this module free of the scenario layer).
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def kv_events_backend(kind: str, endpoint: str | None, replay: str | None) -> dict[str, Any]:
+    """A backend's ``kv_events`` section for an emulated engine with events on.
+
+    vLLM: the ZeroMQ PUB and replay sockets the emulator printed (``tcp://H:P``),
+    as ``transport/format/port/replay_port/topic`` (the fields of
+    ``fleetgate.engines.base.KvEventsEndpoint`` and of the operator's
+    ``fleetgate.dev/kv-events`` annotation; the host is the backend's).
+    TensorRT-LLM: drained over HTTP at ``/kv_cache_events`` on the engine's port.
+    """
+    if kind == "trtllm":
+        return {
+            "transport": "http-drain",
+            "format": TRTLLM_KV_EVENTS_FORMAT,
+            "path": KV_EVENTS_PATH,
+        }
+    if endpoint is None or replay is None:
+        raise ValueError(f"{kind}: the engine printed no KV-event endpoints")
+    return {
+        "transport": "zmq",
+        "format": VLLM_KV_EVENTS_FORMAT,
+        "port": _port(endpoint),
+        "replay_port": _port(replay),
+        "topic": KV_EVENTS_TOPIC,
+    }
+
+
+def _port(endpoint: str) -> int:
+    tail = endpoint.rsplit(":", 1)[-1]
+    if not tail.isdigit():
+        raise ValueError(f"{endpoint!r}: expected tcp://HOST:PORT")
+    return int(tail)
+
+
+def events_support_error(config: dict[str, Any]) -> str | None:
+    """Why this router build cannot run a ``kv_events`` config (None: it can).
+
+    Validates the config with the router's own model: a router without the KV-event
+    subscriber (``backends[].kv_events``) or tokenizer scoring
+    (``scheduling.tokenizers``) rejects those keys as unknown."""
+    try:
+        parse_config(config)
+    except ConfigError as e:
+        return (
+            "this fleetgate router does not accept the KV-event config yet "
+            f"(backends[].kv_events, scheduling.tokenizers: issue 13 section 3): {e}"
+        )
+    return None
 
 
 def _scaled_class(cls: PriorityClass, time_scale: float) -> dict[str, Any]:

@@ -15,9 +15,11 @@ ran, a figure is missing) says why.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from fleetgate_tools.bench.compare import Comparison, Figure
 from fleetgate_tools.bench.summary import Aggregate, median
 
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -30,6 +32,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("output_tokens_per_s", "output tok/s", "{:.0f}"),
     ("goodput", "goodput (req/s)", "{:.2f}"),
     ("hit_rate", "engine hit rate", "{:.1%}"),
+    ("usage_hit_rate", "usage hit rate", "{:.1%}"),
     ("imbalance", "imbalance", "{:.2f}"),
     ("router_cpu_s", "router CPU (s)", "{:.1f}"),
 )
@@ -110,8 +113,28 @@ def extra_table(aggs: Sequence[Aggregate]) -> list[str]:
     return lines
 
 
-def goal_lines(workload: str, aggs: Sequence[Aggregate]) -> list[str]:
-    """The issue's goals for ``workload``, checked on the highest load factor."""
+def _interval_text(
+    comparisons: Sequence[Comparison], contender: str, baseline: str, lf: float, name: str
+) -> str:
+    """`` (95% CI [low, high])`` of ``name`` for contender vs baseline, or ``""``."""
+    for c in comparisons:
+        if (c.contender, c.baseline, c.load_factor) == (contender, baseline, lf):
+            f = c.figure(name)
+            if f is not None and f.interval is not None:
+                k, fmt = (100.0, "{:+.1f}") if name.endswith("_diff") else (1.0, "{:.2f}")
+                ci = f.interval
+                return (
+                    f" ({ci.level:.0%} CI [{fmt.format(ci.low * k)}, {fmt.format(ci.high * k)}]"
+                    f"{' points' if k == 100.0 else ''}, {f.verdict})"
+                )
+    return ""
+
+
+def goal_lines(
+    workload: str, aggs: Sequence[Aggregate], comparisons: Sequence[Comparison] = ()
+) -> list[str]:
+    """The issue's goals for ``workload``, checked on the highest load factor; with
+    ``comparisons``, each ratio carries its bootstrap interval."""
     ran = [a for a in aggs if a.failed < a.repeats]
     if not ran:
         return ["- no contender ran"]
@@ -134,9 +157,10 @@ def goal_lines(workload: str, aggs: Sequence[Aggregate]) -> list[str]:
         mine = median(fg, "ttft_p90")
         ok = None if best is None or mine is None else mine <= 0.7 * best[0]
         if best is not None and mine is not None:
+            ci = _interval_text(comparisons, "fleetgate", best[1], top, "ttft_p90_ratio")
             out.append(
                 f"- TTFT p90 <= 0.7x best peer ({best[1]} {best[0]:.3f} s): fleetgate "
-                f"{mine:.3f} s = {mine / best[0]:.2f}x -> {verdict(ok)}"
+                f"{mine:.3f} s = {mine / best[0]:.2f}x{ci} -> {verdict(ok)}"
             )
         else:
             out.append(f"- TTFT p90 <= 0.7x best peer: {verdict(None)}")
@@ -144,9 +168,12 @@ def goal_lines(workload: str, aggs: Sequence[Aggregate]) -> list[str]:
         best_hit = max(((v, n) for v, n in hits if v is not None), default=None)
         mine_hit = median(fg, "hit_rate")
         if best_hit is not None and mine_hit is not None:
+            ci = _interval_text(comparisons, "fleetgate", best_hit[1], top, "hit_rate_diff")
+            if ci:
+                ci = " usage hit rate difference" + ci
             out.append(
                 f"- hit rate >= best peer ({best_hit[1]} {best_hit[0]:.1%}): fleetgate "
-                f"{mine_hit:.1%} -> {verdict(mine_hit >= best_hit[0])}"
+                f"{mine_hit:.1%}{ci} -> {verdict(mine_hit >= best_hit[0])}"
             )
         imb = median(fg, "imbalance")
         if imb is not None:
@@ -228,6 +255,60 @@ def headline_table(aggs: Sequence[Aggregate]) -> list[str]:
     return lines
 
 
+#: (figure, column title, points: show x100) of the comparison table.
+COMPARISON_FIGURES: tuple[tuple[str, str, bool], ...] = (
+    ("ttft_p50_ratio", "TTFT p50 ratio", False),
+    ("ttft_p90_ratio", "TTFT p90 ratio", False),
+    ("ttft_p99_ratio", "TTFT p99 ratio", False),
+    ("hit_rate_diff", "usage hit rate diff (points)", True),
+    ("error_rate_diff", "error rate diff (points)", True),
+)
+
+
+def figure_cell(f: Figure | None, points: bool) -> str:
+    """``estimate [low-high] verdict`` (+ ``seeds min..max`` over several seeds)."""
+    if f is None or (f.interval is None and not f.per_seed):
+        return "n/a"
+    k = 100.0 if points else 1.0
+    fmt = "{:+.1f}" if points else "{:.2f}"
+    if f.interval is None:
+        # too few sessions (or an undefined replicate figure): the estimate, no verdict
+        return f"{fmt.format(statistics.median(f.per_seed) * k)} (no interval)"
+    ci = f.interval
+    text = f"{fmt.format(ci.estimate * k)} [{fmt.format(ci.low * k)}, {fmt.format(ci.high * k)}]"
+    if len(f.per_seed) > 1:
+        text += f" seeds {fmt.format(min(f.per_seed) * k)}..{fmt.format(max(f.per_seed) * k)}"
+    mark = {"win": " **win**", "loss": " **loss**"}.get(f.verdict, "")
+    return text + mark
+
+
+def comparison_table(comparisons: Sequence[Comparison]) -> list[str]:
+    """Every contender against its baseline with 95% intervals; empty without any."""
+    if not comparisons:
+        return []
+    level = next((f.interval.level for c in comparisons for f in c.figures if f.interval), 0.95)
+    head = (
+        "| workload | load | contender | vs | seeds | "
+        + " | ".join(t for _, t, _ in COMPARISON_FIGURES)
+        + " |"
+    )
+    lines = [
+        f"Ratios and differences with {level:.0%} bootstrap intervals [low, high] "
+        "(win/loss only when the interval excludes 1, or 0 for a difference):",
+        "",
+        head,
+        "|" + "---|" * (len(COMPARISON_FIGURES) + 5),
+    ]
+    for c in comparisons:
+        cells = [figure_cell(c.figure(n), pts) for n, _, pts in COMPARISON_FIGURES]
+        lines.append(
+            f"| {c.workload} | x{c.load_factor:g} | {c.contender} | {c.baseline} | {c.seeds} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return lines
+
+
 def render_markdown(
     aggs: Sequence[Aggregate],
     *,
@@ -235,6 +316,7 @@ def render_markdown(
     command: str,
     notes: Sequence[str] = (),
     plots: Sequence[str] = (),
+    comparisons: Sequence[Comparison] = (),
 ) -> str:
     lines = [f"# {title}", "", "Command:", "", "```", command, "```", ""]
     lines += [f"- {n}" for n in notes]
@@ -256,7 +338,10 @@ def render_markdown(
             et = extra_table(at)
             if et:
                 lines += ["Other figures:", ""] + et + [""]
-        lines += ["Goals:", ""] + goal_lines(w, mine) + [""]
+        cmp = comparison_table([c for c in comparisons if c.workload == w])
+        if cmp:
+            lines += cmp + [""]
+        lines += ["Goals:", ""] + goal_lines(w, mine, comparisons) + [""]
         for p in plots:
             if Path(p).stem.endswith(w):  # no workload name ends another's
                 lines += [f"![{w}]({Path(p).name})", ""]

@@ -6,13 +6,19 @@
    subprocess on free loopback ports (a fresh fleet per run: empty caches,
    identical engine seeds);
 2. writes the contender's config (fleetgate) and starts it on a free loopback
-   port; waits until ``GET /v1/models`` answers 200 through it;
+   port (``router_replicas`` > 1: that many, behind the round-robin front of
+   :mod:`fleetgate_tools.bench.rrproxy`); waits until ``GET /v1/models``
+   answers 200 through it. ``fleetgate-events``: the fleet publishes KV events
+   and the config is checked against the router's model first
+   (:class:`EventsUnsupported` when the router does not take it);
 3. (fleetgate only) probes whether the router takes priority class names in
    ``x-fleetgate-priority`` or still only integer levels, and maps classes to
    levels (critical 5, batch -5) in the latter case;
 4. scrapes every engine's /metrics (adapters in ``fleetgate.engines``), reads
    the contender's CPU seconds, replays the scenario's sessions (identical for
-   every contender: built from the seed), scrapes and reads CPU again;
+   every contender: built from the seed), scrapes again at the end of the
+   warm-up (the start of the steady window) and at the end, and reads CPU
+   again; deadlines are modelled time x the time scale (:func:`deadlines`);
 5. for ``priority-storm``-like workloads, reads preemption/resume counters
    from the router's /metrics if it exposes them and replays a bounded sample
    of completed requests without load ("twin run") to count mismatching texts;
@@ -24,7 +30,9 @@ Latencies in the returned record are modelled seconds (wall / time scale).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import os
 import re
 import sys
 import time
@@ -40,15 +48,28 @@ from fleetgate.engines.base import LoadSnapshot, MetricsSource
 from fleetgate_tools import procs
 from fleetgate_tools.bench import contenders as cmod
 from fleetgate_tools.bench import loadgen
-from fleetgate_tools.bench.scenarios import MODEL, Scenario, wall_sessions
-from fleetgate_tools.bench.stats import RequestResult
+from fleetgate_tools.bench.scenarios import (
+    CALIBRATION_MODELLED_S,
+    MODEL,
+    Scenario,
+    choose_time_scale,
+    wall_sessions,
+)
+from fleetgate_tools.bench.stats import RequestResult, percentile
 from fleetgate_tools.bench.summary import EngineWindow, RunRecord
 
 #: Integer levels used when the router does not take class names yet.
 CLASS_LEVELS = {"critical": 5, "standard": 0, "batch": -5}
 TWIN_SAMPLE = 16
 
-_ENGINE_LINE = re.compile(r"engine=(\S+) url=(\S+) model=(\S+)")
+_ENGINE_LINE = re.compile(
+    r"engine=(\S+) url=(\S+) model=(\S+)(?: kv_events=(\S+) kv_replay=(\S+))?"
+)
+#: Modelled seconds the load may take to drain after the last arrival (at least;
+#: half the arrival window when that is longer), before ``unfinished at deadline``.
+DRAIN_MODELLED_S = 10.0
+#: ``--time-scale auto``: wall seconds the calibration run measures the idle CPU.
+IDLE_PROBE_S = 3.0
 
 
 @dataclasses.dataclass
@@ -56,15 +77,23 @@ class Fleet:
     proc: procs.Proc
     engines: list[tuple[str, str]]
     """(kind, url) in fleet order."""
+    kv_events: list[tuple[str | None, str | None]] = dataclasses.field(default_factory=list)
+    """Per engine, the (PUB, replay) ZeroMQ endpoints it printed (None: events off)."""
 
 
 def start_fleet(
-    scenario: Scenario, run_dir: Path, startup_s: float = 60.0, env: dict[str, str] | None = None
+    scenario: Scenario,
+    run_dir: Path,
+    startup_s: float = 60.0,
+    env: dict[str, str] | None = None,
+    kv_events: bool = False,
 ) -> Fleet:
     n = scenario.engines
     ports = procs.free_ports(n)
     fleet_file = run_dir / "fleet.yaml"
-    fleet_file.write_text(yaml.safe_dump(scenario.fleet_file(ports), sort_keys=False))
+    fleet_file.write_text(
+        yaml.safe_dump(scenario.fleet_file(ports, kv_events=kv_events), sort_keys=False)
+    )
     proc = procs.start(
         "fleetgate sim",
         [sys.executable, "-m", "fleetgate", "sim", "--fleet", str(fleet_file)],
@@ -72,10 +101,13 @@ def start_fleet(
         env,
     )
     found: list[tuple[str, str]] = []
+    events: list[tuple[str | None, str | None]] = []
 
     def ready() -> bool:
         text = proc.log.read_text(errors="replace")
-        found[:] = [(m[1], m[2]) for m in _ENGINE_LINE.finditer(text)]
+        lines = list(_ENGINE_LINE.finditer(text))
+        found[:] = [(m[1], m[2]) for m in lines]
+        events[:] = [(m[4], m[5]) for m in lines]
         return len(found) >= n
 
     try:
@@ -83,7 +115,91 @@ def start_fleet(
     except procs.ProcessError:
         proc.stop()
         raise
-    return Fleet(proc, list(found))
+    return Fleet(proc, list(found), list(events))
+
+
+@dataclasses.dataclass
+class Routers:
+    """The contender: one router process, or ``replicas`` behind the round-robin front."""
+
+    processes: list[procs.Proc]
+    urls: list[str]
+    """Each replica's own URL (its /metrics)."""
+    url: str
+    """Where the load goes: the only replica, or the front."""
+    proxy: procs.Proc | None = None
+
+    def cpu(self) -> float | None:
+        values = [p.cpu() for p in self.processes]
+        return None if any(v is None for v in values) else sum(v or 0.0 for v in values)
+
+    def log_text(self) -> str:
+        return "".join(p.log.read_text(errors="replace") for p in self.processes)
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+        for p in self.processes:
+            p.stop()
+
+
+class EventsUnsupported(ValueError):
+    """The fleetgate router under test does not take the KV-event config."""
+
+
+def start_routers(
+    contender: cmod.Contender,
+    fleet: Fleet,
+    run_dir: Path,
+    scenario: Scenario,
+    peers_root: Path | None,
+    *,
+    replicas: int = 1,
+    startup_s: float = 60.0,
+    env: dict[str, str] | None = None,
+    priority_classes: bool = False,
+) -> Routers:
+    """``replicas`` processes of ``contender`` and, for more than one, the
+    round-robin front (:mod:`fleetgate_tools.bench.rrproxy`) before them."""
+    started: list[procs.Proc] = []
+    urls: list[str] = []
+    try:
+        for i in range(replicas):
+            proc, url = start_contender(
+                contender,
+                fleet,
+                run_dir,
+                scenario,
+                peers_root,
+                startup_s,
+                env,
+                priority_classes,
+                replicas=replicas,
+                index=i,
+            )
+            started.append(proc)
+            urls.append(url)
+        if replicas == 1:
+            return Routers(started, urls, urls[0])
+        (port,) = procs.free_ports(1)
+        argv = [sys.executable, "-m", "fleetgate_tools.bench.rrproxy", "--port", str(port)]
+        for u in urls:
+            argv += ["--upstream", u.removeprefix("http://")]
+        # the harness's own interpreter and path: ``--source`` holds only ``fleetgate``
+        proxy = procs.start("rrproxy", argv, run_dir / "rrproxy.log")
+        front = f"http://127.0.0.1:{port}"
+        try:
+            procs.wait_until(
+                proxy, lambda: _models_ready(front), startup_s, "serving /v1/models", poll_s=0.25
+            )
+        except procs.ProcessError:
+            proxy.stop()
+            raise
+        return Routers(started, urls, front, proxy)
+    except BaseException:
+        for p in started:
+            p.stop()
+        raise
 
 
 def start_contender(
@@ -95,11 +211,21 @@ def start_contender(
     startup_s: float = 60.0,
     env: dict[str, str] | None = None,
     priority_classes: bool = False,
+    *,
+    replicas: int = 1,
+    index: int = 0,
 ) -> tuple[procs.Proc, str]:
     port, metrics_port = procs.free_ports(2)
     config_path = None
+    name = contender.name if replicas == 1 else f"{contender.name}-{index}"
     if contender.kind == "fleetgate":
-        config_path = run_dir / f"{contender.name}.yaml"
+        config_path = run_dir / f"{name}.yaml"
+        events = None
+        if contender.kv_events:
+            events = [
+                cmod.kv_events_backend(kind, pub, replay)
+                for (kind, _), (pub, replay) in zip(fleet.engines, fleet.kv_events, strict=True)
+            ]
         config = cmod.fleetgate_config(
             contender,
             fleet.engines,
@@ -107,7 +233,15 @@ def start_contender(
             priority_classes,
             capacities=[scenario.capacity(kind) for kind, _ in fleet.engines],
             time_scale=scenario.time_scale,
+            kv_events=events,
+            router_replicas=replicas,
         )
+        if contender.kv_events and env is None:
+            # the router in this interpreter; with --source the router's start fails
+            # instead, and its log says why
+            why = cmod.events_support_error(config)
+            if why is not None:
+                raise EventsUnsupported(why)
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     argv = cmod.command(
         contender,
@@ -118,9 +252,9 @@ def start_contender(
         peers_root=peers_root,
     )
     proc = procs.start(
-        contender.name,
+        name,
         argv,
-        run_dir / f"{contender.name}.log",
+        run_dir / f"{name}.log",
         env if contender.kind == "fleetgate" else None,
     )
     url = f"http://127.0.0.1:{port}"
@@ -353,54 +487,142 @@ def _to_model_time(results: list[RequestResult], scale: float) -> None:
         r.itl = [g / scale for g in r.itl]
 
 
+async def _all_decisions(
+    client: httpx.AsyncClient, urls: list[str], contender: cmod.Contender
+) -> dict[str, float]:
+    """Decision counts summed over every replica."""
+    out: dict[str, float] = {}
+    for u in urls:
+        for key, n in (await _decisions(client, u, contender)).items():
+            out[key] = out.get(key, 0.0) + n
+    return out
+
+
+async def _all_counters(client: httpx.AsyncClient, urls: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for u in urls:
+        for key, n in (await router_counters(client, u)).items():
+            out[key] = out.get(key, 0.0) + n
+    return out
+
+
+def deadlines(scenario: Scenario, extra_drain_s: float = 0.0) -> tuple[float, float, float]:
+    """(arrival window, load deadline, per-request timeout) in WALL seconds.
+
+    The drain after the last arrival is modelled time (:data:`DRAIN_MODELLED_S`
+    or half the arrival window, whichever is longer) times the time scale, plus
+    20 wall seconds for start-up noise: a slow emulator (a large scale) gets
+    proportionally longer, so requests are not cut off for running in slow motion.
+    """
+    scale = scenario.time_scale
+    wall = scenario.duration_s * scale
+    drain = max(DRAIN_MODELLED_S, 0.5 * scenario.duration_s) * scale
+    return wall, wall + drain + 20.0 + extra_drain_s, wall + drain + 60.0
+
+
 async def _drive(
     scenario: Scenario,
     contender: cmod.Contender,
     fleet: Fleet,
-    router: procs.Proc,
-    url: str,
+    routers: Routers,
     on_result: Callable[[RequestResult], None] | None,
     hooks: Hooks,
+    warmup_s: float = 0.0,
+    idle_probe_s: float = 0.0,
 ) -> tuple[list[RequestResult], list[EngineWindow], float | None, dict[str, Any]]:
-    wall = scenario.duration_s * scenario.time_scale
+    wall, deadline, request_timeout = deadlines(scenario, hooks.extra_drain_s)
+    url = routers.url
     sessions = scenario.sessions()
     classes = any(s.priority_class for s in sessions)
+    idle_share: float | None = None
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
         mapping: Callable[[str], str | None] | None = None
         if not contender.classes:
             mapping = _no_header
         elif contender.kind == "fleetgate" and classes:
             mapping = await priority_mapping(client, url)
+        if idle_probe_s > 0:
+            # what the processes use per WALL second without load (time-scale calibration)
+            i0, s0, t_idle = routers.cpu(), fleet.proc.cpu(), time.monotonic()
+            p0 = routers.proxy.cpu() if routers.proxy is not None else 0.0
+            await asyncio.sleep(idle_probe_s)
+            i1, s1 = routers.cpu(), fleet.proc.cpu()
+            p1 = routers.proxy.cpu() if routers.proxy is not None else 0.0
+            if None not in (i0, i1, s0, s1, p0, p1):
+                idle_cpu = (i1 or 0) - (i0 or 0) + (s1 or 0) - (s0 or 0) + (p1 or 0) - (p0 or 0)
+                idle_share = idle_cpu / (time.monotonic() - t_idle) / (os.cpu_count() or 1)
         before = await scrape(client, fleet.engines)
-        counters_before = await router_counters(client, url) if classes else {}
-        decisions_before = await _decisions(client, url, contender)
-        cpu0, sim0, wall0 = router.cpu(), fleet.proc.cpu(), time.monotonic()
+        counters_before = await _all_counters(client, routers.urls) if classes else {}
+        decisions_before = await _all_decisions(client, routers.urls, contender)
+        cpu0, sim0, wall0 = routers.cpu(), fleet.proc.cpu(), time.monotonic()
+        proxy0 = routers.proxy.cpu() if routers.proxy is not None else None
         gen0 = time.process_time()
         if hooks.on_phase is not None:
             hooks.on_phase("sending")
-        results = await loadgen.run_sessions(
-            url,
-            MODEL,
-            wall_sessions(sessions, scenario.time_scale),
-            deadline_s=wall * 1.5 + 20.0 + hooks.extra_drain_s,
-            send_until_s=wall,
-            request_timeout_s=wall + 60.0,
-            on_result=on_result,
-            keep_text=classes,
-            priority_header=mapping,
-            on_send=hooks.on_send,
-        )
-        cpu1, sim1, wall1 = router.cpu(), fleet.proc.cpu(), time.monotonic()
+        warm: asyncio.Task[tuple[list[LoadSnapshot], dict[str, float]]] | None = None
+        if warmup_s > 0:
+
+            async def at_warmup() -> tuple[list[LoadSnapshot], dict[str, float]]:
+                # the engines' counters at the end of the warm-up start the steady window
+                await asyncio.sleep(warmup_s * scenario.time_scale)
+                return (
+                    await scrape(client, fleet.engines),
+                    await _all_decisions(client, routers.urls, contender),
+                )
+
+            warm = asyncio.create_task(at_warmup())
+        try:
+            results = await loadgen.run_sessions(
+                url,
+                MODEL,
+                wall_sessions(sessions, scenario.time_scale),
+                deadline_s=deadline,
+                send_until_s=wall,
+                request_timeout_s=request_timeout,
+                on_result=on_result,
+                keep_text=classes,
+                priority_header=mapping,
+                on_send=hooks.on_send,
+            )
+        finally:
+            if warm is not None and not warm.done():
+                # the load ended before the warm-up did (every session finished early)
+                warm.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await warm
+        warmup_scraped = warm is not None and not warm.cancelled()
+        if warm is not None and warmup_scraped:
+            before, decisions_before = warm.result()
+        cpu1, sim1, wall1 = routers.cpu(), fleet.proc.cpu(), time.monotonic()
+        proxy1 = routers.proxy.cpu() if routers.proxy is not None else None
         gen1 = time.process_time()
         after = await scrape(client, fleet.engines)
         extra: dict[str, Any] = {}
-        for key, n in (await _decisions(client, url, contender)).items():
+        for key, n in (await _all_decisions(client, routers.urls, contender)).items():
             extra[key] = n - decisions_before.get(key, 0.0)
+        elapsed = max(wall1 - wall0, 1e-9)
+        extra["wall_s"] = round(elapsed, 2)
+        extra["router_replicas"] = len(routers.processes)
+        if warm is not None and not warmup_scraped:
+            extra["warmup_scrape"] = "missed: counters cover the whole run"
+        used = gen1 - gen0
         if sim0 is not None and sim1 is not None:
             # > ~0.8 means the emulator itself was short of CPU (time scale too small)
-            extra["sim_cpu_share"] = round((sim1 - sim0) / max(wall1 - wall0, 1e-9), 3)
+            extra["sim_cpu_share"] = round((sim1 - sim0) / elapsed, 3)
+            used += sim1 - sim0
         # the load generator's own process (same caveat as the emulator's)
-        extra["loadgen_cpu_share"] = round((gen1 - gen0) / max(wall1 - wall0, 1e-9), 3)
+        extra["loadgen_cpu_share"] = round((gen1 - gen0) / elapsed, 3)
+        if cpu0 is not None and cpu1 is not None:
+            extra["router_cpu_share"] = round((cpu1 - cpu0) / elapsed, 3)
+            used += cpu1 - cpu0
+        if proxy0 is not None and proxy1 is not None:
+            extra["proxy_cpu_s"] = round(proxy1 - proxy0, 2)
+            used += proxy1 - proxy0
+        # every process of the run together, as a share of the machine
+        extra["machine_cpu_share"] = round(used / elapsed / (os.cpu_count() or 1), 3)
+        extra["cpu_seconds"] = round(used, 2)
+        if idle_share is not None:
+            extra["idle_machine_cpu_share"] = round(idle_share, 4)
         if classes:
             extra["priority_header"] = (
                 "class names"
@@ -409,13 +631,13 @@ async def _drive(
                 if mapping is _no_header
                 else "integer levels"
             )
-            counters = await router_counters(client, url)
+            counters = await _all_counters(client, routers.urls)
             for key in ("preemptions", "resumes", "resume_refed_tokens"):
                 if key in counters:
                     extra[key] = counters[key] - counters_before.get(key, 0.0)
             preempted = None
             if contender.kind == "fleetgate":
-                preempted = preempted_ids(router.log.read_text(errors="replace"))
+                preempted = preempted_ids(routers.log_text())
             if hooks.on_phase is not None:
                 hooks.on_phase("checking")
             extra.update(
@@ -454,13 +676,22 @@ def run_one(
     on_result: Callable[[RequestResult], None] | None = None,
     source: Path | None = None,
     hooks: Hooks | None = None,
+    warmup_s: float = 0.0,
+    router_replicas: int = 1,
+    idle_probe_s: float = 0.0,
 ) -> RunRecord:
     """One contender on one fresh fleet; a start-up failure becomes ``record.error``.
 
     ``source``: run the emulator and the fleetgate router from this copy of the
     package (PYTHONPATH), e.g. a ``git archive`` of a commit, so that a
     benchmark measures a fixed version while the working tree changes.
+    ``warmup_s``: modelled seconds at the start left out of the figures.
+    ``router_replicas``: that many contender processes behind the round-robin front.
+    ``idle_probe_s``: first measure the processes' CPU for that many wall seconds
+    without load (``extra["idle_machine_cpu_share"]``).
     """
+    if not 0 <= warmup_s < scenario.duration_s:
+        raise ValueError("the warm-up must be shorter than the arrival window")
     env = {"PYTHONPATH": str(source)} if source is not None else None
     run_dir.mkdir(parents=True, exist_ok=True)
     record = RunRecord(
@@ -473,30 +704,89 @@ def run_one(
         engines=[],
         results=[],
         router_cpu_s=None,
+        warmup_s=warmup_s,
     )
     hooks = hooks or Hooks()
     fleet: Fleet | None = None
-    router: procs.Proc | None = None
+    routers: Routers | None = None
     try:
         if hooks.on_phase is not None:
             hooks.on_phase("starting")
-        fleet = start_fleet(scenario, run_dir, env=env)
+        fleet = start_fleet(scenario, run_dir, env=env, kv_events=contender.kv_events)
         classes = any(s.priority_class for s in scenario.sessions())
-        router, url = start_contender(
-            contender, fleet, run_dir, scenario, peers_root, env=env, priority_classes=classes
+        routers = start_routers(
+            contender,
+            fleet,
+            run_dir,
+            scenario,
+            peers_root,
+            replicas=router_replicas,
+            env=env,
+            priority_classes=classes,
         )
         results, engines, cpu, extra = asyncio.run(
-            _drive(scenario, contender, fleet, router, url, on_result, hooks)
+            _drive(scenario, contender, fleet, routers, on_result, hooks, warmup_s, idle_probe_s)
         )
         record.results, record.engines, record.router_cpu_s = results, engines, cpu
         record.extra = extra
     except (procs.ProcessError, httpx.HTTPError, OSError, ValueError) as e:
-        record.error = f"{type(e).__name__}: {e}"[:300]
+        record.error = f"{type(e).__name__}: {e}"[:600]
     finally:
         if hooks.on_phase is not None:
             hooks.on_phase("stopping")
-        if router is not None:
-            router.stop()
+        if routers is not None:
+            routers.stop()
         if fleet is not None:
             fleet.proc.stop()
     return record
+
+
+def calibrate_time_scale(
+    scenario: Scenario,
+    contender: cmod.Contender,
+    run_dir: Path,
+    *,
+    peers_root: Path | None = None,
+    source: Path | None = None,
+    router_replicas: int = 1,
+) -> tuple[float, dict[str, Any]]:
+    """``--time-scale auto``: a short run of ``scenario`` (its own time scale, the
+    first :data:`~fleetgate_tools.bench.scenarios.CALIBRATION_MODELLED_S` modelled
+    seconds) measures the CPU of every process of the run; the chosen scale keeps
+    them under :data:`~fleetgate_tools.bench.scenarios.TARGET_CPU_SHARE` of the
+    machine (:func:`~fleetgate_tools.bench.scenarios.choose_time_scale`)."""
+    short = dataclasses.replace(
+        scenario, duration_s=min(scenario.duration_s, CALIBRATION_MODELLED_S)
+    )
+    rec = run_one(
+        short,
+        contender,
+        0,
+        run_dir,
+        peers_root=peers_root,
+        source=source,
+        router_replicas=router_replicas,
+        idle_probe_s=IDLE_PROBE_S,
+    )
+    if rec.error is not None:
+        raise ValueError(f"time-scale calibration with {contender.name} failed: {rec.error}")
+    used, wall = rec.extra.get("cpu_seconds"), rec.extra.get("wall_s")
+    if not used or not wall:
+        raise ValueError("time-scale calibration measured no CPU")
+    cores = os.cpu_count() or 1
+    # CPU over the ARRIVAL window (not the drain after it, when little runs): the
+    # share while the load is on, a little high rather than low
+    window = min(float(wall), short.duration_s * short.time_scale)
+    idle = float(rec.extra.get("idle_machine_cpu_share", 0.0))
+    scale = choose_time_scale(short.time_scale, float(used), window, cores, idle_share=idle)
+    return scale, {
+        "calibration_scale": short.time_scale,
+        "calibration_modelled_s": short.duration_s,
+        "calibration_wall_s": round(window, 2),
+        "calibration_cpu_s": used,
+        "cores": cores,
+        "idle_machine_cpu_share": idle,
+        "chosen_scale": scale,
+        # to compare with the real run's: latencies should not depend on the scale
+        "calibration_ttft_p90": percentile([r.ttft for r in rec.results if r.ok and r.ttft], 90),
+    }

@@ -20,8 +20,10 @@ the faster NIM-calibrated profile) engines, vLLM first (5 engines: 3 + 2).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
+from fleetgate.sim.core.timing import engine_config, resolve_profile
 from fleetgate_tools.bench.workloads import Session, WorkloadParams, build
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -48,6 +50,9 @@ class Load:
 #: ``priority``: 8 running sequences and the engines' priority queues switched
 #: on (``--scheduling-policy priority`` / ``waiting_queue_policy``), as fleetgate
 #: deploys them so that its per-request levels reach the engine schedulers.
+#: ``evict``: 8192 tokens of KV per engine (512 vLLM blocks of 16, 256 TensorRT-LLM
+#: blocks of 32), about five 1500-token documents: the ``evictions`` workload's
+#: working set is 2.5x the fleet's cache.
 ENGINE_SHAPES: dict[str, dict[str, dict[str, Any]]] = {
     "docs": {
         "vllm": {"num_gpu_blocks": 4096, "max_num_seqs": 64, "max_model_len": 16384},
@@ -56,6 +61,10 @@ ENGINE_SHAPES: dict[str, dict[str, dict[str, Any]]] = {
     "chat": {
         "vllm": {"num_gpu_blocks": 1024, "max_num_seqs": 16, "max_model_len": 8192},
         "trtllm": {"num_gpu_blocks": 512, "max_batch_size": 16, "max_model_len": 8192},
+    },
+    "evict": {
+        "vllm": {"num_gpu_blocks": 512, "max_num_seqs": 32, "max_model_len": 4096},
+        "trtllm": {"num_gpu_blocks": 256, "max_batch_size": 32, "max_model_len": 4096},
     },
     "priority": {
         "vllm": {
@@ -102,6 +111,9 @@ LOADS: dict[str, Load] = {
         mixed=True,
         shape="priority",
     ),
+    # guesses go stale: rates not calibrated on a knee (docs/bench.md)
+    "evictions": Load("evictions", 4.0, 1.0, {"*": 1.0}, shape="evict"),
+    "flash-crowd": Load("flash-crowd", 2.0, 1.0, {"*": 2.0}, shape="docs"),
     "mixed-engine": Load(
         "priority-storm",
         11.0,
@@ -138,7 +150,18 @@ class Scenario:
             scale=self.load.scale,
             seed=self.seed,
             slots=self.slots(),
+            cache_tokens=self.cache_tokens(),
         )
+
+    def cache_tokens(self) -> int:
+        """KV-cache tokens of the whole fleet (blocks x block size, the emulator's
+        own defaults where the shape does not set them)."""
+        total = 0
+        for kind in self.engine_kinds():
+            overrides = ENGINE_SHAPES[self.load.shape][kind]
+            cfg = engine_config(kind, resolve_profile(PROFILES[kind], overrides))  # type: ignore[arg-type]
+            total += cfg.num_blocks * cfg.block_size
+        return total
 
     def slots(self) -> int:
         """Concurrent sequences of the whole fleet (0 when a limit is unknown)."""
@@ -163,8 +186,9 @@ class Scenario:
         o = self.load.ttft_objective_s
         return o.get(priority_class, o["*"])
 
-    def fleet_file(self, ports: list[int]) -> dict[str, Any]:
-        """``fleetgate sim --fleet`` YAML (as a dict) on the given loopback ports."""
+    def fleet_file(self, ports: list[int], kv_events: bool = False) -> dict[str, Any]:
+        """``fleetgate sim --fleet`` YAML (as a dict) on the given loopback ports;
+        ``kv_events``: every engine publishes KV-cache events."""
         kinds = self.engine_kinds()
         if len(ports) != len(kinds):
             raise ValueError(f"need {len(kinds)} ports, got {len(ports)}")
@@ -178,6 +202,7 @@ class Scenario:
                     "profile": PROFILES[k],
                     "port": p,
                     "overrides": dict(ENGINE_SHAPES[self.load.shape][k]),
+                    **({"kv_events": True} if kv_events else {}),
                 }
                 for k, p in zip(kinds, ports, strict=True)
             ],
@@ -188,29 +213,80 @@ def make(
     name: str,
     *,
     engines: int,
-    duration_s: float,
     time_scale: float,
     seed: int,
+    duration_s: float | None = None,
+    modelled_s: float | None = None,
     load_factor: float = 1.0,
     mixed: bool = False,
 ) -> Scenario:
-    """``duration_s`` is WALL seconds of arrivals; the scenario holds modelled seconds."""
+    """Give exactly one of ``duration_s`` (WALL seconds of arrivals, divided by the
+    time scale: the demo's and ``bench infperf``'s meaning) or ``modelled_s``
+    (modelled seconds of arrivals: ``bench run --duration``). The scenario holds
+    modelled seconds."""
     if name not in LOADS:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(LOADS)}")
     if engines < 1:
         raise ValueError("--engines must be >= 1")
-    if duration_s <= 0 or time_scale <= 0 or load_factor <= 0:
+    if (duration_s is None) == (modelled_s is None):
+        raise ValueError("give exactly one of duration_s (wall) and modelled_s")
+    length = modelled_s if modelled_s is not None else duration_s
+    assert length is not None
+    if length <= 0 or time_scale <= 0 or load_factor <= 0:
         raise ValueError("duration, time scale and load factor must be > 0")
     return Scenario(
         name=name,
         load=LOADS[name],
         engines=engines,
-        duration_s=duration_s / time_scale,
+        duration_s=length if modelled_s is not None else length / time_scale,
         time_scale=time_scale,
         seed=seed,
         load_factor=load_factor,
         mixed=mixed,
     )
+
+
+#: ``--time-scale auto``: the share of the machine's cores that the emulator, the
+#: router(s), the round-robin front and the load generator may use together.
+TARGET_CPU_SHARE = 0.7
+#: ``--time-scale auto``: the scale of the calibration run is 2 x engines (the old
+#: default); it lasts this many modelled seconds.
+CALIBRATION_MODELLED_S = 3.0
+
+
+def choose_time_scale(
+    calibration_scale: float,
+    cpu_seconds: float,
+    wall_s: float,
+    cores: int,
+    target: float = TARGET_CPU_SHARE,
+    step: float = 0.5,
+    lowest: float = 1.0,
+    idle_share: float = 0.0,
+) -> float:
+    """The smallest time scale (a multiple of ``step``, at least ``lowest``) at which
+    the CPU measured in a calibration run would stay under ``target`` of ``cores``.
+
+    A run's share of the machine is ``idle + work / scale``: ``idle_share`` is what
+    the processes use per WALL second with no load (each router scraping every
+    engine 5 times a second, the emulator's tickers), measured before the load;
+    the rest is work per modelled second, which falls as 1 / scale. A run that
+    used ``cpu_seconds`` in ``wall_s`` at ``calibration_scale`` (share = cpu /
+    (wall x cores)) therefore needs ``calibration_scale x (share - idle) /
+    (target - idle)``. The report shows the measured shares of the real run.
+    """
+    if calibration_scale <= 0 or wall_s <= 0 or cores < 1 or not 0 < target <= 1:
+        raise ValueError("calibration scale, wall time, cores and target must be positive")
+    if cpu_seconds < 0 or idle_share < 0:
+        raise ValueError("cpu seconds and the idle share must be >= 0")
+    share = cpu_seconds / (wall_s * cores)
+    idle = min(idle_share, share)
+    if idle >= target:
+        raise ValueError(
+            f"the idle processes alone use {idle:.0%} of the machine (target {target:.0%})"
+        )
+    needed = calibration_scale * (share - idle) / (target - idle)
+    return max(lowest, math.ceil(needed / step - 1e-9) * step)
 
 
 def wall_sessions(sessions: list[Session], time_scale: float) -> list[Session]:

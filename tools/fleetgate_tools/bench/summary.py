@@ -14,7 +14,11 @@ Definitions (the report repeats them):
 * imbalance = max / mean of per-engine delta ``generation_tokens``;
 * goodput = requests per modelled second that finished without error and met
   their class's TTFT objective;
-* router CPU = utime + stime of the contender process over the run.
+* router CPU = utime + stime of the contender process(es) over the run.
+
+Every figure but router CPU covers the steady state only: requests sent after
+the run's warm-up (``RunRecord.warmup_s``) and engine counters read from the end
+of the warm-up to the end of the run.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from fleetgate_tools.bench.stats import (
     imbalance,
     median_and_spread,
     percentile,
+    steady,
     summarise_class,
 )
 
@@ -63,6 +68,10 @@ class RunRecord:
     """Set when the run could not happen (contender failed to start, ...)."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Workload-specific totals (preemptions, resumes, mismatches)."""
+    warmup_s: float = 0.0
+    """Modelled seconds of warm-up: requests sent earlier are left out of every
+    latency, throughput and hit-rate figure (the engines' counters are read at
+    the end of the warm-up instead of at the start)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +96,12 @@ class RunSummary:
     engine_preemptions: float | None
     extra: dict[str, Any]
     error: str | None = None
+    usage_hit_rate: float | None = None
+    """Sum of the answers' ``cached_tokens`` / sum of their ``prompt_tokens``."""
+    warmup_requests: int = 0
+    """Requests sent during the warm-up (not in any figure)."""
+    warmup_errors: int = 0
+    """Of those, the failed ones (shown so that no error goes unseen)."""
 
 
 def hit_rate(engines: Iterable[EngineWindow]) -> float | None:
@@ -101,8 +116,19 @@ def _sum_or_none(values: Iterable[float | None]) -> float | None:
     return sum(known) if known else None
 
 
+def usage_hit_rate(results: Iterable[RequestResult]) -> float | None:
+    pairs = [
+        (r.cached_tokens, r.prompt_tokens)
+        for r in results
+        if r.ok and r.prompt_tokens and r.cached_tokens is not None
+    ]
+    prompt = sum(p for _, p in pairs)
+    return sum(c for c, _ in pairs) / prompt if prompt else None
+
+
 def summarise_run(record: RunRecord, objective: Callable[[str], float]) -> RunSummary:
-    rs = record.results
+    """Figures of the steady state: requests sent after ``record.warmup_s``."""
+    rs = steady(record.results, record.warmup_s)
     by_class: dict[str, list[RequestResult]] = {}
     for r in rs:
         by_class.setdefault(r.priority_class, []).append(r)
@@ -113,7 +139,7 @@ def summarise_run(record: RunRecord, objective: Callable[[str], float]) -> RunSu
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     itls = [g for r in rs if r.ok for g in r.itl]
     good = sum(1 for r in ok if r.ttft is not None and r.ttft <= objective(r.priority_class))
-    d = record.duration_s
+    d = record.duration_s - record.warmup_s
     gen = [e.generation_tokens for e in record.engines if e.generation_tokens is not None]
     return RunSummary(
         workload=record.workload,
@@ -136,6 +162,9 @@ def summarise_run(record: RunRecord, objective: Callable[[str], float]) -> RunSu
         engine_preemptions=_sum_or_none(e.preemptions for e in record.engines),
         extra=dict(record.extra),
         error=record.error,
+        usage_hit_rate=usage_hit_rate(rs),
+        warmup_requests=len(record.results) - len(rs),
+        warmup_errors=sum(1 for r in record.results if not r.ok) - sum(1 for r in rs if not r.ok),
     )
 
 
@@ -169,9 +198,12 @@ RUN_METRICS: tuple[str, ...] = (
     "goodput",
     "attainment",
     "hit_rate",
+    "usage_hit_rate",
     "imbalance",
     "router_cpu_s",
     "engine_preemptions",
+    "warmup_requests",
+    "warmup_errors",
 )
 CLASS_METRICS: tuple[str, ...] = (
     "requests",

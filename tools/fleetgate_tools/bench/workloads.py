@@ -32,6 +32,17 @@ Workloads and what they imitate:
     concurrent-sequence capacity (``slots``), so that it saturates the fleet at
     any duration, ``critical`` requests in bursts through it and ``standard``
     multi-turn chat over shared system prompts.
+``evictions``
+    Questions over more long documents than the fleet can cache: the distinct
+    document tokens (the working set) are :data:`EVICTION_WORKING_SET` times the
+    fleet's KV cache (``cache_tokens``), and document popularity is Zipf-like, so
+    engines keep evicting prefixes and a router's memory of where a document went
+    goes stale.
+``flash-crowd``
+    One long hot document and a burst of hundreds of questions on it (at least
+    :data:`FLASH_MIN_BURST`, or one per concurrent-sequence slot of the fleet)
+    arriving within :data:`FLASH_WINDOW_S`, over light shared-prefix background
+    traffic (``rate``).
 
 Text is built from a fixed word list so that one word is about one token for the
 emulator's tokenizer; ``tokens`` below means those words.
@@ -105,6 +116,9 @@ class WorkloadParams:
     slots: int = 0
     """Concurrent sequences of the whole fleet (sum of the engines' slot limits);
     workloads sized from capacity (``flood``) use it, 0 means 32."""
+    cache_tokens: int = 0
+    """KV-cache tokens of the whole fleet (sum of blocks x block size); ``evictions``
+    sizes its working set from it, 0 means 32768."""
 
 
 def _text(rng: random.Random, n: int) -> str:
@@ -298,6 +312,71 @@ def flood(p: WorkloadParams) -> list[Session]:
     return sessions
 
 
+#: ``evictions``: distinct document tokens / fleet KV-cache tokens.
+EVICTION_WORKING_SET = 2.5
+#: ``evictions``: words per document (times ``scale``).
+EVICTION_DOC_TOKENS = 1500
+#: ``evictions``: Zipf exponent of document popularity (0 = uniform).
+EVICTION_ZIPF = 0.8
+
+
+def eviction_documents(p: WorkloadParams) -> tuple[int, int]:
+    """(number of documents, tokens per document) of ``evictions``: the working set
+    is :data:`EVICTION_WORKING_SET` x ``cache_tokens``."""
+    doc = max(16, int(EVICTION_DOC_TOKENS * p.scale))
+    cache = p.cache_tokens or 32768
+    return max(4, math.ceil(EVICTION_WORKING_SET * cache / doc)), doc
+
+
+def evictions(p: WorkloadParams) -> list[Session]:
+    """One question per session over Zipf-popular documents that do not all fit."""
+    rng = random.Random(p.seed)
+    groups, doc_tokens = eviction_documents(p)
+    weights = [1.0 / (g + 1) ** EVICTION_ZIPF for g in range(groups)]
+    # popularity rank is not document order: the hot documents are spread over the ids
+    order = list(range(groups))
+    random.Random(p.seed + 31).shuffle(order)
+    docs = [_text(random.Random(p.seed * 7919 + 101 + g), doc_tokens) for g in range(groups)]
+    sessions = []
+    for i, t0 in enumerate(_arrivals(rng, p.rate, p.duration_s)):
+        g = order[rng.choices(range(groups), weights)[0]]
+        question = _text(rng, int(rng.uniform(20, 80) * p.scale))
+        turn = Turn(content=f"{docs[g]}\n\nQuestion: {question}", max_tokens=int(64 * p.scale) + 4)
+        sessions.append(Session(f"doc{g}-q{i}", t0, None, (turn,)))
+    return sessions
+
+
+#: ``flash-crowd``: words of the hot document (times ``scale``).
+FLASH_DOC_TOKENS = 6000
+#: ``flash-crowd``: the fewest questions in the burst.
+FLASH_MIN_BURST = 200
+#: ``flash-crowd``: modelled seconds over which the burst arrives.
+FLASH_WINDOW_S = 0.5
+#: ``flash-crowd``: the burst starts at this fraction of the run (after a 10% warm-up).
+FLASH_AT = 0.3
+
+
+def flash_burst(p: WorkloadParams) -> tuple[int, float, float]:
+    """(questions, start, end) of the ``flash-crowd`` burst, in modelled seconds."""
+    n = max(FLASH_MIN_BURST, p.slots)
+    start = FLASH_AT * p.duration_s
+    return n, start, min(p.duration_s, start + FLASH_WINDOW_S)
+
+
+def flash_crowd(p: WorkloadParams) -> list[Session]:
+    """Background shared-prefix questions at ``rate`` and a burst on one hot document."""
+    rng = random.Random(p.seed)
+    background = shared_prefix(dataclasses.replace(p, seed=p.seed + 1))
+    hot = _text(random.Random(p.seed * 7919 + 977), int(FLASH_DOC_TOKENS * p.scale))
+    n, start, end = flash_burst(p)
+    crowd = []
+    for i, t0 in enumerate(sorted(rng.uniform(start, end) for _ in range(n))):
+        question = _text(rng, int(rng.uniform(20, 60) * p.scale))
+        turn = Turn(content=f"{hot}\n\nQuestion: {question}", max_tokens=int(64 * p.scale) + 4)
+        crowd.append(Session(f"hot-q{i}", t0, None, (turn,)))
+    return sorted(background + crowd, key=lambda s: s.start_s)
+
+
 WORKLOADS: dict[str, Callable[[WorkloadParams], list[Session]]] = {
     "chat-multiturn": chat_multiturn,
     "shared-prefix": shared_prefix,
@@ -305,6 +384,8 @@ WORKLOADS: dict[str, Callable[[WorkloadParams], list[Session]]] = {
     "priority-storm": priority_storm,
     "mixed-traffic": mixed_traffic,
     "flood": flood,
+    "evictions": evictions,
+    "flash-crowd": flash_crowd,
 }
 
 
