@@ -255,11 +255,22 @@ class Fleet:
 
     def exact_cached(self, e: Endpoint, prompt: PromptKeys | None) -> int | None:
         """Prompt tokens resident on ``e`` by the exact view; None when it does not
-        speak for ``e`` (no token ids for the request, no index, or ``e``'s feed is not
-        live)."""
-        if prompt is None or self.kv_index is None or not e.kv_live:
+        speak for ``e``: no token ids for the request, no index, a feed that is neither
+        ``live`` nor ``partial``, or a ``partial`` feed that knows none of this prompt.
+
+        ``partial`` (in sync, but batches older than the engine's replay buffer were
+        never seen: a router started beside a long-running engine) under-reports and
+        never over-reports, so what it does know is believed, and where it knows
+        nothing the approximate view speaks instead. Otherwise such a router would
+        never use the exact view until the engine's next restart or cache reset.
+        """
+        if prompt is None or self.kv_index is None:
             return None
-        return prompt.resident_tokens(self.kv_index, e.id, e.block_size)
+        state = e.kv_feed.state
+        if state not in ("live", "partial"):
+            return None
+        resident = prompt.resident_tokens(self.kv_index, e.id, e.block_size)
+        return resident if resident or state == "live" else None
 
     def believed_cached(
         self,

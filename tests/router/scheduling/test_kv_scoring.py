@@ -295,3 +295,24 @@ async def test_requests_without_a_tokenizer_keep_the_approximate_view() -> None:
     ) == 0  # fmt: skip
     assert r.sample("fleetgate_cache_prediction_error_ratio_count", source="events") == 0
     assert r.sample("fleetgate_cache_prediction_error_ratio_count", source="approximate") == 1
+
+
+def test_a_partial_feed_speaks_only_where_it_knows_blocks() -> None:
+    """A partial feed (batches older than the replay buffer never seen) under-reports:
+    what it knows is believed, and where it knows nothing the approximate view speaks."""
+    r = Router(live=(False, False))
+    a, b = r.eps
+    prefix = shared_tokens()
+    r.apply(a, stored(prefix, 1000))
+    keys = PromptKeys(TOK.encode_chat(chat("x")))
+    full = len(prefix) // BS * BS
+    for e in (a, b):
+        e.kv_feed.set("partial", 0.0)
+    views = {v.id: v for v in r.s.fleet.views((), [], 0.0, keys)}
+    assert views[a.id].exact_cached_tokens == full
+    assert views[b.id].exact_cached_tokens is None  # knows nothing: approximate decides
+    b.kv_feed.set("live", 0.0)
+    views = {v.id: v for v in r.s.fleet.views((), [], 0.0, keys)}
+    assert views[b.id].exact_cached_tokens == 0  # a live feed saying "nothing" is believed
+    b.kv_feed.set("broken", 0.0)
+    assert {v.id: v for v in r.s.fleet.views((), [], 0.0, keys)}[b.id].exact_cached_tokens is None
