@@ -28,6 +28,11 @@ upstream chunk as vLLM writes them):
 within every round (the order alternates), so drift on a shared machine hits
 them alike. Medians over rounds, with the range. ``--profile`` prints a
 cProfile of serve-splice and serve-raw of the first tree (own time).
+
+``--split`` instead prints, per tree, where the splicer's time goes: the least
+CPU time of 15 repeats of each step (a splicer's set-up, one plain token event
+alone in a chunk and four in one chunk, the first event, the finishing event,
+the usage event, ``[DONE]``, ``finish()``, the upstream body), in microseconds.
 """
 
 from __future__ import annotations
@@ -238,6 +243,55 @@ def _check(s: Any, loops: Any, tokens: int) -> None:
             raise SystemExit(f"raw={raw}: splicer {req.splicer!r}")
 
 
+def split(tokens: int) -> dict[str, float]:
+    """Seconds per step (least of 15 repeats of CPU time), see the module docstring."""
+
+    from fleetgate.engines import get_adapter
+    from fleetgate.router.priority.continuation import upstream_body
+    from fleetgate.router.priority.splice import StreamSplicer
+
+    spliced, _ = streams(tokens)
+    shapes = get_adapter("vllm").token_events
+
+    def new() -> StreamSplicer:
+        sp = StreamSplicer("completions", include_usage=False, return_token_ids=False)
+        sp.use_token_events(shapes)
+        return sp
+
+    def fed(n: int) -> StreamSplicer:
+        sp = new()
+        for c in spliced[:n]:
+            sp.feed(c)
+        return sp
+
+    def least(fn: Any, setup: Any = None, number: int = 2000) -> float:
+        best = float("inf")
+        for _ in range(15):
+            states = [setup() for _ in range(number)] if setup else [None] * number
+            t0 = time.process_time()
+            for st in states:
+                fn(st)
+            best = min(best, time.process_time() - t0)
+        return best / number
+
+    plain, n = spliced[3], len(spliced)
+    doc = json.loads(_body(tokens))
+    return {
+        "set-up": least(lambda _: new()),
+        "plain event": least(lambda sp: sp.feed(plain), lambda: fed(1)),
+        "plain event, 4 per chunk": least(lambda sp: sp.feed(plain * 4), lambda: fed(1)) / 4,
+        "first event": least(lambda sp: sp.feed(spliced[0]), new),
+        "finishing event": least(lambda sp: sp.feed(spliced[n - 3]), lambda: fed(n - 3)),
+        "usage event": least(lambda sp: sp.feed(spliced[n - 2]), lambda: fed(n - 2)),
+        "[DONE]": least(lambda sp: sp.feed(spliced[n - 1]), lambda: fed(n - 1)),
+        "finish()": least(lambda sp: sp.finish(), lambda: fed(n)),
+        "whole stream": least(lambda _: fed(n).finish(), number=500),
+        "upstream body": least(
+            lambda _: json.dumps(upstream_body(doc, return_token_ids=True)).encode()
+        ),
+    }
+
+
 def worker(args: argparse.Namespace) -> dict[str, float]:
     s, (spliced_loop, raw_loop), (spliced, _) = _setup(args.tokens)
     _check(s, (spliced_loop, raw_loop), args.tokens)
@@ -285,12 +339,13 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=2000, help="streams per measurement")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--split", action="store_true", help="per-step costs of the splicer")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.tokens < 3:
         parser.error("--tokens must be at least 3")
     if args.worker:
-        print(json.dumps(worker(args)))
+        print(json.dumps(split(args.tokens) if args.split else worker(args)))
         return 0
     trees = [t.split("=", 1) for t in args.tree] or [["this", str(REPO)]]
     for t in trees:
@@ -302,6 +357,8 @@ def main() -> int:
         for name, tree in order:
             argv = [sys.executable, __file__, "--worker", "--streams", str(args.streams),
                     "--tokens", str(args.tokens)]  # fmt: skip
+            if args.split:
+                argv.append("--split")
             if args.profile and rnd == 0 and name == trees[0][0]:
                 argv.append("--profile")
             env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve()),
@@ -315,6 +372,17 @@ def main() -> int:
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
             row = ", ".join(f"{k} {v * 1e6:.1f}" for k, v in results[name][-1].items())
             print(f"round {rnd} {name}: {row}", flush=True)
+    if args.split:
+        print(f"\nus per step, median (min-max) of {args.rounds} rounds")
+        for key in results[trees[0][0]][0]:
+            cells = []
+            for name, _ in trees:
+                vals = [r[key] * 1e6 for r in results[name]]
+                cells.append(
+                    f"{name} {statistics.median(vals):6.2f} ({min(vals):.2f}-{max(vals):.2f})"
+                )
+            print(f"{key:<26}" + "   ".join(cells))
+        return 0
     print(
         f"\nus per stream ({args.tokens} tokens, {args.streams} streams per measurement), "
         f"median (min-max) of {args.rounds} rounds"
