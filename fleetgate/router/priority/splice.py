@@ -207,6 +207,27 @@ class StreamSplicer:
         Plain token events are matched in place in the upstream bytes (no copy per
         event); a run of them goes out as slices of those bytes, joined once per call.
         """
+        prefix = self._prefix
+        if (  # the usual read: exactly one plain token event
+            prefix is not None
+            and not self._buffer
+            and data.startswith(prefix)
+            and data.find(b"\n\n") == len(data) - 2
+            and self.finish_reason is None
+            and not self._seam_pending
+            and b"\r" not in data
+        ):
+            for shape, text_group, ids_group in self._shapes:
+                m = shape.fullmatch(data, len(prefix))
+                if m is not None:
+                    out: list[bytes] = []
+                    taken = self._plain(data, m, text_group, ids_group, out, 0)
+                    if taken == 0:
+                        return data
+                    if taken > 0:
+                        out.append(data[taken:])
+                        return b"".join(out)
+                    break
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
         buffer = self._buffer + data if self._buffer else data
@@ -214,10 +235,10 @@ class StreamSplicer:
         if end < 0:
             self._buffer = buffer
             return b""
-        out: list[bytes] = []
+        out = []
         start = pos = 0  # this event's start; the first byte not yet in ``out``
         shapes = self._shapes
-        prefix = self._prefix if shapes else None
+        prefix = prefix if shapes else None
         while end >= 0:
             end += 2
             taken = -1
