@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_router_overhead.py [--requests 400] [--concurrency 16]
         [--duration-s 5] [--stream-requests 200] [--rounds 2] [--skip-peers] [--profile]
+        [--compare-relay] [--tree NAME=DIR ...]
 
 Targets (all bound to 127.0.0.1, all proxying the same engine):
   direct         the emulated engine itself (``fleetgate sim --vllm 1 --time-scale 0``)
@@ -9,6 +10,14 @@ Targets (all bound to 127.0.0.1, all proxying the same engine):
   vllm-router    0.1.17 from PyPI (hack/install-peers.sh), default policy
   sglang-router  0.3.2 from PyPI, ``python -m sglang_router.launch_router``, default policy
   fg-asyncio     (``--compare-loops``) fleetgate on the plain asyncio loop instead of uvloop
+  fg-relay       (``--compare-relay``) fleetgate with its splicer switched off in this
+                 bench only (``ServeLoop.splicer_for`` patched to None at start-up):
+                 every stream is relayed raw, as before the one-request-path redesign,
+                 and cannot be resumed. The spliced stream's extra cost is
+                 fleetgate's figures minus fg-relay's, from the same run
+  fg-NAME        (``--tree NAME=DIR``) fleetgate run from another source tree
+                 (``PYTHONPATH=DIR``, e.g. a ``git archive`` of an older commit), so
+                 old and new code are measured in one run
 
 Figures per target: p50/p99 latency of 1-token non-streaming completions at
 concurrency 1 and the latency ADDED over direct; requests/s at ``--concurrency``
@@ -49,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,6 +73,14 @@ MODEL = "m"
 ENGINE_UNDER_UVLOOP = (
     "import sys, uvloop; uvloop.install(); from fleetgate.cli import main; "
     "sys.exit(main(sys.argv[1:]))"
+)
+
+
+#: fleetgate with the splicer off (``--compare-relay``): a bench-only switch, no config key.
+ROUTER_WITHOUT_SPLICER = (
+    "import sys, fleetgate.router.serve as serve; "
+    "serve.ServeLoop.splicer_for = lambda self, req: None; "
+    "from fleetgate.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
@@ -180,10 +198,14 @@ async def throughput(port: int, concurrency: int, duration: float, cap: int) -> 
 
 
 class Proc:
-    def __init__(self, name: str, argv: list[str], port: int, log: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], port: int, log: Path, pythonpath: str | None = None
+    ) -> None:
         self.name, self.port, self.log = name, port, log
         self.handle = open(log, "wb")
         env = {**os.environ, "FLEETGATE_TEST_MODE": "1", "RUST_LOG": "warn"}
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath
         self.proc = subprocess.Popen(
             argv, stdout=self.handle, stderr=subprocess.STDOUT, env=env, cwd="/tmp",
             start_new_session=True,
@@ -227,6 +249,8 @@ def start_targets(
     profile: Path | None,
     compare_loops: bool = False,
     fg_config: str | None = None,
+    compare_relay: bool = False,
+    trees: Sequence[tuple[str, str]] = (),
 ) -> list[Proc]:
     py = sys.executable
     procs = []
@@ -242,6 +266,21 @@ def start_targets(
         argv = [py, "-m", "fleetgate", "router", "--port", str(port), "--backend",
                 f"vllm={engine}", "--loop", "asyncio"]  # fmt: skip
         procs.append(Proc("fg-asyncio", argv, port, tmp / "fleetgate-asyncio.log"))
+    if compare_relay:
+        port = free_port()
+        argv = [py, "-c", ROUTER_WITHOUT_SPLICER, "router", "--port", str(port), "--backend",
+                f"vllm={engine}"]  # fmt: skip
+        if fg_config:
+            argv += ["--config", fg_config]
+        procs.append(Proc("fg-relay", argv, port, tmp / "fleetgate-relay.log"))
+    for name, tree in trees:
+        port = free_port()
+        argv = [py, "-m", "fleetgate", "router", "--port", str(port), "--backend",
+                f"vllm={engine}"]  # fmt: skip
+        if fg_config:
+            argv += ["--config", fg_config]
+        log = tmp / f"fleetgate-{name}.log"
+        procs.append(Proc(f"fg-{name}", argv, port, log, str(Path(tree).resolve())))
     if skip_peers:
         return procs
     vr = PEERS / "vllm-router-0.1.17" / "bin" / "vllm-router"
@@ -291,9 +330,16 @@ async def main_async(args: argparse.Namespace) -> int:
     targets: list[Proc] = []
     try:
         await sim.ready()
+        trees = []
+        for spec in args.tree:
+            name, _, tree = spec.partition("=")
+            if not name or not (Path(tree) / "fleetgate").is_dir():
+                raise SystemExit(f"--tree {spec}: want NAME=DIR with DIR/fleetgate")
+            trees.append((name, tree))
         targets = start_targets(
-            tmp, engine, args.skip_peers, None, args.compare_loops, args.fleetgate_config
-        )
+            tmp, engine, args.skip_peers, None, args.compare_loops, args.fleetgate_config,
+            args.compare_relay, trees,
+        )  # fmt: skip
         usable = [sim]
         for t in targets:
             try:
@@ -364,6 +410,14 @@ def report(
             f"{(p99 - base_p99) * 1e3:8.3f} {r:8.0f} {t50 * 1e3:9.3f} {t99 * 1e3:9.3f} "
             f"{(t50 - base_ttft) * 1e3:9.3f} {cpu_req * 1e3:10.3f} {cpu_stream * 1e3:13.3f}"
         )
+    if "fg-relay" in rows:
+        spliced, relay = ttft["fleetgate"], ttft["fg-relay"]
+        extra_cpu = cpu["fleetgate"][1] / len(spliced) - cpu["fg-relay"][1] / len(relay)
+        print(
+            f"\nfleetgate (spliced) - fg-relay (raw relay): TTFT p50 "
+            f"{(pct(spliced, 0.5) - pct(relay, 0.5)) * 1e3:+.3f} ms, CPU per 16-token stream "
+            f"{extra_cpu * 1e3:+.3f} ms"
+        )
     if "fleetgate" in rows and "vllm-router" in rows:
         fg_add, fg_rps = rows["fleetgate"]
         vr_add, vr_rps = rows["vllm-router"]
@@ -404,6 +458,18 @@ def main() -> int:
         "--compare-loops", action="store_true", help="also run fleetgate on the asyncio loop"
     )
     parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument(
+        "--compare-relay",
+        action="store_true",
+        help="also run fleetgate with its splicer off (fg-relay: every stream relayed raw)",
+    )
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="another fleetgate target fg-NAME run from DIR (PYTHONPATH), e.g. an older commit",
+    )
     parser.add_argument(
         "--fleetgate-config",
         metavar="FILE.yaml",

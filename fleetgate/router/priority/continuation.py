@@ -193,8 +193,13 @@ def _stop_strings(stop: Any) -> bool:
 
 
 def upstream_body(original: Mapping[str, Any], *, return_token_ids: bool) -> dict[str, Any]:
-    """The body the router sends instead of ``original`` (see module docstring)."""
-    body = copy.deepcopy(dict(original))
+    """The body the router sends instead of ``original`` (see module docstring).
+
+    A new top-level dict (once per request, so no deep copy): nested values are
+    ``original``'s own, and no caller changes them in place (a text continuation
+    copies ``messages`` before it appends).
+    """
+    body = dict(original)
     body["stream"] = True
     options = dict(body.get("stream_options") or {})
     options["include_usage"] = True

@@ -99,7 +99,10 @@ class StreamSplicer:
         self.model: str | None = None
         self.system_fingerprint: str | None = None
         self._text_parts: list[str] = [""]
-        self.token_ids: list[int] | None = []
+        self._token_ids: list[int] | None = []
+        self._ids_raw: list[bytes] = []
+        """Fast-path token ids not parsed yet (``b"1,2"`` per event, in order): parsed
+        only when something reads :attr:`token_ids` (a resume, a body, a test)."""
         self.prompt_token_ids: list[int] | None = None
         self.prompt_tokens = prompt_tokens
         self.tokens = 0
@@ -119,9 +122,9 @@ class StreamSplicer:
         identity (fast path; None until adopted)."""
         self._rename: tuple[str, str] | None = None
         """(engine's model name, served name) of the current attempt's endpoint."""
-        self._shapes: tuple[tuple[re.Pattern[bytes], bool], ...] = ()
-        """The fast path's patterns for this answer's kind, each with whether it has
-        an ``ids`` group (none: JSON path only)."""
+        self._shapes: tuple[tuple[re.Pattern[bytes], int, int], ...] = ()
+        """The fast path's patterns for this answer's kind, each with the group numbers
+        of ``text`` and ``ids`` (0: no ``ids`` group; no patterns: JSON path only)."""
 
     # -- state -----------------------------------------------------------
 
@@ -137,6 +140,15 @@ class StreamSplicer:
         if len(parts) != 1:
             parts[:] = ["".join(parts)]
         return parts[0]
+
+    @property
+    def token_ids(self) -> list[int] | None:
+        """The generated token ids the client has received (None: not all known)."""
+        if self._ids_raw:
+            if self._token_ids is not None:
+                self._token_ids.extend(map(int, b",".join(self._ids_raw).split(b",")))
+            self._ids_raw.clear()
+        return self._token_ids
 
     @property
     def done_sent(self) -> bool:
@@ -161,7 +173,10 @@ class StreamSplicer:
         Holds until called again; any engine's shapes are correct on any stream
         (module docstring), they only decide how much of it takes the fast path.
         """
-        self._shapes = tuple((p, "ids" in p.groupindex) for p in shapes.for_kind(self.kind))
+        self._shapes = tuple(
+            (p, p.groupindex["text"], p.groupindex.get("ids", 0))
+            for p in shapes.for_kind(self.kind)
+        )
 
     def rename_model(self, engine_name: str | None, served_name: str | None) -> None:
         """The next attempt's engine calls the model ``engine_name``; clients know it as
@@ -187,22 +202,75 @@ class StreamSplicer:
         self.upstream_error = None
 
     def feed(self, data: bytes) -> bytes:
-        """Consume upstream SSE bytes (any chunking); return bytes for the client."""
+        """Consume upstream SSE bytes (any chunking); return bytes for the client.
+
+        Plain token events are matched in place in the upstream bytes (no copy per
+        event); a run of them goes out as slices of those bytes, joined once per call.
+        """
+        prefix = self._prefix
+        if (  # the usual read: exactly one plain token event
+            prefix is not None
+            and not self._buffer
+            and data.startswith(prefix)
+            and data.find(b"\n\n") == len(data) - 2
+            and self.finish_reason is None
+            and not self._seam_pending
+            and b"\r" not in data
+        ):
+            for shape, text_group, ids_group in self._shapes:
+                m = shape.fullmatch(data, len(prefix))
+                if m is not None:
+                    out: list[bytes] = []
+                    taken = self._plain(data, m, text_group, ids_group, out, 0)
+                    if taken == 0:
+                        return data
+                    if taken > 0:
+                        out.append(data[taken:])
+                        return b"".join(out)
+                    break
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
         buffer = self._buffer + data if self._buffer else data
         end = buffer.find(b"\n\n")
-        if end >= 0 and end == len(buffer) - 2:  # the usual case: one chunk, one event
-            self._buffer = b""
-            return self._event(buffer)
-        out = bytearray()
-        start = 0
+        if end < 0:
+            self._buffer = buffer
+            return b""
+        out = []
+        start = pos = 0  # this event's start; the first byte not yet in ``out``
+        shapes = self._shapes
+        prefix = prefix if shapes else None
         while end >= 0:
-            out += self._event(buffer[start : end + 2])
-            start = end + 2
+            end += 2
+            taken = -1
+            if (
+                prefix is not None
+                and buffer.startswith(prefix, start)
+                and self.finish_reason is None
+                and not self._seam_pending
+            ):
+                for shape, text_group, ids_group in shapes:
+                    m = shape.fullmatch(buffer, start + len(prefix), end)
+                    if m is not None:
+                        taken = self._plain(buffer, m, text_group, ids_group, out, pos)
+                        break
+            if taken >= 0:
+                pos = taken
+            else:
+                if pos < start:
+                    out.append(buffer[pos:start])
+                out.append(self._event(buffer[start:end]))
+                pos = end
+                if shapes:
+                    prefix = self._prefix
+            start = end
             end = buffer.find(b"\n\n", start)
+        if pos == 0 and start == len(buffer):
+            self._buffer = b""
+            return buffer  # every event plain and forwarded as is (the usual chunk)
+        if pos < start:
+            out.append(buffer[pos:start])
         self._buffer = buffer[start:]
-        return bytes(out)
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def finish(self) -> bytes:
         """The tail: held final event, the one usage event (if asked), ``[DONE]``. Idempotent."""
@@ -225,54 +293,55 @@ class StreamSplicer:
 
     # -- events ----------------------------------------------------------
 
-    def _fast_event(self, raw: bytes) -> bytes | None:
-        """A plain token event of a known shape, from its bytes (module docstring);
-        None: take the JSON path."""
-        prefix = self._prefix
-        if (
-            prefix is None
-            or self.finish_reason is not None
-            or self._seam_pending
-            or not raw.startswith(prefix)
-        ):
-            return None
-        for shape, has_ids in self._shapes:
-            m = shape.fullmatch(raw, len(prefix))
-            if m is not None:
-                ids = m["ids"] if has_ids else None
-                break
-        else:
-            return None
-        quoted = m["text"]
-        escaped = b"\\" in quoted
+    def _plain(
+        self,
+        buffer: bytes,
+        m: re.Match[bytes],
+        text_group: int,
+        ids_group: int,
+        out: list[bytes],
+        pos: int,
+    ) -> int:
+        """Record a plain token event matched in ``buffer`` (module docstring); its token
+        ids go to ``out`` as ``null`` when the client did not ask for them. Returns the
+        first byte of ``buffer`` not yet in ``out``; -1: take the JSON path (nothing
+        recorded)."""
+        t0, t1 = m.span(text_group)
+        quoted = b""
         try:
-            text: str = json.loads(b'"' + quoted + b'"') if escaped else quoted.decode()
+            if buffer.find(b"\\", t0, t1) < 0:
+                text = buffer[t0:t1].decode()
+            else:  # escapes: rare, decoded as JSON
+                quoted = b'"' + buffer[t0:t1] + b'"'
+                text = json.loads(quoted)
         except ValueError:  # not UTF-8: the JSON path decides what it is
-            return None
-        out = raw
-        if ids is not None and ids != b"null":
+            return -1
+        i0, i1 = m.span(ids_group) if ids_group else (-1, -1)
+        if i0 >= 0 and buffer[i0] == 91:  # "[": a list of ids
             if not self.return_token_ids:
-                if escaped and encode_json(text).encode() != b'"' + quoted + b'"':
-                    return None  # the JSON path would re-render this text differently
-                start, end = m.span("ids")
-                out = b"".join((raw[:start], b"null", raw[end:]))
-            if self.token_ids is not None:
-                self.token_ids.extend(map(int, ids[1:-1].split(b",")))
-            self.tokens += ids.count(b",") + 1
+                if quoted and encode_json(text).encode() != quoted:
+                    return -1  # the JSON path would re-render this text differently
+                out.append(buffer[pos:i0])
+                out.append(b"null")
+                pos = i1
+            if self._token_ids is not None:
+                self._ids_raw.append(buffer[i0 + 1 : i1 - 1])
+            self.tokens += buffer.count(b",", i0, i1) + 1
         else:
-            self.token_ids = None
+            self._token_ids = None
+            self._ids_raw.clear()
             self.tokens += 1
         self._text_parts.append(text)
-        return out
+        return pos
 
     def _event(self, raw: bytes) -> bytes:
-        if self._shapes:
-            fast = self._fast_event(raw)
-            if fast is not None:
-                return fast
-        payload = b"\n".join(
-            line[5:].lstrip(b" ") for line in raw.split(b"\n") if line.startswith(b"data:")
-        )
+        """One complete event the fast path did not take: parsed as JSON."""
+        if raw.startswith(b"data:") and raw.find(b"\n") == len(raw) - 2:
+            payload = raw[5:-2].lstrip(b" ")  # one data line (how engines write events)
+        else:
+            payload = b"\n".join(
+                line[5:].lstrip(b" ") for line in raw.split(b"\n") if line.startswith(b"data:")
+            )
         if not payload or payload == b"[DONE]":
             # keep-alives carry nothing; the single [DONE] comes from finish()
             return b""
@@ -380,11 +449,12 @@ class StreamSplicer:
                     choice["delta"] = {**choice["delta"], "content": text}
         # count what the client receives
         if isinstance(ids, list):
-            if self.token_ids is not None:
-                self.token_ids.extend(int(t) for t in ids)
+            if ids and self._token_ids is not None:  # kept as the fast path keeps them
+                self._ids_raw.append(",".join([str(int(t)) for t in ids]).encode())
             self.tokens += len(ids)
         else:
-            self.token_ids = None
+            self._token_ids = None
+            self._ids_raw.clear()
             self.tokens += 1
         self._text_parts.append(text)
         if choice.get("finish_reason") is not None:
