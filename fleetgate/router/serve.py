@@ -51,8 +51,11 @@ class ServeLoop:
 
     def splicer_for(self, req: Request) -> StreamSplicer | None:
         """Resumable answers that can be cut short go through a splicer: every stream
-        (an engine may die mid-stream), and every answer when admission preempts."""
-        if not req.resumable or not (req.stream or self.admission.preempts):
+        (an engine may die mid-stream) unless ``resume_streams`` is off, and every
+        answer when admission preempts."""
+        if not req.resumable:
+            return None
+        if not self.admission.preempts and not (req.stream and self.s.config.resume_streams):
             return None
         opts = req.doc.get("stream_options")
         return StreamSplicer(

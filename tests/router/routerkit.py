@@ -62,5 +62,5 @@ def router_config(
         "health": {"interval_s": 0.1, "timeout_s": 1.0, "eject_base_s": 0.5},
     }
     for key, value in sections.items():
-        data[key] = {**data.get(key, {}), **value}
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
     return parse_config(data)

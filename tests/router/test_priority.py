@@ -63,13 +63,16 @@ def priority_section(**extra: Any) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def rig(
-    n: int, capacity: int = 2, queue: bool = True, **priority: Any
+    n: int, capacity: int = 2, queue: bool = True, *, raw_streams: bool = False, **priority: Any
 ) -> AsyncIterator[tuple[str, list[Any], Any]]:
-    """``queue=False``: the same fleet with immediate admission (no priority section)."""
+    """``queue=False``: the same fleet with immediate admission (no priority section);
+    ``raw_streams``: ``resume_streams: false`` (immediate admission only)."""
     specs = [EngineSpec(kind="vllm", overrides=SLOW) for _ in range(n)]
     async with run_fleet(specs, "127.0.0.1", 0, model=MODEL) as fleet:
         backends = [("vllm", e.url) for e in fleet.engines]
-        sections = {"priority": priority_section(**priority)} if queue else {}
+        sections: dict[str, Any] = {"priority": priority_section(**priority)} if queue else {}
+        if raw_streams:
+            sections["resume_streams"] = False
         cfg = router_config(backends, capacity=capacity, **sections)
         app = build_router(cfg)
         async with serve(app) as url:
@@ -607,3 +610,39 @@ def test_chat_on_an_engine_without_token_ids_is_never_a_victim_and_resumes_where
     assert [e.id for e in rt.placer.eligible(parked, now)] == [vllm.id]
     parked.needs_final_message = False
     assert [e.id for e in rt.placer.eligible(parked, now)] == [vllm.id, trt.id]
+
+
+async def test_resume_streams_off_relays_raw_bytes_and_a_dead_engine_ends_the_stream() -> None:
+    """``resume_streams: false``: the engine's own bytes reach the client (no token ids
+    asked for, nothing spliced), and an engine that dies mid-stream ends the stream
+    with an error event instead of a resume."""
+    async with (
+        rig(2, queue=False, raw_streams=True) as (url, engines, _),
+        httpx.AsyncClient(timeout=60) as c,
+    ):
+        doc = body("a long answer that will lose its engine", 60, stream=True, seed=3)
+        data = b""
+        async with c.stream("POST", url + "/v1/completions", json=doc) as resp:
+            assert resp.status_code == 200
+            where = resp.headers["x-fleetgate-endpoint"]
+            victim = next(e for e in engines if e.url.endswith(where))
+            it = resp.aiter_raw()
+            async for chunk in it:
+                data += chunk
+                if data.count(b'"text"') >= 10:
+                    break
+            assert b'"token_ids":[' not in data, "the router asked for no token ids"
+            for listener in victim.server.servers:
+                listener.close()
+            await victim.engine.driver.stop()
+            async for chunk in it:
+                data += chunk
+        assert b'"error"' in data, data[-300:]
+        assert not [ev for ev in events(data) if ev.get("usage")], "not resumed to its end"
+        text = (await c.get(url + "/metrics")).text
+        assert scrape_sum(text, "fleetgate_resumes_total") == 0
+
+
+def test_resume_streams_off_is_refused_with_a_priority_section() -> None:
+    with pytest.raises(ConfigError, match="resume_streams"):
+        parse_config({"resume_streams": False, "priority": {}})
