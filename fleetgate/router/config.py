@@ -312,6 +312,11 @@ class Scrape(_Strict):
 class Health(_Strict):
     interval_s: float = Field(1.0, gt=0)
     timeout_s: float = Field(1.0, gt=0)
+    slow_probes_to_unhealthy: int = Field(3, ge=1)
+    """Consecutive /health probes that TIME OUT before a healthy endpoint counts as
+    unhealthy. An engine under a burst answers its probe late while it serves fine
+    (the API server is busy tokenizing); one slow probe must not take every engine of a
+    busy pool out at once. A refused connection or a non-200 answer counts at once."""
     models_refresh_s: float = Field(15.0, gt=0)
     eject_after_failures: int = Field(3, ge=1)
     """Consecutive connect errors / 5xx that eject an endpoint (passive)."""

@@ -41,7 +41,7 @@ from fleetgate.router.config import RouterConfig
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.rawhttp import RawUpstream
 from fleetgate.router.state import Endpoint, Fleet
-from fleetgate.router.upstream import UpstreamError
+from fleetgate.router.upstream import UpstreamError, UpstreamTimeout
 
 log = logging.getLogger("fleetgate.router.poller")
 
@@ -156,15 +156,21 @@ class Poller:
                 await self.load_models(e)
 
     async def probe(self, e: Endpoint) -> None:
-        ok = False
+        ok, slow = False, False
         try:
             status, _ = await self.getter.get(e.url + "/health", self.config.health.timeout_s)
             ok = status == 200
+        except (httpx.TimeoutException, UpstreamTimeout, TimeoutError):
+            slow = True
         except _FETCH_ERRORS:
             ok = False
-        if ok != e.healthy:
-            log.info("endpoint %s is now %s", e.id, "healthy" if ok else "unhealthy")
-        e.probe_result(ok, self.clock())
+        was = e.healthy
+        e.probe_result(
+            ok, self.clock(), slow=slow, slow_limit=self.config.health.slow_probes_to_unhealthy
+        )
+        if e.healthy != was:
+            why = "" if e.healthy or not slow else f" ({e.slow_probes} probes timed out)"
+            log.info("endpoint %s is now %s%s", e.id, "healthy" if e.healthy else "unhealthy", why)
         if self.on_change is not None:
             self.on_change()
 

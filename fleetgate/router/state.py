@@ -67,7 +67,10 @@ class Endpoint:
     models: frozenset[str] = frozenset()
     max_model_len: int | None = None
     healthy: bool = False
-    """Last /health probe answered 200 (False until the first probe)."""
+    """Last /health probe answered 200 (False until the first probe); probes that time
+    out count only after ``health.slow_probes_to_unhealthy`` in a row."""
+    slow_probes: int = 0
+    """Consecutive /health probes that timed out."""
     ejected_until: float | None = None
     ejections: int = 0
     consecutive_failures: int = 0
@@ -185,8 +188,17 @@ class Endpoint:
         self.consecutive_failures = 0
         return True
 
-    def probe_result(self, ok: bool, now: float) -> None:
-        """A /health probe finished. Ejection ends on the first good probe after its time."""
+    def probe_result(
+        self, ok: bool, now: float, *, slow: bool = False, slow_limit: int = 1
+    ) -> None:
+        """A /health probe finished. Ejection ends on the first good probe after its time.
+
+        ``slow``: the probe timed out. A healthy endpoint stays healthy until
+        ``slow_limit`` probes in a row time out (busy, not dead); a refused connection
+        or a bad status (``ok`` False, not ``slow``) counts at once."""
+        self.slow_probes = self.slow_probes + 1 if slow else 0
+        if slow and self.healthy and self.slow_probes < slow_limit:
+            return
         self.healthy = ok
         if ok and self.ejected_until is not None and now >= self.ejected_until:
             self.ejected_until = None

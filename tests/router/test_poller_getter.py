@@ -259,3 +259,52 @@ def test_the_router_app_scrapes_with_raw_gets_unless_a_transport_is_injected() -
         start_background=False,
     )
     assert isinstance(mocked.state.poller.getter, HttpxGetter)
+
+
+class _ScriptedGetter:
+    """/health answers from a script: "ok", "slow" (a timeout) or "refused"."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = script
+
+    async def get(self, url: str, within_s: float) -> tuple[int, bytes]:
+        step = self.script.pop(0)
+        if step == "slow":
+            raise UpstreamTimeout(f"GET {url}: no complete answer in {within_s}s")
+        if step == "refused":
+            raise httpx.ConnectError("connection refused")
+        return 200, b""
+
+
+@pytest.mark.parametrize(
+    ("script", "healthy_after_each"),
+    [
+        # a busy engine: two slow probes keep it in the pool, the third takes it out
+        (["ok", "slow", "slow", "slow", "ok"], [True, True, True, False, True]),
+        # slowness in between resets the count
+        (["ok", "slow", "ok", "slow", "slow"], [True, True, True, True, True]),
+        # a dead engine (refused) is out at once, whatever came before
+        (["ok", "slow", "refused"], [True, True, False]),
+        # a slow probe never makes an unhealthy endpoint healthy
+        (["slow", "slow", "ok"], [False, False, True]),
+    ],
+)
+async def test_slow_health_probes_take_an_endpoint_out_only_after_three(
+    script: list[str], healthy_after_each: list[bool]
+) -> None:
+    config = router_config([("vllm", "http://127.0.0.1:9")])
+    assert config.health.slow_probes_to_unhealthy == 3
+    fleet = build_fleet(config)
+    (e,) = fleet
+    client = make_client(test_mode=True, max_connections=1, connect_timeout=1, read_timeout=1)
+    try:
+        poller = Poller(
+            fleet, client, config, RouterMetrics(), time.monotonic, getter=_ScriptedGetter(script)
+        )
+        seen = []
+        for _ in healthy_after_each:
+            await poller.probe(e)
+            seen.append(e.healthy)
+    finally:
+        await client.aclose()
+    assert seen == healthy_after_each
