@@ -108,3 +108,17 @@ fleetgate_decisions_created{decided_by="scorer:load",model="m",reason="spill"} 1
         "decisions_cold": 3.0,
     }
     assert decision_counts("some_other_total 5\n") == {}
+
+
+def test_decision_counts_also_by_the_cache_view_that_decided() -> None:
+    text = """\
+fleetgate_decisions_total{model="m",reason="affinity-hit",source="events"} 5.0
+fleetgate_decisions_total{model="m",reason="affinity-hit",source="approximate"} 2.0
+fleetgate_decisions_total{decided_by="scorer:load",model="m",reason="cold",source="events"} 1.0
+"""
+    assert decision_counts(text) == {
+        "decisions_affinity_hit": 7.0,
+        "decisions_cold": 1.0,
+        "decisions_by_events": 6.0,
+        "decisions_by_approximate": 2.0,
+    }

@@ -366,6 +366,7 @@ async def router_counters(client: httpx.AsyncClient, url: str) -> dict[str, floa
 
 _DECISION = re.compile(r"^fleetgate_decisions_total\{([^}]*)\}\s+(\S+)$", re.M)
 _REASON = re.compile(r'reason="([^"]+)"')
+_SOURCE = re.compile(r'source="([^"]+)"')
 
 
 async def _decisions(
@@ -381,13 +382,16 @@ async def _decisions(
 
 def decision_counts(metrics_text: str) -> dict[str, float]:
     """fleetgate's scheduling decisions by reason (``fleetgate_decisions_total``), as
-    ``decisions_<reason>`` keys: how often affinity held, spilled or placed a new prefix."""
+    ``decisions_<reason>`` keys: how often affinity held, spilled or placed a new prefix;
+    and by the cache view that spoke for the pick, as ``decisions_by_<source>``
+    (``events``: the exact KV index; ``approximate``)."""
     out: dict[str, float] = {}
     for labels, value in _DECISION.findall(metrics_text):
-        m = _REASON.search(labels)
-        if m:
-            key = "decisions_" + m.group(1).replace("-", "_")
-            out[key] = out.get(key, 0.0) + float(value)
+        for pattern, prefix in ((_REASON, "decisions_"), (_SOURCE, "decisions_by_")):
+            m = pattern.search(labels)
+            if m:
+                key = prefix + m.group(1).replace("-", "_")
+                out[key] = out.get(key, 0.0) + float(value)
     return out
 
 
