@@ -259,7 +259,9 @@ class PodEngines:
         seen = self.now()
         cold = self.cold_start_s.get(pod.engine, 0.0)
         log = open(self.logs / f"engine-{pod.name}.log", "w")  # noqa: SIM115 - closed on exit
-        env = {**os.environ, "FLEETGATE_TEST_MODE": "1"}
+        tools = Path(__file__).resolve().parents[2]  # this tree's tools/ and repo
+        path = os.pathsep.join([str(tools.parent), str(tools), os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "FLEETGATE_TEST_MODE": "1", "PYTHONPATH": path}
         popen = subprocess.Popen(
             engine_argv(pod, self.python, seen + cold, seed=self.started),
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
