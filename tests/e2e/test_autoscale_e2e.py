@@ -281,8 +281,10 @@ async def test_scale_from_zero_burst_up_and_drain_back_to_zero(
             events = scale_events(cluster, ns)
             drained = [e for e in events if e.startswith("Draining")]
             downs = [e for e in events if e.startswith("ScaledDown")]
-            print(f"figures: load gone -> 0 replicas in {t_zero:.2f}s; {len(trickle)} trickle "
-                  f"requests, 0 failed; {len(drained)} drains, {len(downs)} scale-downs")  # fmt: skip
+            print(
+                f"figures: load gone -> 0 replicas in {t_zero:.2f}s; {len(trickle)} trickle "
+                f"requests, 0 failed; {len(drained)} drains, {len(downs)} scale-downs"
+            )
             for line in events:
                 print("event:", line)
             assert any("-> 0 replicas" in e for e in downs), events

@@ -35,6 +35,7 @@ import ipaddress
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -254,11 +255,9 @@ class PodEngines:
             self._start(pod)
 
     def _start(self, pod: EnginePod) -> None:
-        import subprocess
-
         seen = self.now()
         cold = self.cold_start_s.get(pod.engine, 0.0)
-        log = open(self.logs / f"engine-{pod.name}.log", "w")  # noqa: SIM115 - closed on exit
+        log = open(self.logs / f"engine-{pod.name}.log", "w")  # closed when it exits
         tools = Path(__file__).resolve().parents[2]  # this tree's tools/ and repo
         path = os.pathsep.join([str(tools.parent), str(tools), os.environ.get("PYTHONPATH", "")])
         env = {**os.environ, "FLEETGATE_TEST_MODE": "1", "PYTHONPATH": path}
@@ -282,7 +281,7 @@ class PodEngines:
         for r in everyone:
             try:
                 r.popen.wait(max(0.1, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - still running: kill its group
+            except subprocess.TimeoutExpired:  # still running: kill its group
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(r.popen.pid, signal.SIGKILL)
                 r.popen.wait(5)
