@@ -270,6 +270,9 @@ async def test_scale_from_zero_burst_up_and_drain_back_to_zero(
             t_down = time.monotonic()
             await asyncio.gather(trickler(0), trickler(1))
             assert [r.error for r in trickle if r.error] == []
+            # the scale-down started while the trickle still ran: a drained pod had work
+            during = [spec for t, spec, _ in watch.samples if t_down <= t <= trickle_end]
+            assert during and min(during) < peak, (peak, during)
 
             async def at_zero() -> bool:
                 procs.check_alive()
