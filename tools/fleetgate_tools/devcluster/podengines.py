@@ -152,7 +152,8 @@ def plan(
     already told to stop that have not exited yet."""
     stop = tuple(sorted(uid for uid in running if uid not in pods))
     held = {p.address for uid, p in running.items() if uid not in pods} | set(exiting)
-    start, waiting = [], []
+    start: list[EnginePod] = []
+    waiting: list[EnginePod] = []
     for uid in sorted(pods):
         if uid in running:
             continue
