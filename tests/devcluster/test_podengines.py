@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -149,3 +150,38 @@ def test_the_child_binds_only_after_its_cold_start() -> None:
     finally:
         child.terminate()
         child.wait(10)
+
+
+@pytest.mark.parametrize(
+    "example, engine, batch",
+    [("vllm-llama-3.1-8b.yaml", "vllm", 128), ("trtllm-qwen2.5-7b.yaml", "trtllm", 64)],
+)
+def test_reads_the_pods_the_operator_makes_from_the_examples(
+    example: str, engine: str, batch: int | None
+) -> None:
+    """The pod template of the operator's Deployment for each example, as kwok runs it."""
+    import yaml
+
+    from fleetgate.api.v1alpha1 import InferenceServiceSpec
+    from fleetgate.operator import manifests
+    from fleetgate.operator.options import OperatorOptions
+
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples" / example).read_text())
+    spec = InferenceServiceSpec.model_validate(doc["spec"])
+    children = manifests.build_children(
+        manifests.Owner(name="svc", namespace="ns", uid="u"), spec, OperatorOptions(),
+        service_monitor_supported=False,
+    )  # fmt: skip
+    (dep,) = [o for o in children.objects if o["kind"] == "Deployment"]
+    template = dep["spec"]["template"]
+    kwok_pod = {
+        "metadata": {**template["metadata"], "name": "svc-1", "namespace": "ns", "uid": "p"},
+        "spec": template["spec"],
+        "status": {"podIP": "127.0.1.4"},
+    }
+    got = engine_pod(kwok_pod)
+    assert got is not None
+    assert (got.engine, got.model, got.ip, got.port) == (
+        engine, spec.model.name or "svc", "127.0.1.4", 8000,
+    )  # fmt: skip
+    assert got.max_batch == batch  # maxNumSeqs / maxBatchSize in the example
