@@ -185,3 +185,48 @@ def test_reads_the_pods_the_operator_makes_from_the_examples(
         engine, spec.model.name or "svc", "127.0.1.4", 8000,
     )  # fmt: skip
     assert got.max_batch == batch  # maxNumSeqs / maxBatchSize in the example
+
+
+def test_sync_starts_restarts_a_crashed_engine_and_stops_it_with_its_pod(tmp_path: Path) -> None:
+    """Real children: the first cannot bind (the test holds the address) and exits; it is
+    started again after its back-off, binds, and is stopped once the pod is gone."""
+    from fleetgate_tools.devcluster.podengines import PodEngines
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    live = pod(ip="127.0.0.1")
+    live["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": port}]
+    listed = [live]
+    events: list[dict[str, Any]] = []
+    engines = PodEngines(lambda: listed, {"vllm": 0.0}, tmp_path, events.append)
+    try:
+        engines.sync()
+        assert [e["event"] for e in events] == ["start"]
+        deadline = time.time() + 30
+        while not any(e["event"] == "crashed" for e in events):
+            assert time.time() < deadline, events
+            time.sleep(0.2)
+            engines.sync()
+        crash = next(e for e in events if e["event"] == "crashed")
+        assert crash["code"] != 0 and crash["restarts_in_s"] == 2.0
+        holder.close()  # the address is free: the restart binds it
+        engines.sync()
+        assert [e["event"] for e in events].count("start") == 1  # not before its back-off
+        while _closed(port):
+            assert time.time() < deadline, events
+            time.sleep(0.2)
+            engines.sync()
+        assert [e["event"] for e in events].count("start") == 2
+        listed.clear()  # the pod is gone
+        engines.sync()
+        assert events[-1]["event"] == "stop"
+        while engines.exiting:
+            assert time.time() < deadline, events
+            time.sleep(0.2)
+            engines.sync()
+        assert events[-1]["event"] == "exit" and _closed(port)
+    finally:
+        holder.close()
+        engines.stop_all()

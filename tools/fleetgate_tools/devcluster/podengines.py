@@ -8,7 +8,9 @@ start per engine kind: the child process is started at once (so its Python impor
 not add to the cold start), waits until ``seen + cold start`` and only then binds, so
 the pod's address refuses connections (and ``/health`` fails) until then. When the pod
 goes away (deleted, or marked for deletion) its engine is stopped by PID (SIGTERM: the
-emulator lets open responses finish, 5 s at most). Only loopback pod IPs are accepted.
+emulator lets open responses finish, 5 s at most). An engine that exits on its own is
+started again after 2, 4, ... (at most 30) seconds, with its cold start again, as a
+kubelet restarts a container. Only loopback pod IPs are accepted.
 
 What the engine is comes from what the operator writes on the pod: the
 ``fleetgate.dev/engine`` label (``vllm`` | ``trtllm``), the
@@ -23,7 +25,7 @@ tool: the runtime never imports it.
     python -m fleetgate_tools.devcluster.podengines --kubeconfig K --namespace NS \\
         --selector fleetgate.dev/pool --cold-start vllm=3 --cold-start trtllm=5 --logs DIR
 
-prints one JSON line per event (``start``, ``stop``, ``exit``, ``error``) with the
+prints one JSON line per event (``start``, ``stop``, ``exit``, ``crashed``, ``error``) with the
 pod, its IP and ``time.time()`` stamps, for tests and benchmarks to read.
 """
 
@@ -224,6 +226,9 @@ class PodEngines:
     running: dict[str, Running] = field(default_factory=dict)
     exiting: list[Running] = field(default_factory=list)
     started: int = 0
+    crashes: dict[str, int] = field(default_factory=dict)
+    """Engines that exited on their own, by pod uid: restarted after 2^n s (max 30)."""
+    retry_at: dict[str, float] = field(default_factory=dict)
 
     def sync(self) -> None:
         pods: dict[str, EnginePod] = {}
@@ -244,6 +249,15 @@ class PodEngines:
                 self.emit({"event": "exit", "pod": r.pod.name, "ip": r.pod.ip,
                            "code": r.popen.returncode, "t": self.now()})  # fmt: skip
         self.exiting = still
+        for uid, r in list(self.running.items()):
+            if r.popen.poll() is not None:  # exited on its own (reaped: never signal it again)
+                del self.running[uid]
+                r.log.close()
+                self.crashes[uid] = n = self.crashes.get(uid, 0) + 1
+                self.retry_at[uid] = self.now() + min(30.0, 2.0**n)
+                self.emit({"event": "crashed", "pod": r.pod.name, "ip": r.pod.ip,
+                           "code": r.popen.returncode, "restarts_in_s": min(30.0, 2.0**n),
+                           "t": self.now()})  # fmt: skip
         todo = plan(pods, {u: r.pod for u, r in self.running.items()},
                     [r.pod.address for r in self.exiting])  # fmt: skip
         for uid in todo.stop:
@@ -253,7 +267,11 @@ class PodEngines:
             self.exiting.append(r)
             self.emit({"event": "stop", "pod": r.pod.name, "ip": r.pod.ip, "t": self.now()})
         for pod in todo.start:
-            self._start(pod)
+            if self.retry_at.get(pod.uid, 0.0) <= self.now():
+                self._start(pod)
+        for uid in [u for u in self.retry_at if u not in pods]:
+            self.retry_at.pop(uid)
+            self.crashes.pop(uid, None)
 
     def _start(self, pod: EnginePod) -> None:
         seen = self.now()
