@@ -371,7 +371,7 @@ def summarise(
     }
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
+def plot(results: list[dict[str, Any]], path: Path, phases: list[Phase]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -388,6 +388,12 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             if pts:
                 axes[2].scatter(*zip(*pts, strict=True), s=8, marker=marker,
                                 label=f"{r['contender']} {cls}")  # fmt: skip
+    edge = 0.0
+    for p in phases:
+        for ax in axes:
+            ax.axvline(edge, color="grey", lw=0.6, ls=":")
+        axes[0].annotate(p.name, (edge + 0.5, 0.1), fontsize=7, color="grey")
+        edge += p.seconds
     axes[0].set_ylabel("engine pods")
     axes[1].set_ylabel("requests in flight")
     axes[2].set_ylabel("TTFT (s)")
@@ -452,7 +458,7 @@ def main() -> int:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
                              "plot": str(args.plot)}, "results": results}, indent=1))  # fmt: skip
     if args.plot:
-        plot(results, args.plot)
+        plot(results, args.plot, trace(args.scale, args.base_rate))
         print(f"plot: {args.plot}")
     return 0
 
