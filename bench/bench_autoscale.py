@@ -1,0 +1,467 @@
+"""A day-shaped trace, shortened, through the router on the dev cluster (issue 15, 4).
+
+    FLEETGATE_TEST_MODE=1 python bench/bench_autoscale.py [--scale 1.0] [--base-rate 1.0]
+        [--contenders fleetgate-autoscale,static-peak] [--seed 0]
+        [--json OUT.json] [--plot OUT.png]
+
+A real control plane (the dev cluster: etcd, kube-apiserver, controller manager,
+scheduler, kwok), the operator and the router as ``fleetgate`` processes, and the
+pod-engine launcher (tools/fleetgate_tools/devcluster/podengines.py) running an
+emulated vLLM on each kwok pod's IP after a modelled cold start. Per contender, a
+fresh namespace and one InferenceService (model ``llama-3.1-8b``, ``maxNumSeqs: 8``):
+
+* ``fleetgate-autoscale``: ``spec.autoscaling`` {minReplicas 0, maxReplicas
+  ``--peak-replicas``, targetInFlightPerReplica 4, scaleToZeroAfterSeconds,
+  coldStartSeconds}; it starts at zero replicas;
+* ``static-peak``: ``replicas: --peak-replicas`` (sized for the peak), every engine
+  up before the trace starts.
+
+The trace (durations x ``--scale``; open loop, Poisson arrivals, seeded):
+quiet (base rate) 40 s, ramp (base -> 5 x base) 30 s, peak (5 x base, plus a burst of
+8 critical requests every 10 s) 40 s, idle 30 s (long enough to scale to zero), then
+one cold request. Requests are streamed chats, 64 output tokens, 80% ``standard`` and
+20% ``critical`` (``x-fleetgate-priority``), plus the critical bursts.
+
+Reported per contender: replica-seconds (live engine pods integrated over the trace),
+TTFT-objective attainment per class (the router's default objectives: critical
+0.5 s, standard 2 s; the cold request counted apart), failed requests (non-200 or an
+incomplete stream), the cold request's TTFT, and a plot of replicas, demand (requests
+in flight at the client) and TTFT over time. Not in it (yet): the HPA-on-Prometheus
+contender and a mixed vLLM + TensorRT-LLM pool (docs/bench.md). A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+
+from fleetgate_tools.devcluster import (  # noqa: E402 - after the path
+    FAKE_NODE_TOLERATION,
+    DevCluster,
+    ensure_binaries,
+    running_cluster,
+)
+
+FLEETGATE = str(Path(sys.executable).parent / "fleetgate")
+MODEL = "llama-3.1-8b"
+NAME = "chat"
+OBJECTIVE_S = {"critical": 0.5, "standard": 2.0}
+CONTENDERS = ("fleetgate-autoscale", "static-peak")
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    seconds: float
+    rate_from: float
+    rate_to: float
+    critical_burst_every_s: float | None = None
+
+
+def trace(scale: float, base: float) -> list[Phase]:
+    return [
+        Phase("quiet", 40 * scale, base, base),
+        Phase("ramp", 30 * scale, base, 5 * base),
+        Phase("peak", 40 * scale, 5 * base, 5 * base, critical_burst_every_s=10 * scale),
+        Phase("idle", 30 * scale, 0.0, 0.0),
+    ]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    t: float
+    cls: str
+    phase: str
+
+
+def arrivals(phases: list[Phase], rng: random.Random, burst: int = 8) -> list[Arrival]:
+    """Poisson arrivals of a piecewise-linear rate (thinning), plus critical bursts."""
+    out: list[Arrival] = []
+    start = 0.0
+    for p in phases:
+        peak = max(p.rate_from, p.rate_to)
+        t = start
+        while peak > 0:
+            t += rng.expovariate(peak)
+            if t >= start + p.seconds:
+                break
+            rate = p.rate_from + (p.rate_to - p.rate_from) * (t - start) / p.seconds
+            if rng.random() < rate / peak:
+                cls = "critical" if rng.random() < 0.2 else "standard"
+                out.append(Arrival(t, cls, p.name))
+        if p.critical_burst_every_s:
+            b = start + p.critical_burst_every_s / 2
+            while b < start + p.seconds:
+                out += [Arrival(b + 0.01 * k, "critical", p.name) for k in range(burst)]
+                b += p.critical_burst_every_s
+        start += p.seconds
+    return sorted(out, key=lambda a: a.t)
+
+
+@dataclass
+class Outcome:
+    sent_s: float
+    cls: str
+    phase: str
+    status: int
+    ttft_s: float | None
+    done_s: float
+    error: str | None
+
+
+async def one_request(
+    client: httpx.AsyncClient, router: str, a: Arrival, t0: float, i: int
+) -> Outcome:
+    prompt = f"request {i} ({a.phase}): hello"
+    body = {"model": MODEL, "stream": True, "max_tokens": 64, "ignore_eos": True,
+            "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+    sent = time.monotonic()
+    ttft, status, error = None, 0, None
+    try:
+        async with client.stream(
+            "POST", f"{router}/v1/chat/completions", json=body,
+            headers={"x-fleetgate-priority": a.cls},
+        ) as r:  # fmt: skip
+            status = r.status_code
+            if status != 200:
+                error = f"HTTP {status}"
+                await r.aread()
+            else:
+                done = False
+                async for line in r.aiter_lines():
+                    if line == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data: ") and ttft is None and '"content"' in line:
+                        ttft = time.monotonic() - sent
+                    elif line.startswith("data: ") and '"error"' in line:
+                        error = "in-band error"
+                if not done and error is None:
+                    error = "incomplete stream"
+    except httpx.HTTPError as e:
+        error = type(e).__name__
+    return Outcome(sent - t0, a.cls, a.phase, status, ttft, time.monotonic() - t0, error)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Setup:
+    """Router, operator and pod engines for one contender, as processes we started."""
+
+    cluster: DevCluster
+    ns: str
+    work: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        with open(self.work / f"{name}.log", "wb") as log:
+            self.procs.append(subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "FLEETGATE_TEST_MODE": "1", **(env or {})},
+            ))  # fmt: skip
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+    def live_pods(self) -> int:
+        pods = self.cluster.kubectl_json(
+            "-n", self.ns, "get", "pods", "-l", f"app.kubernetes.io/instance={NAME}"
+        )["items"]
+        return sum(1 for p in pods if not p["metadata"].get("deletionTimestamp"))
+
+
+def inference_service(ns: str, contender: str, args: argparse.Namespace) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"uri": "hf://bench/chat", "name": MODEL},
+        "engine": {"type": "vllm", "image": "vllm/vllm-openai:v0.32.0",
+                   "vllm": {"maxNumSeqs": 8}},
+        "routing": {"pool": "default", "role": "latency"},
+    }  # fmt: skip
+    if contender == "fleetgate-autoscale":
+        spec["replicas"] = 0
+        spec["autoscaling"] = {
+            "minReplicas": 0, "maxReplicas": args.peak_replicas, "targetInFlightPerReplica": 4,
+            "scaleDownStabilizationSeconds": max(1, round(10 * args.scale)),
+            "scaleToZeroAfterSeconds": max(1, round(15 * args.scale)),
+            "coldStartSeconds": max(1, round(args.cold_start + 1)), "drainTimeoutSeconds": 60,
+        }  # fmt: skip
+    else:
+        spec["replicas"] = args.peak_replicas
+    return {"apiVersion": "fleetgate.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": NAME, "namespace": ns}, "spec": spec}  # fmt: skip
+
+
+async def wait_until(probe: Any, within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not await probe():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        await asyncio.sleep(0.3)
+
+
+async def run_contender(
+    cluster: DevCluster, contender: str, args: argparse.Namespace, work: Path
+) -> dict[str, Any]:
+    ns = f"bench-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", ns)
+    setup = Setup(cluster, ns, work)
+    port = free_port()
+    router = f"http://127.0.0.1:{port}"
+    config = {
+        "test_mode": True,
+        "discovery": {"kind": "kubernetes", "kubernetes": {
+            "source": "pods", "namespaces": [ns], "kubeconfig": str(cluster.kubeconfig)}},
+        "priority": {},
+        "limits": {"hold_cold_start_factor": 5},
+    }  # fmt: skip
+    (work / "router.yaml").write_text(yaml.safe_dump(config))
+    rng = random.Random(args.seed)
+    plan = arrivals(trace(args.scale, args.base_rate), rng)
+    samples: list[tuple[float, int, int]] = []  # t, live pods, in flight at the client
+    outcomes: list[Outcome] = []
+    in_flight = 0
+    try:
+        setup.start("router", [FLEETGATE, "router", "--config", str(work / "router.yaml"),
+                               "--port", str(port), "--host", "127.0.0.1"])  # fmt: skip
+        setup.start(
+            "operator",
+            [FLEETGATE, "operator", "--kubeconfig", str(cluster.kubeconfig), "--namespace", ns,
+             "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--interval", "5",
+             "--autoscale-interval", "1", "--router-metrics-url", f"{router}/metrics"],
+            env={"FLEETGATE_EXTRA_TOLERATIONS": json.dumps([FAKE_NODE_TOLERATION])},
+        )  # fmt: skip
+        setup.start(
+            "podengines",
+            [sys.executable, "-m", "fleetgate_tools.devcluster.podengines",
+             "--kubeconfig", str(cluster.kubeconfig), "--namespace", ns,
+             "--selector", f"app.kubernetes.io/instance={NAME}",
+             "--cold-start", f"vllm={args.cold_start}", "--logs", str(work / "engines")],
+            env={"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tools'}"},
+        )  # fmt: skip
+        cluster.apply(inference_service(ns, contender, args))
+        limits = httpx.Limits(max_connections=256)
+        async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as client:
+
+            async def healthy(n: int) -> bool:
+                with contextlib.suppress(httpx.HTTPError):
+                    text = (await client.get(f"{router}/metrics")).text
+                    up = [
+                        ln
+                        for ln in text.splitlines()
+                        if ln.startswith("fleetgate_endpoint_healthy{") and ln.endswith(" 1.0")
+                    ]
+                    return len(up) >= n  # fmt: skip
+                return False
+
+            want = 0 if contender == "fleetgate-autoscale" else args.peak_replicas
+            if want:
+                await wait_until(lambda: healthy(want), 120, "static replicas healthy")
+            else:
+                await wait_until(lambda: healthy(0), 60, "router up")
+            t0 = time.monotonic()
+            stop = asyncio.Event()
+
+            async def sampler() -> None:
+                while not stop.is_set():
+                    with contextlib.suppress(Exception):
+                        live = await asyncio.to_thread(setup.live_pods)
+                        samples.append((time.monotonic() - t0, live, in_flight))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 1.0)
+
+            async def fire(a: Arrival, i: int) -> None:
+                nonlocal in_flight
+                await asyncio.sleep(max(0.0, t0 + a.t - time.monotonic()))
+                in_flight += 1
+                try:
+                    outcomes.append(await one_request(client, router, a, t0, i))
+                finally:
+                    in_flight -= 1
+
+            sampling = asyncio.get_running_loop().create_task(sampler())
+            await asyncio.gather(*(fire(a, i) for i, a in enumerate(plan)))
+            end = sum(p.seconds for p in trace(args.scale, args.base_rate))
+            await asyncio.sleep(max(0.0, t0 + end - time.monotonic()))
+            # the cold request: at zero replicas for fleetgate (it must have got there)
+            if contender == "fleetgate-autoscale":
+                with contextlib.suppress(TimeoutError):
+                    await wait_until(
+                        lambda: asyncio.to_thread(lambda: setup.live_pods() == 0), 60, "zero"
+                    )
+            outcomes.append(
+                await one_request(client, router, Arrival(0, "standard", "cold"), t0, -1)
+            )
+            await asyncio.sleep(1.0)
+            stop.set()
+            await sampling
+            arrivals_text = (await client.get(f"{router}/metrics")).text
+    finally:
+        setup.stop()
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    return summarise(contender, outcomes, samples, arrivals_text, end)
+
+
+def summarise(
+    contender: str,
+    outcomes: list[Outcome],
+    samples: list[tuple[float, int, int]],
+    metrics: str,
+    horizon_s: float,
+) -> dict[str, Any]:
+    """Replica-seconds over the trace itself, [0, horizon_s] (the same window for every
+    contender: the wait for zero and the cold request after it are not counted)."""
+    replica_s = sum(
+        samples[k][1] * (min(samples[k + 1][0], horizon_s) - samples[k][0])
+        for k in range(len(samples) - 1)
+        if samples[k][0] < horizon_s
+    )
+    attainment: dict[str, Any] = {}
+    for cls, objective in OBJECTIVE_S.items():
+        mine = [o for o in outcomes if o.cls == cls and o.phase != "cold"]
+        met = sum(1 for o in mine if o.error is None and o.ttft_s is not None
+                  and o.ttft_s <= objective)  # fmt: skip
+        attainment[cls] = {"requests": len(mine), "met": met,
+                           "attainment": met / len(mine) if mine else None}  # fmt: skip
+    cold = next(o for o in outcomes if o.phase == "cold")
+    classes = [ln for ln in metrics.splitlines() if ln.startswith("fleetgate_arrivals_total{")]
+    return {
+        "contender": contender,
+        "requests": len(outcomes),
+        "failed": sum(1 for o in outcomes if o.error is not None),
+        "errors": sorted({o.error for o in outcomes if o.error})[:10],
+        "replica_seconds": round(replica_s, 1),
+        "max_replicas": max((s[1] for s in samples), default=0),
+        "attainment": attainment,
+        "cold_request": {"ttft_s": cold.ttft_s, "error": cold.error},
+        "router_arrivals": classes,
+        "samples": samples,
+        "outcomes": [asdict(o) for o in outcomes],
+    }
+
+
+def plot(results: list[dict[str, Any]], path: Path, phases: list[Phase]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    for r in results:
+        t = [s[0] for s in r["samples"]]
+        axes[0].step(t, [s[1] for s in r["samples"]], where="post", label=r["contender"])
+        axes[1].plot(t, [s[2] for s in r["samples"]], label=r["contender"])
+        for cls, marker in (("critical", "x"), ("standard", ".")):
+            pts = [(o["sent_s"], o["ttft_s"]) for o in r["outcomes"]
+                   if o["cls"] == cls and o["ttft_s"] is not None]  # fmt: skip
+            if pts:
+                axes[2].scatter(*zip(*pts, strict=True), s=8, marker=marker,
+                                label=f"{r['contender']} {cls}")  # fmt: skip
+    edge = 0.0
+    for p in phases:
+        for ax in axes:
+            ax.axvline(edge, color="grey", lw=0.6, ls=":")
+        axes[0].annotate(p.name, (edge + 0.5, 0.1), fontsize=7, color="grey")
+        edge += p.seconds
+    axes[0].set_ylabel("engine pods")
+    axes[1].set_ylabel("requests in flight")
+    axes[2].set_ylabel("TTFT (s)")
+    axes[2].set_yscale("log")
+    axes[2].set_xlabel("seconds into the trace")
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Day-shaped trace (shortened): autoscaling vs static peak replicas")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="phase durations x this")
+    parser.add_argument("--base-rate", type=float, default=1.0, help="quiet req/s (peak 5x)")
+    parser.add_argument("--peak-replicas", type=int, default=3)
+    parser.add_argument("--cold-start", type=float, default=3.0, help="engine cold start (s)")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args()
+    if os.environ.get("FLEETGATE_TEST_MODE") != "1":
+        parser.error("set FLEETGATE_TEST_MODE=1 (everything binds loopback)")
+    contenders = args.contenders.split(",")
+    unknown = set(contenders) - set(CONTENDERS)
+    if unknown:
+        parser.error(f"unknown contenders {sorted(unknown)}; known: {CONTENDERS}")
+    if not 0 < args.scale <= 10 or args.base_rate <= 0 or args.peak_replicas < 1:
+        parser.error("want 0 < --scale <= 10, --base-rate > 0, --peak-replicas >= 1")
+    work = Path(tempfile.mkdtemp(prefix="bench-autoscale-"))
+    results = []
+    with running_cluster(ensure_binaries()) as cluster:
+        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+        cluster.kubectl("wait", "--for=condition=Established",
+                        "crd/inferenceservices.fleetgate.dev")  # fmt: skip
+        for c in contenders:
+            (work / c).mkdir()
+            print(f"running {c} (logs in {work / c})", flush=True)
+            results.append(asyncio.run(run_contender(cluster, c, args, work / c)))
+    print("\n| contender | replica-s | max pods | critical | standard | failed | cold TTFT |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        att = {c: r["attainment"][c] for c in OBJECTIVE_S}
+        cells = [
+            f"{a['attainment']:.1%} of {a['requests']}" if a["attainment"] is not None else "-"
+            for a in att.values()
+        ]
+        cold = r["cold_request"]
+        cold_cell = f"{cold['ttft_s']:.2f}s" if cold["ttft_s"] is not None else cold["error"]
+        print(f"| {r['contender']} | {r['replica_seconds']} | {r['max_replicas']} | "
+              f"{cells[0]} | {cells[1]} | {r['failed']} | {cold_cell} |")  # fmt: skip
+    if len(results) == 2 and results[1]["replica_seconds"]:
+        print(f"\nreplica-seconds ratio {results[0]['contender']} / {results[1]['contender']}: "
+              f"{results[0]['replica_seconds'] / results[1]['replica_seconds']:.2f}")  # fmt: skip
+    for r in results:
+        if r["errors"]:
+            print(f"{r['contender']} errors: {r['errors']}")
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
+                             "plot": str(args.plot)}, "results": results}, indent=1))  # fmt: skip
+    if args.plot:
+        plot(results, args.plot, trace(args.scale, args.base_rate))
+        print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
