@@ -174,3 +174,24 @@ def test_error_rate_difference_counts_what_the_ttft_ratios_leave_out() -> None:
     assert err is not None and err.interval is not None and err.verdict == "loss"
     assert err.interval.low < 100 / 270 < err.interval.high
     assert "**loss**" in report.figure_cell(err, True)
+
+
+def test_a_peer_that_fails_its_requests_fast_is_not_the_baseline() -> None:
+    """A peer whose requests fail at once has the lowest TTFT of the requests it did
+    answer; the baseline is the fastest peer among those that served."""
+    records = []
+    for rep in range(2):
+        refusing = _record("vllm-router-cache_aware", rep, 0.01, 0.0, 20 + rep)
+        for r in refusing.results[40:]:
+            r.status, r.ttft = 400, None  # 400 from the engine: the peer's extra fields
+        records += [
+            _record("fleetgate", rep, 0.5, 0.7, 10 + rep),
+            refusing,
+            _record("sglang-router-cache_aware", rep, 2.0, 0.5, 30 + rep),
+        ]
+    out = compare.compare(records, random.Random(1), replicates=100)
+    assert {c.contender: c.baseline for c in out}["fleetgate"] == "sglang-router-cache_aware"
+    # when every peer fails that much, the fastest is the baseline again
+    only = [r for r in records if r.contender != "sglang-router-cache_aware"]
+    out = compare.compare(only, random.Random(1), replicates=100)
+    assert {c.contender: c.baseline for c in out}["fleetgate"] == "vllm-router-cache_aware"
