@@ -37,8 +37,8 @@ async def test_a_prefix_cached_through_one_replica_attracts_the_other() -> None:
                 )
             )
         fleets: list[Fleet] = [app.state.router.fleet for app in apps]
-        for f in fleets:
-            await until(lambda f=f: all(e.kv_feed.state == "live" for e in f), "feeds live")
+        await until(lambda: all(e.kv_feed.state == "live" for f in fleets for e in f),
+                    "every replica's feeds live")  # fmt: skip
         one, two = clients
         metrics_two = apps[1].state.router.metrics
 
@@ -51,7 +51,7 @@ async def test_a_prefix_cached_through_one_replica_attracts_the_other() -> None:
             "replica 2 indexed the prefix on the first engine",
         )
         other = next(eid for eid in fleets[1].endpoints if eid != first)
-        assert fleets[1].kv_index.match(other, keys) == 0  # type: ignore[arg-type]
+        assert fleets[1].kv_index.match(other, keys) == 0
         # Replica 2 has routed nothing yet: its own approximate guesses know nothing.
         assert metric(metrics_two, "fleetgate_decisions_total") == 0
 
