@@ -100,6 +100,7 @@ def build_fleet(config: RouterConfig) -> Fleet:
             stale_after=sched.stale_after_s,
             default_capacity=sched.default_capacity,
         ),
+        scrape_pace=config.scrape.pace(),
     )
 
 

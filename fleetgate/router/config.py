@@ -39,6 +39,7 @@ from fleetgate.engines import UnknownEngineError, get_adapter
 from fleetgate.engines.base import KvEventsEndpoint
 from fleetgate.router.k8s_targets import KubernetesDiscoveryConfig
 from fleetgate.router.priority.config import PriorityConfig
+from fleetgate.router.scheduling.scrape_pace import ScrapePace
 from fleetgate.router.served import EngineVersionError, check_version
 
 
@@ -305,8 +306,45 @@ class KvEventsSection(_Strict):
 
 
 class Scrape(_Strict):
+    """``scrape:`` how often each endpoint's ``/metrics`` is read (docs/router.md
+    "Scrape intervals"; the rule is ``fleetgate.router.scheduling.scrape_pace``)."""
+
     interval_s: float = Field(0.2, gt=0)
+    """Without a live KV-event feed, and near saturation with one; also the tick at
+    which every endpoint's interval is re-decided."""
     timeout_s: float = Field(1.0, gt=0)
+    interval_with_events_s: float | None = Field(0.5, gt=0)
+    """Live KV-event feed, engine busy but not near saturation. ``null``: ``interval_s``
+    whatever the feed (the behaviour before KV events)."""
+    idle_interval_with_events_s: float | None = Field(1.5, gt=0)
+    """Live KV-event feed, engine idle at the last scrape and no event, dispatch or
+    in-flight request since. ``null``: as ``interval_with_events_s``."""
+    near_kv_usage: float = Field(0.7, gt=0, le=1)
+    """KV use at which an endpoint counts as near saturation (scraped at ``interval_s``)."""
+    near_load: float = Field(0.75, gt=0, le=1)
+    """Running + waiting + dispatched since the scrape, as a fraction of capacity, at
+    which an endpoint counts as near saturation."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Scrape:
+        busy = self.interval_with_events_s
+        if busy is not None and busy < self.interval_s:
+            raise ValueError("interval_with_events_s must be >= interval_s")
+        idle = self.idle_interval_with_events_s
+        if idle is not None and idle < (busy if busy is not None else self.interval_s):
+            raise ValueError("idle_interval_with_events_s must be >= interval_with_events_s")
+        return self
+
+    def pace(self) -> ScrapePace:
+        """The pure interval rule this section configures."""
+        busy = self.interval_with_events_s
+        return ScrapePace(
+            base_s=self.interval_s,
+            busy_s=busy,
+            idle_s=self.idle_interval_with_events_s if busy is not None else None,
+            near_kv=self.near_kv_usage,
+            near_load=self.near_load,
+        )
 
 
 class Health(_Strict):
@@ -588,6 +626,20 @@ class RouterConfig(_Strict):
             raise ValueError(
                 "resume_streams: false needs no priority section (preemption resumes "
                 "streams through the splicer)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _scrape_within_saturation_age(self) -> RouterConfig:
+        """A quiet endpoint's scrape must still count as fresh for the saturation check
+        when work arrives (age up to the idle interval plus one tick)."""
+        idle = self.scrape.pace().idle_s
+        limit = self.classes.saturation.max_scrape_age_s
+        if idle is not None and idle + self.scrape.interval_s > limit:
+            raise ValueError(
+                f"scrape.idle_interval_with_events_s ({idle}) + scrape.interval_s "
+                f"({self.scrape.interval_s}) exceeds priority.saturation.max_scrape_age_s "
+                f"({limit}): an idle endpoint would read as unknown when work arrives"
             )
         return self
 

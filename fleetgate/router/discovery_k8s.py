@@ -394,7 +394,7 @@ class FleetMembership:
                 if e.healthy and (not was or stale or not e.models):
                     await p.load_models(e)
                     models_at = now
-            elif e.healthy:
+            elif e.healthy and p.scrape_due(e):
                 await p.scrape(e)
 
 

@@ -40,6 +40,7 @@ from fleetgate.engines.base import EngineError
 from fleetgate.router.config import RouterConfig
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.rawhttp import RawUpstream
+from fleetgate.router.scheduling.scrape_pace import due
 from fleetgate.router.state import Endpoint, Fleet
 from fleetgate.router.upstream import UpstreamError, UpstreamTimeout
 
@@ -110,6 +111,8 @@ class Poller:
         self.clock = clock
         self._tasks: list[asyncio.Task[None]] = []
         self._models_at: dict[str, float] = {}
+        self._attempted_at: dict[str, float] = {}
+        """When each endpoint's last scrape started (the interval counts from it)."""
         self.on_change: Callable[[], None] | None = None
         """Called after a scrape lands, health flips or models change (priority drain)."""
 
@@ -140,10 +143,18 @@ class Poller:
             await self.scrape(e)
 
     async def _scrape_loop(self, e: Endpoint) -> None:
-        interval = self.config.scrape.interval_s
+        """Tick every ``scrape.interval_s``; scrape when the endpoint's interval
+        (``scheduling.scrape_pace``: longer with a live KV-event feed) has passed."""
+        tick = self.config.scrape.interval_s
         while True:
-            await asyncio.sleep(interval)
-            await self.scrape(e)
+            await asyncio.sleep(tick)
+            if self.scrape_due(e):
+                await self.scrape(e)
+
+    def scrape_due(self, e: Endpoint) -> bool:
+        """Has ``e``'s present scrape interval passed since its last scrape started?"""
+        since = self.clock() - self._attempted_at.get(e.id, float("-inf"))
+        return due(e.pace_inputs(), self.fleet.scrape_pace, since)
 
     async def _health_loop(self, e: Endpoint) -> None:
         cfg = self.config.health
@@ -200,7 +211,7 @@ class Poller:
     async def scrape(self, e: Endpoint) -> None:
         source = e.metrics_source
         lv = (e.id, e.engine)
-        started = self.clock()
+        started = self._attempted_at[e.id] = self.clock()
         url = metrics_url(e.url, source.port) + source.path
         try:
             status, body = await self.getter.get(url, self.config.scrape.timeout_s)

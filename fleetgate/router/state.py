@@ -37,6 +37,7 @@ from fleetgate.router.scheduling.kvsync import KvFeedStatus
 from fleetgate.router.scheduling.load import LoadParams, RouterCounts, estimate_load
 from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached
 from fleetgate.router.scheduling.prefix import PrefixIndex
+from fleetgate.router.scheduling.scrape_pace import PaceInputs, ScrapePace, fresh_extension
 from fleetgate.router.scheduling.speed import DecodeSpeed
 from fleetgate.router.scheduling.types import CacheSource, EndpointId, EndpointView, RequestView
 from fleetgate.router.served import ModelRename, served_models
@@ -164,6 +165,23 @@ class Endpoint:
         self.scrape_failing = False
         self.counts = RouterCounts(in_flight=self.counts.in_flight)
 
+    def pace_inputs(self) -> PaceInputs:
+        """What the scrape-interval rule (``scheduling.scrape_pace``) reads of this endpoint."""
+        snap, c = self.snapshot, self.counts
+        last_event = self.kv_feed.last_event_at
+        return PaceInputs(
+            feed_live=self.kv_live,
+            scraped_ok=snap is not None and not self.scrape_failing,
+            events_since_scrape=last_event is not None
+            and (snap is None or last_event >= snap.scraped_at),
+            in_flight=c.in_flight,
+            dispatched_since_scrape=c.dispatched_since_scrape,
+            running=snap.running if snap else None,
+            waiting=snap.waiting if snap else None,
+            kv_usage=snap.kv_usage if snap else None,
+            capacity=(snap.max_running if snap else None) or self.capacity_hint,
+        )
+
     def scrape_failed(self) -> None:
         self.scrape_failing = True
         self.scrape_errors += 1
@@ -236,6 +254,7 @@ class Fleet:
         load_params: LoadParams,
         kv_index: KvIndex | None = None,
         standby: Iterable[Standby] = (),
+        scrape_pace: ScrapePace | None = None,
     ) -> None:
         self.endpoints: dict[EndpointId, Endpoint] = {}
         for e in endpoints:
@@ -246,6 +265,8 @@ class Fleet:
         self.load_params = load_params
         self.kv_index = kv_index if kv_index is not None else KvIndex()
         """The exact prefix view, fed by the engines' KV events (``fleetgate.router.kvfeed``)."""
+        self.scrape_pace = scrape_pace if scrape_pace is not None else ScrapePace(busy_s=None)
+        """When each endpoint is scraped; the default scrapes every 0.2 s whatever the feed."""
         self.standby: dict[str, Standby] = {s.model: s for s in standby}
         """Models that scale from zero, by served name (known with 0 endpoints)."""
 
@@ -313,7 +334,7 @@ class Fleet:
                 e.snapshot,
                 e.counts,
                 now,
-                self.load_params,
+                self.load_params_for(e),
                 capacity_hint=e.capacity_hint,
                 block_size_hint=e.adapter.default_block_size,
                 scrape_failing=e.scrape_failing,
@@ -336,6 +357,17 @@ class Fleet:
                 )
             )
         return out
+
+    def load_params_for(self, e: Endpoint) -> LoadParams:
+        """:attr:`load_params`, with freshness extended while ``e`` is scraped at the idle
+        interval (``scrape_pace.fresh_extension``: a live feed confirms the idle scrape)."""
+        p = self.load_params
+        extra = fresh_extension(e.pace_inputs(), self.scrape_pace, p.fresh_for)
+        if extra <= 0:
+            return p
+        return dataclasses.replace(
+            p, fresh_for=p.fresh_for + extra, stale_after=p.stale_after + extra
+        )
 
     def saturation_view(self, e: Endpoint, now: float) -> SaturationView:
         """What the saturation check reads of ``e``: its last scrape plus the router's counts.

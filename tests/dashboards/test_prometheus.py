@@ -33,6 +33,8 @@ from fleetgate_tools.dashboards.spec import DASHBOARDS, ROUTING
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+ROUTING_SOURCES = "Decisions by cache view (exact KV events vs approximate)"
+ROUTING_FEEDS = "KV-event feed state per endpoint"
 VARIABLES = {"$model": ".*", "$class": ".*", "$namespace": ".*", "$__rate_interval": "20s"}
 
 
@@ -112,22 +114,29 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
             },
         }
         k8s_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(isvc))
-        # emulated engines: 2 vLLM + 1 TensorRT-LLM, small so the load queues
+        # emulated engines: 2 vLLM + 1 TensorRT-LLM, small so the load queues, with KV
+        # events (the exact-view panels); the router subscribes with the emulator's tokenizer
         sim_port = _free_port()
         sim = procs.start(
             "sim",
             [*fg, "sim", "--vllm", "2", "--trtllm", "1", "--port", str(sim_port),
-             "--profile", "test", "--max-num-seqs", "4", "--model", "tiny", "--seed", "3"],
+             "--profile", "test", "--max-num-seqs", "4", "--model", "tiny", "--seed", "3",
+             "--kv-events"],
         )  # fmt: skip
         engines: list[tuple[str, str]] = []
+        feeds: list[str] = []
         deadline = time.monotonic() + 60
         while len(engines) < 3 and time.monotonic() < deadline:
             text = (tmp_path / "sim.log").read_text()
-            engines = [
-                (kv["engine"], kv["url"])
+            started = [
+                dict(f.split("=", 1) for f in line.split())
                 for line in text.splitlines()
                 if line.startswith("engine=")
-                for kv in [dict(f.split("=", 1) for f in line.split())]
+            ]
+            engines = [(kv["engine"], kv["url"]) for kv in started]
+            feeds = [
+                "".join(f",{k}={kv[k]}" for k in ("kv_events", "kv_replay") if k in kv)
+                for kv in started
             ]
             if sim.poll() is not None:
                 break
@@ -136,8 +145,21 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
         (tmp_path / "router.yaml").write_text("priority: {}\n")  # the chart's default classes
         procs.start(
             "router",
-            [*fg, "router", "--port", str(router_port), "--config", str(tmp_path / "router.yaml")]
-            + [a for kind, url in engines for a in ("--backend", f"{kind}={url}")],
+            [
+                *fg,
+                "router",
+                "--port",
+                str(router_port),
+                "--config",
+                str(tmp_path / "router.yaml"),
+                "--tokenizer",
+                "tiny=emulator",
+            ]
+            + [
+                a
+                for (kind, url), feed in zip(engines, feeds, strict=True)
+                for a in ("--backend", f"{kind}={url}{feed}")
+            ],
         )
         prom_port = _free_port()
         jobs = [
@@ -222,6 +244,12 @@ async def test_every_panel_query_returns_series(stack: dict[str, Any]) -> None:
                             series_from_matrix(q.legend, result)
                         )
         assert not missing, "queries with no series:\n" + "\n".join(missing)
+        # The engines' KV events reached the router: some decisions came from the exact
+        # view and some endpoint's feed was live (not just the approximate fallback).
+        by_source = {legend for legend, points in data[ROUTING_SOURCES] if points}
+        assert "events" in by_source, by_source
+        states = {legend for legend, points in data[ROUTING_FEEDS] if points}
+        assert any(legend.endswith(" live") for legend in states), states
 
     png = render_png(ROUTING, data, stack["tmp"] / "routing.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -148,6 +148,62 @@ ROUTING = DashboardSpec(
             description="A silent 0% hit rate shows as 'reported' flat at zero.",
         ),
         PanelSpec(
+            "Decisions by cache view (exact KV events vs approximate)",
+            "ops",
+            (
+                Query(
+                    f"sum by (source) (rate(fleetgate_decisions_total{{{MODEL}}}"
+                    "[$__rate_interval]))",
+                    "{{source}}",
+                ),
+            ),
+            description="events: the endpoint's KV-event feed was live and the exact index "
+            "spoke for it; approximate: the router's own routing history did (no feed, or "
+            "a feed not live).",
+        ),
+        PanelSpec(
+            "Closed loop: |predicted - reported cached tokens| / prompt tokens, per view",
+            "percentunit",
+            tuple(
+                _q(q, "fleetgate_cache_prediction_error_ratio", "source", "") for q in (0.5, 0.9)
+            ),
+            description="Per response, from the engine's usage.prompt_tokens_details."
+            "cached_tokens. The issue's goal: median <= 5% with events.",
+        ),
+        PanelSpec(
+            "Cached prompt tokens per view: predicted vs reported",
+            "short",
+            (
+                Query(
+                    "sum by (source) (rate(fleetgate_predicted_cached_tokens_total"
+                    "[$__rate_interval]))",
+                    "predicted {{source}}",
+                ),
+                Query(
+                    "sum by (source) (rate(fleetgate_actual_cached_tokens_total"
+                    "[$__rate_interval]))",
+                    "reported {{source}}",
+                ),
+            ),
+        ),
+        PanelSpec(
+            "KV-event feed state per endpoint",
+            "short",
+            (
+                Query(
+                    "max by (endpoint, state) (fleetgate_kv_feed_state) == 1",
+                    "{{endpoint}} {{state}}",
+                ),
+            ),  # fmt: skip
+            description="One line per endpoint, labelled with its present state: live (exact "
+            "view in use), syncing, partial (older blocks unknown), broken, off (no feed).",
+        ),
+        PanelSpec(
+            "Exact index blocks per endpoint (from KV events)",
+            "short",
+            (Query("fleetgate_kv_index_blocks", "{{engine}} {{endpoint}}"),),
+        ),
+        PanelSpec(
             "Engine prefix-cache hit rate (engines' own counters)",
             "percentunit",
             (
@@ -190,6 +246,19 @@ ROUTING = DashboardSpec(
             "Scrape age per endpoint",
             "s",
             (Query("clamp_max(fleetgate_scrape_age_seconds, 3600)", "{{endpoint}}"),),
+        ),
+        PanelSpec(
+            "Scrapes per second per endpoint (this router's /metrics reads)",
+            "ops",
+            (
+                Query(
+                    "sum by (endpoint) (rate(fleetgate_scrape_duration_seconds_count"
+                    "[$__rate_interval]))",
+                    "{{endpoint}}",
+                ),
+            ),
+            description="5/s without a live KV-event feed or near saturation, fewer with one "
+            "(docs/router.md, Scrape intervals); every replica adds its own.",
         ),
         PanelSpec(
             "Endpoint health and ejections",
