@@ -249,10 +249,10 @@ def test_router_timeouts_follow_the_time_scale() -> None:
     """Engine-side timeouts are modelled time: at scale 25 a stream may be silent for
     15 x 25 wall seconds (vLLM) before the router fails it over."""
     c = cmod.CONTENDERS["fleetgate"]
-    cfg = cmod.router_config(c, BACKENDS, 3, time_scale=25.0)
+    cfg = cmod.fleetgate_config(c, BACKENDS, 3, time_scale=25.0)
     t = cfg["timeouts"]
     assert t["stream_idle_s"] == {"vllm": 375.0, "trtllm": 250.0}
     assert (t["first_byte_s"], t["idle_s"], t["total_s"]) == (7500.0, 3000.0, 45000.0)
     assert "connect_s" not in t
-    assert "timeouts" not in cmod.router_config(c, BACKENDS, 3)
+    assert "timeouts" not in cmod.fleetgate_config(c, BACKENDS, 3)
     parse_config(cfg)  # the router takes it
