@@ -234,7 +234,7 @@ class Scheduling(_Strict):
     """Spill when an affinity target's work exceeds ``(1 + load_bound) x`` the pool mean.
     Unset (default): 1.0 when ``router_replicas`` is 1, else 0.25
     (:meth:`effective_load_bound`)."""
-    load_bound_tokens: int | None = Field(2048, ge=1)
+    load_bound_tokens: int | None = Field(1640, ge=1)
     """Hit-weighted load bound: an affinity target's bound is ``load_bound x min(1,
     saved / load_bound_tokens)``, ``saved`` being the prompt tokens its cache holds
     beyond the endpoint holding the least (what a spill would prefill again). A hot

@@ -197,13 +197,13 @@ def test_the_router_builds_its_affinity_scorer_from_the_scheduling_section() -> 
         return found[0]
 
     default = scorer({})
-    assert (default.load_bound, default.bound_tokens, default.cold_choices) == (1.0, 2048, None)
+    assert (default.load_bound, default.bound_tokens, default.cold_choices) == (1.0, 1640, None)
     replicas = scorer({"router_replicas": 2, "load_bound_tokens": None})
     assert (replicas.load_bound, replicas.bound_tokens, replicas.cold_choices) == (0.25, None, 1)
 
 
 def test_load_bound_tokens_default_null_and_bad_values() -> None:
-    assert parse_config({"pools": []}).scheduling.load_bound_tokens == 2048
+    assert parse_config({"pools": []}).scheduling.load_bound_tokens == 1640
     flat = {"pools": [], "scheduling": {"load_bound_tokens": None}}
     assert parse_config(flat).scheduling.load_bound_tokens is None
     with pytest.raises(ValueError, match="load_bound_tokens"):
