@@ -462,7 +462,7 @@ class Autoscaler:
                 namespace=ns, name=name, direction="up" if kind == "ScaledUp" else "down"
             ).inc()
         elif reason.startswith(LIMITED) and not str(old.get("reason") or "").startswith(LIMITED):
-            message = f"{current} replicas; {reason.split(': ', 1)[1]}"
+            message = f"stays at {current}; {reason.split(': ', 1)[1]}"
             events.append(status.Transition("Normal", LIMITED, message))
         new_status: dict[str, Any] = {
             "desiredReplicas": target,
