@@ -14,6 +14,7 @@ import pytest
 from conftest import FakeKube
 from routerdemand import RouterDemand
 
+from fleetgate.api.v1alpha1 import InferenceService
 from fleetgate.operator import manifests
 from fleetgate.operator.autoscaler import ANNOTATION_DRAIN, Autoscaler
 from fleetgate.operator.metrics import OperatorMetrics
@@ -465,3 +466,70 @@ def test_latency_takes_gpus_from_throughput_after_its_drain(kube: FakeKube) -> N
         scaler.run_once()
     assert _obj(kube, "vllm")["spec"]["replicas"] == 4
     assert _obj(kube, "trt")["spec"]["replicas"] == 2
+
+
+def test_the_worked_example_of_docs_deploy_md(kube: FakeKube) -> None:
+    """The mixed-pool example of docs/deploy.md, read from the page, gives the numbers
+    the page states."""
+    import pathlib
+
+    import yaml
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "deploy.md").read_text()
+    block = text.split("<!-- worked-example: mixed-pool", 1)[1].split("```yaml\n", 1)[1]
+    docs = list(yaml.safe_load_all(block.split("```", 1)[0]))
+    assert [d["metadata"]["name"] for d in docs] == ["llama-8b-trt", "llama-8b-vllm"]
+    for doc in docs:
+        doc["metadata"]["generation"] = 1
+        doc["spec"]["replicas"] = 1
+        InferenceService.model_validate(doc)
+        kube.put(doc)
+        kube.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{doc['metadata']['name']}-0",
+                    "namespace": "llm",
+                    "labels": manifests.selector_labels(doc["metadata"]["name"]),
+                },
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }
+        )
+    scaler, router, _ = _pool_scaler(kube, "--pool-gpu-budget=chat=10")
+    scaler._namespaces = ("llm",)
+    router.set_in_flight({"llm/llama-8b-trt-0": 48, "llm/llama-8b-vllm-0": 160})
+    router.set_queue("llama-3.1-8b", 20, "critical")
+    router.set_queue("llama-3.1-8b", 12, "standard")
+    router.set_queue("llama-3.1-8b", 80, "batch")
+    scaler.run_once()
+    trt = kube.objects[("InferenceService", "llm", "llama-8b-trt")]
+    vllm = kube.objects[("InferenceService", "llm", "llama-8b-vllm")]
+    assert (trt["spec"]["replicas"], vllm["spec"]["replicas"]) == (4, 2)
+    assert trt["status"]["autoscaling"]["reason"] == (
+        "ScaleUpLimited: pool chat gpu budget 10 reached (5 wanted, 4 granted); "
+        "in-flight 80/replica > target 16"
+    )
+    assert vllm["status"]["autoscaling"]["reason"] == (
+        "ScaleUpLimited: pool chat gpu budget 10 reached (5 wanted, 2 granted); "
+        "in-flight 240/replica > target 48"
+    )
+
+
+def test_the_worked_example_without_the_split_counts_the_whole_queue_twice(
+    kube: FakeKube,
+) -> None:
+    """The page's "before" numbers: one role each in two pools, no budget."""
+    _put(kube, "trt", role="latency", replicas=1, gpus=2, maxReplicas=6,
+         targetInFlightPerReplica=16)  # fmt: skip
+    _put(kube, "vllm", role="latency", replicas=1, targetInFlightPerReplica=48)
+    scaler, router, _ = _pool_scaler(kube)
+    router.set_in_flight({"ns/trt-0": 48, "ns/vllm-0": 160})
+    router.set_queue("llama", 20, "critical")
+    router.set_queue("llama", 12, "standard")
+    router.set_queue("llama", 80, "batch")
+    scaler.run_once()
+    assert (_obj(kube, "trt")["spec"]["replicas"], _obj(kube, "vllm")["spec"]["replicas"]) == (
+        6,
+        6,
+    )
