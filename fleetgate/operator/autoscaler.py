@@ -3,7 +3,11 @@
 Every ``autoscale_interval`` seconds :class:`Autoscaler` scrapes each router's
 ``/metrics`` once (router pods found by ``router_selector``, or fixed URLs), then,
 for each InferenceService with ``spec.autoscaling``, under the same per-service
-lock as the reconciler:
+lock as the reconciler, *plans* (steps 1-2) for every service first and *acts*
+(steps 3-5) after the pools' GPU budgets (``--pool-gpu-budget``) are shared over the
+plans (:func:`fleetgate.operator.pools.share_budget`); a model served by both roles
+in a pool takes only its role's classes' demand (:func:`fleetgate.operator.pools.
+demand_roles`, ``--class-role``):
 
 1. reads the service's pods (their endpoint ids are ``namespace/pod``, as the
    router names them) and combines the routers' demand for its model and pods
