@@ -295,8 +295,14 @@ class Autoscaler:
                 for p in plans
                 if p.spec.routing.pool == pool
             ]
-            if members:
-                grants.update(pools.share_budget(pool, budget, members))
+            shares = pools.share_budget(pool, budget, members)
+            grants.update(shares)
+            gauge = self._metrics.pool_gpus
+            gauge.labels(pool=pool, state="budget").set(budget)
+            gauge.labels(pool=pool, state="wanted").set(sum(m.wanted * m.gpus for m in members))
+            gauge.labels(pool=pool, state="granted").set(
+                sum(shares[m.key].target * m.gpus for m in members)
+            )
         return grants
 
     # -- one service ------------------------------------------------------------------

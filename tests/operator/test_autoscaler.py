@@ -514,6 +514,9 @@ def test_the_worked_example_of_docs_deploy_md(kube: FakeKube) -> None:
         "ScaleUpLimited: pool chat gpu budget 10 reached (5 wanted, 2 granted); "
         "in-flight 240/replica > target 48"
     )
+    gpus = scaler._metrics.registry.get_sample_value
+    assert [gpus("fleetgate_operator_pool_gpus", {"pool": "chat", "state": s}) for s in
+            ("budget", "wanted", "granted")] == [10, 15, 10]  # fmt: skip
 
 
 def test_the_worked_example_without_the_split_counts_the_whole_queue_twice(

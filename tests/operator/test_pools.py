@@ -3,6 +3,8 @@ with plain numbers (fleetgate/operator/pools.py and ``demand_for(classes=...)``)
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from routerdemand import RouterDemand
 
@@ -103,12 +105,6 @@ def test_only_a_model_with_both_roles_in_its_pool_is_split() -> None:
     }
 
 
-def _snaps(
-    router: RouterDemand,
-) -> dict[str, object]:
-    return {"r": parse_router_metrics(router.text())}
-
-
 def test_demand_splits_by_class_queue_arrivals_and_held() -> None:
     r = RouterDemand()
     before = {"r": parse_router_metrics(r.text())}
@@ -170,16 +166,7 @@ def test_the_split_falls_back_to_dispatches_per_class() -> None:
     r.classes.dispatches.labels(MODEL, "batch").inc(2)
     now = {"r": parse_router_metrics(r.text())}
     # a router without fleetgate_arrivals_total for the model: drop it from the parse
-    snap = now["r"]
-    stripped = {
-        "r": type(snap)(
-            **{
-                **{f: getattr(snap, f) for f in snap.__slots__},  # type: ignore[attr-defined]
-                "arrivals": {},
-                "arrivals_by_class": {},
-            }
-        )
-    }
+    stripped = {"r": dataclasses.replace(now["r"], arrivals={}, arrivals_by_class={})}
     lat = demand_for(
         stripped, before, 2.0, model=MODEL, endpoints=[], classes=ClassRoles().accepts(LATENCY)
     )
