@@ -254,3 +254,24 @@ def test_a_smaller_replica_uses_gpus_a_larger_one_cannot() -> None:
 def test_cpu_services_cost_nothing() -> None:
     g = share_budget("chat", 0, [m("cpu", "t", 0, 5, current=1, min_replicas=0)])
     assert replicas(g) == {"cpu": (5, 5)} and g[("ns", "cpu")].note is None
+
+
+def test_the_split_sums_over_routers_and_shares_held_by_all_their_arrivals() -> None:
+    a, b = RouterDemand(), RouterDemand()
+    before = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    a.set_queue(MODEL, 3, "critical")
+    b.set_queue(MODEL, 2, "critical")
+    b.set_queue(MODEL, 7, "batch")
+    a.arrive(MODEL, 10, "standard")  # router a saw only latency classes ...
+    b.arrive(MODEL, 30, "batch")  # ... router b only batch: 1:3 overall
+    a.set_held(MODEL, 2)
+    b.set_held(MODEL, 6)
+    now = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    roles = ClassRoles()
+    lat = demand_for(now, before, 10.0, model=MODEL, endpoints=[], classes=roles.accepts(LATENCY))
+    thr = demand_for(
+        now, before, 10.0, model=MODEL, endpoints=[], classes=roles.accepts(THROUGHPUT)
+    )
+    assert (lat.queued, thr.queued) == (5, 7)
+    assert (lat.arrival_rate, thr.arrival_rate) == (pytest.approx(1.0), pytest.approx(3.0))
+    assert (lat.held, thr.held) == (pytest.approx(2.0), pytest.approx(6.0))  # 8 x 1/4, 8 x 3/4
