@@ -809,6 +809,12 @@ class AutoscalingStatus(_Model):
 
     desired_replicas: int | None = None
     """Replicas the last decision asked for."""
+    wanted_replicas: int | None = None
+    """Replicas the demand alone asked for, before the pool's GPU budget (set only while
+    the budget limits this service; ``desiredReplicas`` is what it granted)."""
+    demand_classes: str | None = None
+    """Whose demand this service takes: ``all classes``, or the priority classes of its
+    ``routing.role`` when its model is served by both roles in its pool."""
     reason: str | None = None
     """Why (e.g. ``ScaledUp: in-flight 14.2/replica > target 4``)."""
     last_scale_time: str | None = None

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -101,9 +101,20 @@ class RouterSnapshot:
     dispatches: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """model -> cumulative dispatches to engines (all classes): the arrival rate of a
     router that does not export arrivals (resumes count too, so it over-counts a bit)."""
+    queued_by_class: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    """(model, class) -> requests in the admission queue."""
+    arrivals_by_class: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    """(model, class) -> cumulative arrivals."""
+    dispatches_by_class: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    """(model, class) -> cumulative dispatches."""
 
 
 def _add(d: dict[str, float], key: str, value: float) -> None:
+    d[key] = d.get(key, 0.0) + value
+
+
+def _add_c(d: dict[tuple[str, str], float], labels: Mapping[str, str], value: float) -> None:
+    key = (labels["model"], labels.get("class", ""))
     d[key] = d.get(key, 0.0) + value
 
 
@@ -116,6 +127,9 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
     arrivals: dict[str, float] = {}
     ttft: dict[tuple[str, str, str], float] = {}
     dispatches: dict[str, float] = {}
+    queued_c: dict[tuple[str, str], float] = {}
+    arrivals_c: dict[tuple[str, str], float] = {}
+    dispatches_c: dict[tuple[str, str], float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels, value = s.labels, float(s.value)
@@ -127,16 +141,21 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
                 kv[labels["endpoint"]] = max(kv.get(labels["endpoint"], 0.0), value)
             elif s.name == QUEUE_DEPTH and "model" in labels:
                 _add(queued, labels["model"], value)
+                _add_c(queued_c, labels, value)
             elif s.name == HELD and "model" in labels:
                 _add(held, labels["model"], value)
             elif s.name == f"{ARRIVALS}_total" and "model" in labels:
                 _add(arrivals, labels["model"], value)
+                _add_c(arrivals_c, labels, value)
             elif s.name == f"{DISPATCHES}_total" and "model" in labels:
                 _add(dispatches, labels["model"], value)
+                _add_c(dispatches_c, labels, value)
             elif s.name == f"{TTFT_OBJECTIVE}_total" and "model" in labels:
                 key = (labels["model"], labels.get("class", ""), labels.get("met", ""))
                 ttft[key] = ttft.get(key, 0.0) + value
-    return RouterSnapshot(in_flight, kv, queued, held, arrivals, ttft, dispatches)
+    return RouterSnapshot(
+        in_flight, kv, queued, held, arrivals, ttft, dispatches, queued_c, arrivals_c, dispatches_c
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -188,17 +207,26 @@ def demand_for(
     model: str,
     endpoints: Iterable[str],
     ttft_class: str | None = None,
+    classes: Callable[[str], bool] | None = None,
 ) -> Demand:
     """Combine router snapshots (keyed by router) into the service's demand.
 
     ``previous`` are the snapshots of the last tick, ``elapsed`` seconds ago; the
     counters' increases are taken per router (a router restart resets only its own),
     a router new since then contributes nothing to the rate this tick.
+
+    ``classes`` (None: all) keeps only the queue and arrivals of the priority classes
+    it accepts: the share of a model's demand that one role of a pool serves
+    (:mod:`fleetgate.operator.pools`). The routers count held requests per model,
+    not per class, so a role gets the held requests in proportion to its classes'
+    share of this tick's arrivals, and all of them when nothing arrived this tick
+    (a held request must wake some replica; waking one too many is the lesser harm).
+    In-flight and KV usage are per endpoint (the service's own pods) either way.
     """
     eps = set(endpoints)
     in_flight_by: dict[str, float] = {e: 0.0 for e in eps}
     kv_by: dict[str, float] = {}
-    queued = held = arrived = met = total = 0.0
+    queued = held = arrived = arrived_all = met = total = 0.0
     rate_known = previous is not None and elapsed > 0
     for router, snap in now.items():
         for ep, value in snap.in_flight.items():
@@ -207,16 +235,32 @@ def demand_for(
         for ep, value in snap.kv_usage.items():
             if ep in eps:
                 kv_by[ep] = max(kv_by.get(ep, 0.0), value)
-        queued += snap.queued.get(model, 0.0)
+        if classes is None:
+            queued += snap.queued.get(model, 0.0)
+        else:
+            queued += sum(
+                v for (m, c), v in snap.queued_by_class.items() if m == model and classes(c)
+            )
         held += snap.held.get(model, 0.0)
         before = (previous or {}).get(router)
         if before is None:
             continue
         # a series new on a router we saw before started at 0 since then
-        if model in snap.arrivals:
-            arrived += _delta(snap.arrivals[model], before.arrivals.get(model, 0.0))
-        elif model in snap.dispatches:
-            arrived += _delta(snap.dispatches[model], before.dispatches.get(model, 0.0))
+        if classes is None:
+            if model in snap.arrivals:
+                arrived += _delta(snap.arrivals[model], before.arrivals.get(model, 0.0))
+            elif model in snap.dispatches:
+                arrived += _delta(snap.dispatches[model], before.dispatches.get(model, 0.0))
+        else:
+            if model in snap.arrivals:
+                series, earlier = snap.arrivals_by_class, before.arrivals_by_class
+            else:
+                series, earlier = snap.dispatches_by_class, before.dispatches_by_class
+            for (m, c), value in series.items():
+                if m == model:
+                    d = _delta(value, earlier.get((m, c), 0.0))
+                    arrived_all += d
+                    arrived += d if classes(c) else 0.0
         if ttft_class is not None:
             for m in ("true", "false"):
                 key = (model, ttft_class, m)
@@ -224,6 +268,8 @@ def demand_for(
                     d = _delta(snap.ttft[key], before.ttft.get(key, 0.0))
                     total += d
                     met += d if m == "true" else 0.0
+    if classes is not None and arrived_all > 0:
+        held *= arrived / arrived_all
     return Demand(
         in_flight=sum(in_flight_by.values()),
         queued=queued,

@@ -3,7 +3,11 @@
 Every ``autoscale_interval`` seconds :class:`Autoscaler` scrapes each router's
 ``/metrics`` once (router pods found by ``router_selector``, or fixed URLs), then,
 for each InferenceService with ``spec.autoscaling``, under the same per-service
-lock as the reconciler:
+lock as the reconciler, *plans* (steps 1-2) for every service first and *acts*
+(steps 3-5) after the pools' GPU budgets (``--pool-gpu-budget``) are shared over the
+plans (:func:`fleetgate.operator.pools.share_budget`); a model served by both roles
+in a pool takes only its role's classes' demand (:func:`fleetgate.operator.pools.
+demand_roles`, ``--class-role``):
 
 1. reads the service's pods (their endpoint ids are ``namespace/pod``, as the
    router names them) and combines the routers' demand for its model and pods
@@ -28,6 +32,7 @@ No router answering is not "no demand": the decision is skipped (condition
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import ipaddress
 import logging
@@ -42,7 +47,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleetgate.api.v1alpha1 import KIND, InferenceServiceSpec
-from fleetgate.operator import autoscale, manifests, status
+from fleetgate.operator import autoscale, manifests, pools, status
 from fleetgate.operator.kube import KubeApi, KubeError
 from fleetgate.operator.metrics import OperatorMetrics
 from fleetgate.operator.options import OperatorOptions
@@ -57,6 +62,8 @@ ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 #: The victim's deletion cost: below every pod without the annotation (cost 0).
 VICTIM_COST = "-1000"
 _CONDITION = "Autoscaling"
+#: The reason of a decision the pool's GPU budget cut short.
+LIMITED = "ScaleUpLimited"
 _DEMAND_KEYS = ("inFlight", "queued", "held", "arrivalRate", "kvCacheUtilization", "ttftAttainment")
 
 
@@ -106,6 +113,26 @@ def measured_cold_start(pods: Sequence[Mapping[str, Any]]) -> float | None:
                 if created is not None and ready_at is not None and ready_at >= created:
                     starts.append(ready_at - created)
     return max(starts) if starts else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Plan:
+    """One service's reading and decision, before the pool's budget and any action."""
+
+    ns: str
+    name: str
+    body: Mapping[str, Any]
+    spec: InferenceServiceSpec
+    policy: autoscale.Policy
+    old: Mapping[str, Any]
+    pods: Sequence[Mapping[str, Any]]
+    endpoint: Mapping[str, str]
+    cold: float
+    measured: float | None
+    demand: autoscale.Demand
+    decision: autoscale.Decision
+    current: int
+    demand_classes: str
 
 
 class Autoscaler:
@@ -200,33 +227,97 @@ class Autoscaler:
         snaps = self.scrape()
         previous, elapsed = self._previous, now - self._previous_at
         self._previous, self._previous_at = snaps, now
+        live = [b for b in scaled if not b["metadata"].get("deletionTimestamp")]
+        roles = self._demand_roles(live)
+        plans: list[_Plan] = []
         done = 0
-        for body in scaled:
+        for body in live:
             meta = body["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
             key = (str(meta["namespace"]), str(meta["name"]))
             with self._reconciler.lock(*key):
                 try:
                     fresh = self._api.get(API_VERSION, KIND, *key)
                     if fresh is not None:
-                        self.step(fresh, snaps, previous, elapsed, now)
+                        plan = self.plan(fresh, snaps, previous, elapsed, now, roles.get(key))
+                        if plan is not None:
+                            plans.append(plan)
                         done += 1
                 except KubeError as e:
                     log.warning("autoscaling %s/%s: %s", *key, e)
-            self._reconciler.reconcile_by_name(*key)
+        grants = self._budget_grants(plans)
+        for plan in plans:
+            with self._reconciler.lock(plan.ns, plan.name):
+                try:
+                    self.act(plan, grants.get((plan.ns, plan.name)), now)
+                except KubeError as e:
+                    log.warning("autoscaling %s/%s: %s", plan.ns, plan.name, e)
+        for body in live:
+            self._reconciler.reconcile_by_name(
+                str(body["metadata"]["namespace"]), str(body["metadata"]["name"])
+            )
         return done
 
+    # -- the pool ---------------------------------------------------------------------
+    def _demand_roles(
+        self, bodies: Sequence[Mapping[str, Any]]
+    ) -> dict[pools.Key, pools.Role | None]:
+        """Which role's classes each service's demand is made of (None: all)."""
+        members: list[tuple[pools.Key, str, str, pools.Role]] = []
+        for body in bodies:
+            meta = body["metadata"]
+            try:
+                spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
+            except ValidationError:
+                continue
+            members.append(
+                (
+                    (str(meta["namespace"]), str(meta["name"])),
+                    spec.routing.pool,
+                    spec.model.name or str(meta["name"]),
+                    spec.routing.role,
+                )
+            )
+        return pools.demand_roles(members)
+
+    def _budget_grants(self, plans: Sequence[_Plan]) -> dict[pools.Key, pools.Grant]:
+        """The GPU budget of each pool that has one, shared over its services' plans."""
+        grants: dict[pools.Key, pools.Grant] = {}
+        for pool, budget in self._options.pool_gpu_budgets.items():
+            members = [
+                pools.Member(
+                    key=(p.ns, p.name),
+                    role=p.spec.routing.role,
+                    gpus=p.spec.gpu.count,
+                    min_replicas=p.policy.min_replicas,
+                    current=p.current,
+                    wanted=p.decision.desired,
+                )
+                for p in plans
+                if p.spec.routing.pool == pool
+            ]
+            shares = pools.share_budget(pool, budget, members)
+            grants.update(shares)
+            gauge = self._metrics.pool_gpus
+            gauge.labels(pool=pool, state="budget").set(budget)
+            gauge.labels(pool=pool, state="wanted").set(sum(m.wanted * m.gpus for m in members))
+            gauge.labels(pool=pool, state="granted").set(
+                sum(shares[m.key].target * m.gpus for m in members)
+            )
+        return grants
+
     # -- one service ------------------------------------------------------------------
-    def step(
+    def plan(
         self,
         body: Mapping[str, Any],
         snaps: Mapping[str, autoscale.RouterSnapshot],
         previous: Mapping[str, autoscale.RouterSnapshot] | None,
         elapsed: float,
         now: float,
-    ) -> str | None:
-        """Decide and act for one service; returns the reason, None if not autoscaled."""
+        role: pools.Role | None = None,
+    ) -> _Plan | None:
+        """Read and decide for one service (no action yet); None if it is not
+        autoscaled, its spec is invalid or no router answered. ``role``: take only the
+        demand of that role's priority classes (None: all classes)."""
         meta = body["metadata"]
         ns, name = str(meta["namespace"]), str(meta["name"])
         try:
@@ -269,6 +360,7 @@ class Autoscaler:
                 now, ns, name, body, "False", "NoMetrics", "no router /metrics answered"
             )
             return None
+        classes = self._options.class_roles
         demand = autoscale.demand_for(
             snaps,
             previous,
@@ -276,6 +368,7 @@ class Autoscaler:
             model=spec.model.name or name,
             endpoints=endpoint.values(),
             ttft_class=policy.ttft_class,
+            classes=classes.accepts(role) if role is not None else None,
         )
         state = autoscale.State(
             recommendations=tuple(
@@ -289,7 +382,40 @@ class Autoscaler:
         )
         decision = autoscale.decide(policy, demand, current, len(ready_pods), now, state)
         self._rates[(ns, name)] = decision.state.rates
+        return _Plan(
+            ns=ns,
+            name=name,
+            body=body,
+            spec=spec,
+            policy=policy,
+            old=old,
+            pods=pods,
+            endpoint=endpoint,
+            cold=cold,
+            measured=measured,
+            demand=demand,
+            decision=decision,
+            current=current,
+            demand_classes=classes.describe(role) if role is not None else "all classes",
+        )
+
+    def act(self, plan: _Plan, grant: pools.Grant | None, now: float) -> str:
+        """Scale or drain one service as planned, within its pool's GPU budget
+        (``grant``, None: no budget); returns the reason."""
+        ns, name, body, old, pods = plan.ns, plan.name, plan.body, plan.old, plan.pods
+        endpoint, demand, decision, current = (
+            plan.endpoint,
+            plan.demand,
+            plan.decision,
+            plan.current,
+        )
+        auto = plan.spec.autoscaling
+        assert auto is not None
         reason, target = decision.reason, decision.desired
+        if grant is not None:
+            target = grant.replicas
+            if grant.note is not None:
+                reason = f"{LIMITED}: {grant.note}; {reason.split(': ', 1)[-1]}"
         draining = old.get("draining")
         drain_pod = (draining or {}).get("pod")
         if drain_pod is not None and drain_pod not in endpoint:
@@ -336,15 +462,22 @@ class Autoscaler:
                 API_VERSION, KIND, ns, name, {"spec": {"replicas": new_replicas}}, "scale"
             )
             kind = "ScaledUp" if new_replicas > current else "ScaledDown"
-            if not reason.startswith(kind):
+            if not reason.startswith(kind) and not (
+                kind == "ScaledUp" and reason.startswith(LIMITED)
+            ):
                 reason = f"{kind}: {reason.split(': ', 1)[-1]}"
             message = f"{current} -> {new_replicas} replicas; {reason.split(': ', 1)[1]}"
             events.append(status.Transition("Normal", kind, message))
             self._metrics.autoscale_decisions.labels(
                 namespace=ns, name=name, direction="up" if kind == "ScaledUp" else "down"
             ).inc()
+        elif reason.startswith(LIMITED) and not str(old.get("reason") or "").startswith(LIMITED):
+            message = f"stays at {current}; {reason.split(': ', 1)[1]}"
+            events.append(status.Transition("Normal", LIMITED, message))
         new_status: dict[str, Any] = {
             "desiredReplicas": target,
+            "wantedReplicas": decision.desired if target != decision.desired else None,
+            "demandClasses": plan.demand_classes,
             "reason": reason,
             "lastScaleTime": (_stamp(now) if new_replicas != current else old.get("lastScaleTime")),
             "recommendations": [
@@ -354,8 +487,8 @@ class Autoscaler:
                 _stamp(decision.state.idle_since) if decision.state.idle_since is not None else None
             ),
             "draining": draining,
-            "coldStartSeconds": cold,
-            "measuredColdStartSeconds": measured,
+            "coldStartSeconds": plan.cold,
+            "measuredColdStartSeconds": plan.measured,
             "demand": {**dict.fromkeys(_DEMAND_KEYS), **demand.as_status()},
         }
         self._condition(now, ns, name, body, "True", reason.split(":", 1)[0], reason, new_status)

@@ -18,6 +18,7 @@ from fleetgate.operator.options import (
     OptionsError,
     parse_tolerations,
 )
+from fleetgate.operator.pools import PoolOptionError, parse_class_roles, parse_pool_budgets
 
 
 def build_parser(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +75,24 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="a fixed router /metrics URL instead of finding router pods (repeatable)",
     )
+    parser.add_argument(
+        "--class-role",
+        action="append",
+        default=[],
+        metavar="CLASS=ROLE",
+        help="which role's services take a priority class's demand when one model has "
+        "both roles in a pool (repeatable; over the defaults critical=latency, "
+        "standard=latency, batch=throughput, sheddable=throughput; '*=ROLE' for "
+        "unlisted classes, default latency)",
+    )
+    parser.add_argument(
+        "--pool-gpu-budget",
+        action="append",
+        default=[],
+        metavar="POOL=N",
+        help="most GPUs (replicas x gpu.count) the autoscaled services of a routing pool "
+        "may hold together (repeatable; default: no budget)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -93,6 +112,11 @@ def options_from(args: argparse.Namespace, environ: dict[str, str]) -> OperatorO
             tolerations += parse_tolerations(text)
     except OptionsError as e:
         raise CliError(str(e)) from e
+    try:
+        class_roles = parse_class_roles(args.class_role)
+        budgets = parse_pool_budgets(args.pool_gpu_budget)
+    except PoolOptionError as e:
+        raise CliError(str(e)) from e
     return OperatorOptions(
         extra_tolerations=tolerations,
         reconcile_interval=args.interval,
@@ -102,6 +126,8 @@ def options_from(args: argparse.Namespace, environ: dict[str, str]) -> OperatorO
         router_namespace=args.router_namespace,
         router_metrics_port=args.router_metrics_port,
         router_metrics_urls=tuple(args.router_metrics_url),
+        class_roles=class_roles,
+        pool_gpu_budgets=budgets,
     )
 
 

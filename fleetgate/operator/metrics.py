@@ -15,6 +15,9 @@ process-global default registry: tests build fresh ones).
   (signal: inFlight, queued, held, arrivalRate, kvCacheUtilization, ttftAttainment).
 * ``fleetgate_operator_autoscale_decisions_total{namespace,name,direction}``: scales.
 * ``fleetgate_operator_autoscale_scrape_errors_total``: router /metrics not read.
+* ``fleetgate_operator_pool_gpus{pool,state}``: a pool's GPU budget (``budget``), the
+  GPUs its autoscaled services' demand asks for (``wanted``) and what the budget
+  grants them (``granted``); only for pools with ``--pool-gpu-budget``.
 """
 
 from __future__ import annotations
@@ -79,6 +82,13 @@ class OperatorMetrics:
         self.autoscale_scrape_errors = Counter(
             "fleetgate_operator_autoscale_scrape_errors",
             "Router /metrics scrapes that failed (unreachable or unparsable).",
+            registry=self.registry,
+        )
+
+        self.pool_gpus = Gauge(
+            "fleetgate_operator_pool_gpus",
+            "GPUs of a routing pool with a budget: budget, wanted by the demand, granted.",
+            ["pool", "state"],
             registry=self.registry,
         )
 

@@ -17,6 +17,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from fleetgate.operator.pools import ClassRoles
+
 __all__ = [
     "ENV_EXTRA_TOLERATIONS",
     "FIELD_MANAGER",
@@ -58,6 +60,12 @@ class OperatorOptions:
     router_metrics_urls: tuple[str, ...] = ()
     """Fixed router /metrics URLs instead of finding router pods (tests, or routers
     outside the cluster)."""
+    class_roles: ClassRoles = dataclasses.field(default_factory=ClassRoles)
+    """Which role's services take each priority class's demand when a model is served
+    by both roles in a pool (``--class-role``)."""
+    pool_gpu_budgets: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """routing.pool -> most GPUs its autoscaled services may hold (``--pool-gpu-budget``;
+    a pool not listed has no budget)."""
 
 
 def _one_toleration(text: str) -> dict[str, Any]:

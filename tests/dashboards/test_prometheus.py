@@ -98,7 +98,9 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
              "--extra-toleration", "kwok.x-k8s.io/node=fake:NoSchedule",
              # the autoscaling panels: the operator reads the router's demand
              "--autoscale-interval", "1",
-             "--router-metrics-url", f"http://127.0.0.1:{router_port}/metrics"],
+             "--router-metrics-url", f"http://127.0.0.1:{router_port}/metrics",
+             # the pool GPU budget panel
+             "--pool-gpu-budget", "default=4"],
         )  # fmt: skip
         isvc = {
             "apiVersion": "fleetgate.dev/v1alpha1",

@@ -199,3 +199,84 @@ def test_autoscaling_up_drain_down_to_zero_and_back(
         status = (get(k8s_cluster, ns, "inferenceservice", name) or {})["status"]
         assert status["autoscaling"]["demand"]["held"] == 1
         assert status["autoscaling"]["coldStartSeconds"] == 5
+
+
+def test_mixed_pool_split_by_role_under_a_gpu_budget(
+    k8s_cluster: DevCluster, k8s_namespace: str, crd: str, router: FakeRouter, tmp_path: Path
+) -> None:
+    """A TensorRT-LLM latency service and a vLLM throughput service of one model in one
+    pool, 3 GPUs for both: critical demand grows the first, batch the second, the
+    budget holds the sum, and GPUs the latency role gives back go to throughput after
+    a drain (real Deployment/ReplicaSet controllers)."""
+    from fleetgate.operator.pools import parse_pool_budgets
+
+    ns = k8s_namespace
+    auto = {
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "targetInFlightPerReplica": 2,
+        "scaleDownStabilizationSeconds": 1,
+        "coldStartSeconds": 5,
+        "drainTimeoutSeconds": 120,
+    }
+    lat = isvc(
+        "lat",
+        ns,
+        model={"uri": "hf://org/tiny", "name": "tiny"},
+        engine={"type": "tensorrt-llm", "image": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0"},
+        replicas=1,
+        routing={"pool": "mixed", "role": "latency"},
+        autoscaling=auto,
+    )
+    thr = isvc(
+        "thr",
+        ns,
+        model={"uri": "hf://org/tiny", "name": "tiny"},
+        replicas=1,
+        routing={"pool": "mixed", "role": "throughput"},
+        autoscaling=auto,
+    )
+
+    def both() -> tuple[int, int]:
+        return len(pods(k8s_cluster, ns, "lat")), len(pods(k8s_cluster, ns, "thr"))
+
+    with (
+        restricted_kubeconfig(k8s_cluster, ns, tmp_path) as kubeconfig,
+        operator(
+            k8s_cluster,
+            ns,
+            kubeconfig=kubeconfig,
+            autoscale_interval=0.5,
+            router_metrics_urls=(router.url,),
+            pool_gpu_budgets=parse_pool_budgets(["mixed=3"]),
+        ),
+    ):
+        k8s_cluster.apply(lat)
+        k8s_cluster.apply(thr)
+        wait_for("1 pod each", lambda: both() == (1, 1))
+        # critical wants 3 latency replicas, batch 2 throughput ones: 5 GPUs > 3
+        with router.lock:
+            router.demand.set_queue("tiny", 6, "critical")
+            router.demand.set_queue("tiny", 4, "batch")
+        wait_for("2 latency pods, 1 throughput pod", lambda: both() == (2, 1), 60)
+        time.sleep(2)  # four more decisions: the budget holds
+        assert both() == (2, 1)
+        obj = get(k8s_cluster, ns, "inferenceservice", "lat") or {}
+        assert obj["status"]["autoscaling"]["reason"].startswith(
+            "ScaleUpLimited: pool mixed gpu budget 3 reached (3 wanted, 2 granted)"
+        ), obj["status"]["autoscaling"]
+        assert obj["status"]["autoscaling"]["demandClasses"] == (
+            "critical, standard, any other class"
+        )
+        assert condition(obj, "Autoscaling")["reason"] == "ScaleUpLimited"
+        obj = get(k8s_cluster, ns, "inferenceservice", "thr") or {}
+        assert "(2 wanted, 1 granted)" in obj["status"]["autoscaling"]["reason"]
+
+        # critical demand gone: a latency replica drains, its GPU goes to throughput
+        with router.lock:
+            router.demand.set_queue("tiny", 0, "critical")
+        wait_for("1 latency pod, 2 throughput pods", lambda: both() == (1, 2), 60)
+        assert replicas(k8s_cluster, ns, "lat") + replicas(k8s_cluster, ns, "thr") == 3
+        assert any(
+            "(pod lat-" in m and "drained)" in m for m in events(k8s_cluster, ns, "ScaledDown")
+        )

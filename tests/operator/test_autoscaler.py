@@ -14,6 +14,7 @@ import pytest
 from conftest import FakeKube
 from routerdemand import RouterDemand
 
+from fleetgate.api.v1alpha1 import InferenceService
 from fleetgate.operator import manifests
 from fleetgate.operator.autoscaler import ANNOTATION_DRAIN, Autoscaler
 from fleetgate.operator.metrics import OperatorMetrics
@@ -232,3 +233,306 @@ def test_no_autoscaled_service_means_no_scraping(kube: FakeKube) -> None:
     scaler._fetch = lambda url: seen.append(url) or ""
     assert scaler.run_once() == 0
     assert seen == []
+
+
+# -- mixed engines in one pool: the split by role and the GPU budget ---------------------
+
+
+def _put(
+    kube: FakeKube,
+    name: str,
+    *,
+    role: str,
+    replicas: int,
+    gpus: int = 1,
+    engine: str = "vllm",
+    **autoscaling: Any,
+) -> None:
+    auto: dict[str, Any] = {
+        "maxReplicas": 8,
+        "targetInFlightPerReplica": 2,
+        "scaleDownStabilizationSeconds": 0,
+    }
+    auto.update(autoscaling)
+    kube.put(
+        {
+            "apiVersion": "fleetgate.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": "ns", "generation": 1},
+            "spec": {
+                "model": {"uri": "hf://org/llama", "name": "llama"},
+                "engine": {"type": engine, "image": "img:1.0.0"},
+                "gpu": {"count": gpus},
+                "parallelism": {"tensor": gpus or 1},
+                "replicas": replicas,
+                "routing": {"pool": "chat", "role": role},
+                "autoscaling": auto,
+            },
+        }
+    )
+    _pods(kube, name, range(replicas))
+
+
+def _pods(kube: FakeKube, name: str, indexes: range) -> None:
+    for i in indexes:
+        kube.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{name}-{i}",
+                    "namespace": "ns",
+                    "labels": manifests.selector_labels(name),
+                    "creationTimestamp": "2026-11-29T12:00:00Z",
+                },
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "lastTransitionTime": "2026-11-29T12:00:42Z",
+                        }
+                    ]
+                },
+            }
+        )
+
+
+def _pool_scaler(kube: FakeKube, *flags: str) -> tuple[Autoscaler, RouterDemand, Clock]:
+    from fleetgate.operator.pools import parse_class_roles, parse_pool_budgets
+
+    budgets = [f.split("=", 1)[1] for f in flags if f.startswith("--pool-gpu-budget=")]
+    roles = [f.split("=", 1)[1] for f in flags if f.startswith("--class-role=")]
+    router, clock = RouterDemand(), Clock()
+    options = OperatorOptions(
+        router_metrics_urls=(URL,),
+        pool_gpu_budgets=parse_pool_budgets(budgets),
+        class_roles=parse_class_roles(roles),
+    )
+    metrics = OperatorMetrics()
+    scaler = Autoscaler(
+        kube,
+        Reconciler(kube, options, metrics),
+        options,
+        metrics,
+        ("ns",),
+        stop=threading.Event(),
+        fetch=lambda url: router.text(),
+        clock=clock,
+    )
+    return scaler, router, clock
+
+
+def _obj(kube: FakeKube, name: str) -> dict[str, Any]:
+    return kube.objects[("InferenceService", "ns", name)]
+
+
+def test_latency_classes_grow_the_latency_role_and_batch_the_throughput_role(
+    kube: FakeKube,
+) -> None:
+    _put(kube, "trt", role="latency", replicas=1, engine="tensorrt-llm")
+    _put(kube, "vllm", role="throughput", replicas=1)
+    scaler, router, _ = _pool_scaler(kube)
+    router.set_queue("llama", 6, "critical")
+    router.set_queue("llama", 2, "standard")
+    router.set_queue("llama", 4, "batch")
+    scaler.run_once()
+    # latency: 8 queued / 2 -> 4; throughput: 4 / 2 -> 2 (not 12 / 2 = 6 each)
+    assert _obj(kube, "trt")["spec"]["replicas"] == 4
+    assert _obj(kube, "vllm")["spec"]["replicas"] == 2
+    assert _obj(kube, "trt")["status"]["autoscaling"]["demand"]["queued"] == 8
+    assert _obj(kube, "trt")["status"]["autoscaling"]["demandClasses"] == (
+        "critical, standard, any other class"
+    )
+    assert _obj(kube, "vllm")["status"]["autoscaling"]["demandClasses"] == "batch, sheddable"
+
+
+def test_one_role_in_the_pool_takes_all_the_demand(kube: FakeKube) -> None:
+    _put(kube, "vllm", role="throughput", replicas=1)
+    _put(kube, "vllm-b", role="throughput", replicas=1)
+    scaler, router, _ = _pool_scaler(kube)
+    router.set_queue("llama", 6, "critical")
+    router.set_queue("llama", 2, "batch")
+    scaler.run_once()
+    for name in ("vllm", "vllm-b"):  # today's behaviour: each sees the model's demand
+        assert _obj(kube, name)["spec"]["replicas"] == 4
+        assert _obj(kube, name)["status"]["autoscaling"]["demandClasses"] == "all classes"
+
+
+def test_the_class_mapping_is_configurable(kube: FakeKube) -> None:
+    _put(kube, "trt", role="latency", replicas=1, engine="tensorrt-llm")
+    _put(kube, "vllm", role="throughput", replicas=1)
+    scaler, router, _ = _pool_scaler(kube, "--class-role=standard=throughput")
+    router.set_queue("llama", 2, "critical")
+    router.set_queue("llama", 6, "standard")
+    scaler.run_once()
+    assert _obj(kube, "trt")["spec"]["replicas"] == 1
+    assert _obj(kube, "vllm")["spec"]["replicas"] == 3
+
+
+def test_the_pool_gpu_budget_limits_the_scale_up_and_says_so(kube: FakeKube) -> None:
+    _put(kube, "trt", role="latency", replicas=1, gpus=2, engine="tensorrt-llm")
+    _put(kube, "vllm", role="throughput", replicas=1)
+    scaler, router, clock = _pool_scaler(kube, "--pool-gpu-budget=chat=8")
+    router.set_queue("llama", 10, "critical")  # latency wants 5 x 2 GPUs
+    router.set_queue("llama", 6, "batch")  # throughput wants 3 x 1
+    scaler.run_once()
+    # floors 2 + 1; latency first: +2 (7 used), a third needs 2 more: throughput +1
+    assert _obj(kube, "trt")["spec"]["replicas"] == 3
+    assert _obj(kube, "vllm")["spec"]["replicas"] == 2
+    trt = _obj(kube, "trt")["status"]["autoscaling"]
+    assert trt["reason"] == (
+        "ScaleUpLimited: pool chat gpu budget 8 reached (5 wanted, 3 granted); "
+        "in-flight 10/replica > target 2"
+    )
+    assert (trt["desiredReplicas"], trt["wantedReplicas"]) == (3, 5)
+    cond = [c for c in _obj(kube, "trt")["status"]["conditions"] if c["type"] == "Autoscaling"]
+    assert cond[0]["reason"] == "ScaleUpLimited"
+    ups = sorted(
+        (e["involvedObject"]["name"], e["message"])
+        for e in kube.of_kind("Event")
+        if e["reason"] == "ScaledUp"
+    )
+    assert ups == [
+        (
+            "trt",
+            "1 -> 3 replicas; pool chat gpu budget 8 reached (5 wanted, 3 granted); "
+            "in-flight 10/replica > target 2",
+        ),
+        (
+            "vllm",
+            "1 -> 2 replicas; pool chat gpu budget 8 reached (3 wanted, 2 granted); "
+            "in-flight 6/replica > target 2",
+        ),
+    ]
+    # latency demand falls: its GPUs go to throughput, once a latency replica drained
+    _pods(kube, "trt", range(1, 3))
+    _pods(kube, "vllm", range(1, 2))
+    router.set_queue("llama", 2, "critical")
+    clock.now += 1
+    scaler.run_once()
+    assert _obj(kube, "trt")["status"]["autoscaling"]["draining"] is not None
+    vllm = _obj(kube, "vllm")["status"]["autoscaling"]
+    assert _obj(kube, "vllm")["spec"]["replicas"] == 2
+    assert vllm["reason"].startswith(
+        "ScaleUpLimited: pool chat gpu budget 8 reached "
+        "(1 more once GPUs drain elsewhere in the pool)"
+    )
+    limited = [
+        e["involvedObject"]["name"]
+        for e in kube.of_kind("Event")
+        if e["reason"] == "ScaleUpLimited"
+    ]
+    assert limited == []  # the ScaledUp event of the first tick already told of the budget
+    clock.now += 1
+    scaler.run_once()  # the drained latency replica goes
+    assert _obj(kube, "trt")["spec"]["replicas"] == 2
+    clock.now += 1
+    scaler.run_once()  # 2 GPUs free: throughput takes one of them
+    assert _obj(kube, "vllm")["spec"]["replicas"] == 3
+    assert _obj(kube, "vllm")["status"]["autoscaling"]["wantedReplicas"] is None
+
+
+def test_latency_takes_gpus_from_throughput_after_its_drain(kube: FakeKube) -> None:
+    _put(kube, "trt", role="latency", replicas=1, gpus=2, engine="tensorrt-llm")
+    _put(kube, "vllm", role="throughput", replicas=6)
+    scaler, router, clock = _pool_scaler(kube, "--pool-gpu-budget=chat=8")
+    router.set_queue("llama", 12, "batch")  # throughput wants all 6 it has
+    router.set_queue("llama", 4, "critical")  # latency wants 2 x 2 GPUs: 2 more than free
+    scaler.run_once()
+    assert _obj(kube, "trt")["spec"]["replicas"] == 1  # no GPU free yet
+    assert (
+        "1 more once GPUs drain elsewhere" in _obj(kube, "trt")["status"]["autoscaling"]["reason"]
+    )
+    limited = [e for e in kube.of_kind("Event") if e["reason"] == "ScaleUpLimited"]
+    assert [(e["involvedObject"]["name"], e["message"]) for e in limited] == [
+        (
+            "trt",
+            "stays at 1; pool chat gpu budget 8 reached (1 more once GPUs drain elsewhere "
+            "in the pool); in-flight 4/replica > target 2",
+        )
+    ]
+    vllm = _obj(kube, "vllm")["status"]["autoscaling"]
+    assert vllm["draining"] is not None  # throughput gives back 2 GPUs, drained first
+    assert "(6 wanted, 4 granted)" in vllm["reason"]
+    for _ in range(2):  # each drained replica goes, one per tick (the ReplicaSet's part by hand)
+        pod = _obj(kube, "vllm")["status"]["autoscaling"]["draining"]["pod"]
+        clock.now += 1
+        scaler.run_once()
+        assert kube.objects.pop(("Pod", "ns", pod))
+        used = 2 * _obj(kube, "trt")["spec"]["replicas"] + _obj(kube, "vllm")["spec"]["replicas"]
+        assert used <= 8
+        clock.now += 1
+        scaler.run_once()
+    assert _obj(kube, "vllm")["spec"]["replicas"] == 4
+    assert _obj(kube, "trt")["spec"]["replicas"] == 2
+
+
+def test_the_worked_example_of_docs_deploy_md(kube: FakeKube) -> None:
+    """The mixed-pool example of docs/deploy.md, read from the page, gives the numbers
+    the page states."""
+    import pathlib
+
+    import yaml
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "deploy.md").read_text()
+    block = text.split("<!-- worked-example: mixed-pool", 1)[1].split("```yaml\n", 1)[1]
+    docs = list(yaml.safe_load_all(block.split("```", 1)[0]))
+    assert [d["metadata"]["name"] for d in docs] == ["llama-8b-trt", "llama-8b-vllm"]
+    for doc in docs:
+        doc["metadata"]["generation"] = 1
+        doc["spec"]["replicas"] = 1
+        InferenceService.model_validate(doc)
+        kube.put(doc)
+        kube.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{doc['metadata']['name']}-0",
+                    "namespace": "llm",
+                    "labels": manifests.selector_labels(doc["metadata"]["name"]),
+                },
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }
+        )
+    scaler, router, _ = _pool_scaler(kube, "--pool-gpu-budget=chat=10")
+    scaler._namespaces = ("llm",)
+    router.set_in_flight({"llm/llama-8b-trt-0": 48, "llm/llama-8b-vllm-0": 160})
+    router.set_queue("llama-3.1-8b", 20, "critical")
+    router.set_queue("llama-3.1-8b", 12, "standard")
+    router.set_queue("llama-3.1-8b", 80, "batch")
+    scaler.run_once()
+    trt = kube.objects[("InferenceService", "llm", "llama-8b-trt")]
+    vllm = kube.objects[("InferenceService", "llm", "llama-8b-vllm")]
+    assert (trt["spec"]["replicas"], vllm["spec"]["replicas"]) == (4, 2)
+    assert trt["status"]["autoscaling"]["reason"] == (
+        "ScaleUpLimited: pool chat gpu budget 10 reached (5 wanted, 4 granted); "
+        "in-flight 80/replica > target 16"
+    )
+    assert vllm["status"]["autoscaling"]["reason"] == (
+        "ScaleUpLimited: pool chat gpu budget 10 reached (5 wanted, 2 granted); "
+        "in-flight 240/replica > target 48"
+    )
+    gpus = scaler._metrics.registry.get_sample_value
+    assert [gpus("fleetgate_operator_pool_gpus", {"pool": "chat", "state": s}) for s in
+            ("budget", "wanted", "granted")] == [10, 15, 10]  # fmt: skip
+
+
+def test_the_worked_example_without_the_split_counts_the_whole_queue_twice(
+    kube: FakeKube,
+) -> None:
+    """The page's "before" numbers: one role each in two pools, no budget."""
+    _put(kube, "trt", role="latency", replicas=1, gpus=2, maxReplicas=6,
+         targetInFlightPerReplica=16)  # fmt: skip
+    _put(kube, "vllm", role="latency", replicas=1, targetInFlightPerReplica=48)
+    scaler, router, _ = _pool_scaler(kube)
+    router.set_in_flight({"ns/trt-0": 48, "ns/vllm-0": 160})
+    router.set_queue("llama", 20, "critical")
+    router.set_queue("llama", 12, "standard")
+    router.set_queue("llama", 80, "batch")
+    scaler.run_once()
+    assert (_obj(kube, "trt")["spec"]["replicas"], _obj(kube, "vllm")["spec"]["replicas"]) == (
+        6,
+        6,
+    )

@@ -155,12 +155,28 @@ def test_options_from_flags_and_env() -> None:
     assert options_from(_args(), {}).extra_tolerations == (), "production: no extra toleration"
 
 
+def test_pool_options_from_flags() -> None:
+    opts = options_from(
+        _args("--pool-gpu-budget", "chat=8", "--pool-gpu-budget", "bulk=16", "--class-role",
+              "standard=throughput"),
+        {},
+    )  # fmt: skip
+    assert opts.pool_gpu_budgets == {"chat": 8, "bulk": 16}
+    assert opts.class_roles.role_of("standard") == "throughput"
+    assert opts.class_roles.role_of("critical") == "latency"
+    default = options_from(_args(), {})
+    assert default.pool_gpu_budgets == {}, "no budget unless asked for"
+    assert default.class_roles.role_of("batch") == "throughput"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         pytest.param(["--interval", "0"], "--interval must be > 0", id="interval"),
         pytest.param(["--metrics-port", "70000"], "--metrics-port", id="port"),
         pytest.param(["--extra-toleration", "x:Bad"], "effect must be one of", id="toleration"),
+        pytest.param(["--pool-gpu-budget", "chat=-2"], "whole number", id="budget"),
+        pytest.param(["--class-role", "batch=bulk"], "CLASS=latency", id="class-role"),
     ],
 )
 def test_bad_options_are_cli_errors(argv: list[str], message: str) -> None:

@@ -420,6 +420,14 @@ OPERATOR = DashboardSpec(
             description="Requests in flight on the engines, queued and held in the "
             "routers, as the autoscaler read them from the routers' /metrics.",
         ),
+        PanelSpec(
+            "Autoscaling: pool GPU budget",
+            "short",
+            (Query("fleetgate_operator_pool_gpus", "{{state}} {{pool}}"),),
+            description="Pools with --pool-gpu-budget: the budget, the GPUs the demand of "
+            "their autoscaled services wants (replicas x gpu.count) and what the budget "
+            "grants (latency role first). wanted above granted: a ScaleUpLimited reason.",
+        ),
     ),
 )
 

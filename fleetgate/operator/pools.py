@@ -1,0 +1,246 @@
+"""Autoscaling across the services of one routing pool: pure, plain numbers.
+
+Two things need every autoscaled service of a pool at once (docs/operator.md
+"Mixed engines and the pool GPU budget"):
+
+* **The split of demand by role.** When autoscaled services serving the same model
+  in one pool have different ``routing.role`` values, the ``latency``-role ones
+  take the demand (queue, arrivals, held requests) of the latency classes and the
+  ``throughput``-role ones that of the batch classes (:class:`ClassRoles`,
+  :func:`demand_roles`). A model with one role in its pool takes all of it.
+* **The GPU budget of a pool.** ``replicas x gpu.count`` summed over the pool's
+  autoscaled services stays within the budget (:func:`share_budget`): the latency
+  role is served first up to what it wants, then the throughput role, one replica
+  at a time in turn within a role; nobody goes below ``minReplicas``.
+
+The operator may not import the router, so the router's default priority classes
+(``fleetgate/router/priority/config.py``: critical 8, standard 0, batch -5,
+sheddable -10) are named here; a test checks they still match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_CLASS_ROLES",
+    "LATENCY",
+    "ROLES",
+    "THROUGHPUT",
+    "ClassRoles",
+    "Grant",
+    "Member",
+    "PoolOptionError",
+    "demand_roles",
+    "parse_class_roles",
+    "parse_pool_budgets",
+    "share_budget",
+]
+
+Role = Literal["latency", "throughput"]
+LATENCY: Role = "latency"
+THROUGHPUT: Role = "throughput"
+ROLES: tuple[Role, ...] = (LATENCY, THROUGHPUT)
+
+#: The router's default classes (fleetgate/router/priority/config.py) and the role
+#: whose services serve them: interactive classes to the latency role, batch and
+#: sheddable work to the throughput role.
+DEFAULT_CLASS_ROLES: Mapping[str, Role] = {
+    "critical": LATENCY,
+    "standard": LATENCY,
+    "batch": THROUGHPUT,
+    "sheddable": THROUGHPUT,
+}
+#: A class named in no mapping goes to the latency role: the router's default class
+#: (``standard``) is interactive, and a custom class is more often a premium tier
+#: than a batch one; starving an interactive class is the costlier mistake.
+DEFAULT_UNMAPPED_ROLE: Role = LATENCY
+
+_CLASS = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")  # the router's class names
+_POOL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # spec.routing.pool
+
+
+class PoolOptionError(ValueError):
+    """A ``--class-role`` or ``--pool-gpu-budget`` value that cannot be used."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClassRoles:
+    """Which role's services serve each priority class's demand."""
+
+    roles: Mapping[str, Role] = dataclasses.field(default_factory=lambda: dict(DEFAULT_CLASS_ROLES))
+    unmapped: Role = DEFAULT_UNMAPPED_ROLE
+    """The role of a class not in ``roles``."""
+
+    def role_of(self, cls: str) -> Role:
+        return self.roles.get(cls, self.unmapped)
+
+    def accepts(self, role: Role) -> Callable[[str], bool]:
+        """The predicate "this class's demand goes to ``role``"."""
+        return lambda cls: self.role_of(cls) == role
+
+    def describe(self, role: Role) -> str:
+        """The classes of ``role`` for a person (``critical, standard + unlisted``)."""
+        named = sorted(c for c, r in self.roles.items() if r == role)
+        if self.unmapped == role:
+            named.append("any other class")
+        return ", ".join(named) or "no class"
+
+
+def parse_class_roles(items: Iterable[str]) -> ClassRoles:
+    """``CLASS=ROLE`` items (each may be comma-separated) over the defaults;
+    ``*=ROLE`` sets the role of unlisted classes. PoolOptionError on bad input."""
+    roles: dict[str, Role] = dict(DEFAULT_CLASS_ROLES)
+    unmapped = DEFAULT_UNMAPPED_ROLE
+    for item in items:
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            cls, eq, role = (x.strip() for x in part.partition("="))
+            if not eq or role not in ROLES:
+                raise PoolOptionError(
+                    f"--class-role {part!r}: want CLASS=latency or CLASS=throughput"
+                )
+            if cls == "*":
+                unmapped = LATENCY if role == LATENCY else THROUGHPUT
+            elif _CLASS.match(cls):
+                roles[cls] = LATENCY if role == LATENCY else THROUGHPUT
+            else:
+                raise PoolOptionError(
+                    f"--class-role {part!r}: {cls!r} is not a priority class name "
+                    "(lowercase letters, digits, '-', '_', '.'; or '*' for unlisted classes)"
+                )
+    return ClassRoles(roles, unmapped)
+
+
+def parse_pool_budgets(items: Iterable[str]) -> dict[str, int]:
+    """``POOL=N`` items (each may be comma-separated) -> pool -> GPUs.
+    PoolOptionError on bad input or a pool given twice."""
+    out: dict[str, int] = {}
+    for item in items:
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            pool, eq, count = (x.strip() for x in part.partition("="))
+            if not eq or not _POOL.match(pool) or len(pool) > 63:
+                raise PoolOptionError(
+                    f"--pool-gpu-budget {part!r}: want POOL=N with POOL a routing.pool name"
+                )
+            try:
+                n = int(count)
+            except ValueError:
+                n = -1
+            if n < 0:
+                raise PoolOptionError(
+                    f"--pool-gpu-budget {part!r}: N must be a whole number of GPUs >= 0"
+                )
+            if pool in out:
+                raise PoolOptionError(f"--pool-gpu-budget: pool {pool!r} given twice")
+            out[pool] = n
+    return out
+
+
+Key = tuple[str, str]
+"""(namespace, name) of an InferenceService."""
+
+
+def demand_roles(services: Iterable[tuple[Key, str, str, Role]]) -> dict[Key, Role | None]:
+    """``(key, pool, model, role)`` of every autoscaled service -> the role whose
+    classes' demand the service takes, or None for all of it (its model has one role
+    among the pool's autoscaled services)."""
+    listed = list(services)
+    roles: dict[tuple[str, str], set[Role]] = {}
+    for _, pool, model, role in listed:
+        roles.setdefault((pool, model), set()).add(role)
+    return {
+        key: role if len(roles[(pool, model)]) > 1 else None for key, pool, model, role in listed
+    }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Member:
+    """One autoscaled service of a pool, as the budget sees it."""
+
+    key: Key
+    role: Role
+    gpus: int
+    """GPUs per replica (``spec.gpu.count``; 0 costs nothing)."""
+    min_replicas: int
+    current: int
+    """``spec.replicas`` now."""
+    wanted: int
+    """What its own decision asks for (already within ``[min, max]``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Grant:
+    replicas: int
+    """Replicas to run now: ``target``, unless growing needs GPUs that other services
+    of the pool still hold (they drain first; the growth follows on a later tick)."""
+    target: int
+    """What the budget grants once those GPUs are free."""
+    note: str | None
+    """Why the budget limited this service; None when it did not."""
+
+
+def _round_robin(
+    group: Sequence[Member], start: Mapping[Key, int], upto: Callable[[Member], int], left: int
+) -> tuple[dict[Key, int], int]:
+    """One replica at a time to each member in turn while it wants more and fits."""
+    got = dict(start)
+    progress = True
+    while progress:
+        progress = False
+        for m in group:
+            if got[m.key] < upto(m) and m.gpus <= left:
+                got[m.key] += 1
+                left -= m.gpus
+                progress = True
+    return got, left
+
+
+def share_budget(pool: str, budget: int, members: Sequence[Member]) -> dict[Key, Grant]:
+    """Share ``budget`` GPUs over the autoscaled services of ``pool``.
+
+    Targets: every service keeps ``minReplicas`` (even past the budget); the GPUs
+    left go to the latency role first, one replica at a time to each service in turn
+    (ordered by namespace/name) until each has what it wants or no replica fits, then
+    to the throughput role the same way. A service without GPUs is never limited.
+
+    Now: a service whose target is below its replicas shrinks (the loop drains one
+    replica per tick); one whose target is above grows only into the GPUs free now
+    (``budget - sum(replicas x gpus)``), latency first, so the sum of
+    ``spec.replicas x gpus`` never exceeds the budget on account of a scale-up.
+    """
+    ordered = sorted(members, key=lambda m: (ROLES.index(m.role), m.key))
+    free_gpu = [m for m in ordered if m.gpus <= 0]
+    costly = [m for m in ordered if m.gpus > 0]
+    target: dict[Key, int] = {m.key: m.wanted for m in free_gpu}
+    floor = {m.key: m.min_replicas for m in costly}
+    left = budget - sum(m.min_replicas * m.gpus for m in costly)
+    for role in ROLES:
+        group = [m for m in costly if m.role == role]
+        got, left = _round_robin(group, floor, lambda m: m.wanted, max(left, 0))
+        target.update({m.key: got[m.key] for m in group})
+    free_now = budget - sum(m.current * m.gpus for m in costly)
+    out: dict[Key, Grant] = {}
+    for m in ordered:
+        t = target[m.key]
+        replicas = t
+        if m.gpus > 0 and t > m.current:
+            room = max(0, free_now) // m.gpus
+            replicas = max(m.min_replicas, min(t, m.current + room))
+            free_now -= max(0, replicas - m.current) * m.gpus
+        notes = []
+        if t < m.wanted:
+            notes.append(f"{m.wanted} wanted, {t} granted")
+        if replicas < t:
+            notes.append(f"{t - replicas} more once GPUs drain elsewhere in the pool")
+        note = f"pool {pool} gpu budget {budget} reached ({'; '.join(notes)})" if notes else None
+        out[m.key] = Grant(replicas=replicas, target=t, note=note)
+    return out

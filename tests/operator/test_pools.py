@@ -1,0 +1,277 @@
+"""Mixed engines in one pool: the split of demand by role and the pool GPU budget,
+with plain numbers (fleetgate/operator/pools.py and ``demand_for(classes=...)``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from routerdemand import RouterDemand
+
+from fleetgate.operator.autoscale import demand_for, parse_router_metrics
+from fleetgate.operator.pools import (
+    DEFAULT_CLASS_ROLES,
+    LATENCY,
+    THROUGHPUT,
+    ClassRoles,
+    Member,
+    PoolOptionError,
+    demand_roles,
+    parse_class_roles,
+    parse_pool_budgets,
+    share_budget,
+)
+from fleetgate.router.priority.config import PriorityConfig
+
+MODEL = "llama"
+
+# -- the class mapping ----------------------------------------------------------------
+
+
+def test_the_defaults_name_every_default_router_class() -> None:
+    """The operator names the router's classes itself; a class added or renamed on the
+    router side fails here. Interactive classes (level >= 0) go to the latency role,
+    batch and sheddable ones to the throughput role."""
+    classes = PriorityConfig().classes
+    assert {c.name for c in classes} == set(DEFAULT_CLASS_ROLES)
+    for c in classes:
+        want = THROUGHPUT if c.level < 0 or c.sheddable else LATENCY
+        assert DEFAULT_CLASS_ROLES[c.name] == want, c.name
+
+
+def test_class_roles_merge_over_the_defaults_and_star_sets_unlisted() -> None:
+    roles = parse_class_roles(["premium=latency,standard=throughput", "*=throughput"])
+    assert roles.role_of("premium") == LATENCY
+    assert roles.role_of("standard") == THROUGHPUT  # remapped
+    assert roles.role_of("critical") == LATENCY  # default kept
+    assert roles.role_of("nightly") == THROUGHPUT  # unlisted -> '*'
+    assert ClassRoles().role_of("nightly") == LATENCY  # the documented default
+    assert roles.describe(LATENCY) == "critical, premium"
+    assert ClassRoles().describe(LATENCY) == "critical, standard, any other class"
+
+
+@pytest.mark.parametrize(
+    ("item", "match"),
+    [
+        ("critical", "want CLASS=latency"),
+        ("critical=fast", "want CLASS=latency"),
+        ("Crit ical=latency", "not a priority class name"),
+    ],
+)
+def test_bad_class_roles_say_what_is_wrong(item: str, match: str) -> None:
+    with pytest.raises(PoolOptionError, match=match):
+        parse_class_roles([item])
+
+
+def test_pool_budgets_parse() -> None:
+    assert parse_pool_budgets(["chat=8", "batch=16,edge=0"]) == {"chat": 8, "batch": 16, "edge": 0}
+    assert parse_pool_budgets([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("item", "match"),
+    [
+        ("chat", "want POOL=N"),
+        ("Chat=8", "want POOL=N"),
+        ("chat=-1", ">= 0"),
+        ("chat=eight", ">= 0"),
+        ("chat=8,chat=4", "given twice"),
+    ],
+)
+def test_bad_pool_budgets_say_what_is_wrong(item: str, match: str) -> None:
+    with pytest.raises(PoolOptionError, match=match):
+        parse_pool_budgets([item])
+
+
+# -- who takes which demand -----------------------------------------------------------
+
+
+def test_only_a_model_with_both_roles_in_its_pool_is_split() -> None:
+    roles = demand_roles(
+        [
+            (("ns", "trt"), "chat", MODEL, LATENCY),
+            (("ns", "vllm"), "chat", MODEL, THROUGHPUT),
+            (("ns", "qwen"), "chat", "qwen", THROUGHPUT),  # alone with its model
+            (("ns", "edge"), "edge", MODEL, THROUGHPUT),  # same model, other pool
+            (("other", "trt2"), "edge", MODEL, THROUGHPUT),  # same role twice: not split
+        ]
+    )
+    assert roles == {
+        ("ns", "trt"): LATENCY,
+        ("ns", "vllm"): THROUGHPUT,
+        ("ns", "qwen"): None,
+        ("ns", "edge"): None,
+        ("other", "trt2"): None,
+    }
+
+
+def test_demand_splits_by_class_queue_arrivals_and_held() -> None:
+    r = RouterDemand()
+    before = {"r": parse_router_metrics(r.text())}
+    r.set_queue(MODEL, 5, "critical")
+    r.set_queue(MODEL, 1, "standard")
+    r.set_queue(MODEL, 4, "batch")
+    r.set_queue(MODEL, 2, "sheddable")
+    r.arrive(MODEL, 30, "critical")
+    r.arrive(MODEL, 10, "batch")
+    r.set_held(MODEL, 4)
+    r.set_in_flight({"ns/trt-0": 3, "ns/vllm-0": 7})
+    now = {"r": parse_router_metrics(r.text())}
+    roles = ClassRoles()
+    lat = demand_for(
+        now, before, 10.0, model=MODEL, endpoints=["ns/trt-0"], classes=roles.accepts(LATENCY)
+    )
+    thr = demand_for(
+        now, before, 10.0, model=MODEL, endpoints=["ns/vllm-0"], classes=roles.accepts(THROUGHPUT)
+    )
+    whole = demand_for(now, before, 10.0, model=MODEL, endpoints=["ns/trt-0"])
+    assert (lat.queued, thr.queued, whole.queued) == (6, 6, 12)
+    assert lat.arrival_rate == pytest.approx(3.0)
+    assert thr.arrival_rate == pytest.approx(1.0)
+    assert whole.arrival_rate == pytest.approx(4.0)
+    # held has no class label: shared as this tick's arrivals were (30:10)
+    assert (lat.held, thr.held, whole.held) == (pytest.approx(3.0), pytest.approx(1.0), 4)
+    # in flight is per endpoint: each service's own pods, split or not
+    assert (lat.in_flight, thr.in_flight) == (3, 7)
+
+
+def test_held_requests_wake_every_role_when_nothing_arrived_this_tick() -> None:
+    r = RouterDemand()
+    r.arrive(MODEL, 3, "batch")
+    r.set_held(MODEL, 3)
+    before = {"r": parse_router_metrics(r.text())}
+    now = {"r": parse_router_metrics(r.text())}
+    roles = ClassRoles()
+    for role in (LATENCY, THROUGHPUT):
+        d = demand_for(now, before, 5.0, model=MODEL, endpoints=[], classes=roles.accepts(role))
+        assert d.held == 3 and not d.idle
+
+
+def test_a_role_whose_classes_saw_nothing_gets_no_held_share() -> None:
+    r = RouterDemand()
+    before = {"r": parse_router_metrics(r.text())}
+    r.arrive(MODEL, 2, "batch")
+    r.set_held(MODEL, 2)
+    now = {"r": parse_router_metrics(r.text())}
+    lat = demand_for(
+        now, before, 5.0, model=MODEL, endpoints=[], classes=ClassRoles().accepts(LATENCY)
+    )
+    assert lat.held == 0 and lat.idle  # batch alone does not wake the latency engines
+
+
+def test_the_split_falls_back_to_dispatches_per_class() -> None:
+    r = RouterDemand()
+    before = {"r": parse_router_metrics(r.text())}
+    r.classes.dispatches.labels(MODEL, "critical").inc(8)
+    r.classes.dispatches.labels(MODEL, "batch").inc(2)
+    now = {"r": parse_router_metrics(r.text())}
+    # a router without fleetgate_arrivals_total for the model: drop it from the parse
+    stripped = {"r": dataclasses.replace(now["r"], arrivals={}, arrivals_by_class={})}
+    lat = demand_for(
+        stripped, before, 2.0, model=MODEL, endpoints=[], classes=ClassRoles().accepts(LATENCY)
+    )
+    assert lat.arrival_rate == pytest.approx(4.0)
+
+
+# -- the budget -----------------------------------------------------------------------
+
+
+def m(
+    name: str, role: str, gpus: int, wanted: int, current: int = 1, min_replicas: int = 1
+) -> Member:
+    return Member(
+        key=("ns", name),
+        role=LATENCY if role == "l" else THROUGHPUT,
+        gpus=gpus,
+        min_replicas=min_replicas,
+        current=current,
+        wanted=wanted,
+    )
+
+
+def replicas(grants: dict[tuple[str, str], object]) -> dict[str, tuple[int, int]]:
+    return {k[1]: (g.replicas, g.target) for k, g in grants.items()}  # type: ignore[attr-defined]
+
+
+def test_within_the_budget_nothing_is_limited() -> None:
+    g = share_budget("chat", 8, [m("trt", "l", 2, 2), m("vllm", "t", 1, 4)])
+    assert replicas(g) == {"trt": (2, 2), "vllm": (4, 4)}
+    assert all(x.note is None for x in g.values())
+
+
+def test_latency_first_then_throughput() -> None:
+    g = share_budget("chat", 8, [m("vllm", "t", 1, 5), m("trt", "l", 2, 3)])
+    assert replicas(g) == {"trt": (3, 3), "vllm": (2, 2)}  # 3 x 2 + 2 x 1 = 8
+    assert g[("ns", "trt")].note is None
+    assert g[("ns", "vllm")].note == "pool chat gpu budget 8 reached (5 wanted, 2 granted)"
+
+
+def test_growth_waits_for_gpus_another_service_still_holds() -> None:
+    # throughput holds 6 GPUs of 8; the latency role wants 3 x 2
+    g = share_budget("chat", 8, [m("trt", "l", 2, 3, current=1), m("vllm", "t", 1, 6, current=6)])
+    assert g[("ns", "trt")].target == 3
+    assert g[("ns", "trt")].replicas == 1  # 0 GPUs free now
+    assert g[("ns", "trt")].note == (
+        "pool chat gpu budget 8 reached (2 more once GPUs drain elsewhere in the pool)"
+    )
+    assert g[("ns", "vllm")].replicas == 2  # shrinks (drained one replica per tick)
+    # two ticks later throughput is down to 4: 2 GPUs free, one more latency replica
+    g = share_budget("chat", 8, [m("trt", "l", 2, 3, current=1), m("vllm", "t", 1, 6, current=4)])
+    assert replicas(g) == {"trt": (2, 3), "vllm": (2, 2)}
+    # the sum of spec.replicas x GPUs never passed the budget on the way: 2 + 6, 4 + 4
+
+
+def test_never_below_min_replicas_even_past_the_budget() -> None:
+    g = share_budget(
+        "chat",
+        3,
+        [
+            m("trt", "l", 2, 4, current=1, min_replicas=1),
+            m("vllm", "t", 2, 3, current=0, min_replicas=1),
+        ],
+    )
+    assert replicas(g) == {"trt": (1, 1), "vllm": (1, 1)}  # 4 GPUs > 3: the floors win
+    assert g[("ns", "trt")].note == "pool chat gpu budget 3 reached (4 wanted, 1 granted)"
+
+
+def test_services_of_one_role_take_turns() -> None:
+    g = share_budget(
+        "chat",
+        5,
+        [
+            m("b", "l", 1, 4, current=0, min_replicas=0),
+            m("a", "l", 1, 4, current=0, min_replicas=0),
+        ],
+    )
+    assert replicas(g) == {"a": (3, 3), "b": (2, 2)}  # a, b, a, b, a
+
+
+def test_a_smaller_replica_uses_gpus_a_larger_one_cannot() -> None:
+    g = share_budget("chat", 7, [m("big", "l", 4, 2, current=1), m("small", "t", 1, 4, current=1)])
+    assert replicas(g) == {"big": (1, 1), "small": (3, 3)}  # 4 + 3: a second big needs 8
+
+
+def test_cpu_services_cost_nothing() -> None:
+    g = share_budget("chat", 0, [m("cpu", "t", 0, 5, current=1, min_replicas=0)])
+    assert replicas(g) == {"cpu": (5, 5)} and g[("ns", "cpu")].note is None
+
+
+def test_the_split_sums_over_routers_and_shares_held_by_all_their_arrivals() -> None:
+    a, b = RouterDemand(), RouterDemand()
+    before = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    a.set_queue(MODEL, 3, "critical")
+    b.set_queue(MODEL, 2, "critical")
+    b.set_queue(MODEL, 7, "batch")
+    a.arrive(MODEL, 10, "standard")  # router a saw only latency classes ...
+    b.arrive(MODEL, 30, "batch")  # ... router b only batch: 1:3 overall
+    a.set_held(MODEL, 2)
+    b.set_held(MODEL, 6)
+    now = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    roles = ClassRoles()
+    lat = demand_for(now, before, 10.0, model=MODEL, endpoints=[], classes=roles.accepts(LATENCY))
+    thr = demand_for(
+        now, before, 10.0, model=MODEL, endpoints=[], classes=roles.accepts(THROUGHPUT)
+    )
+    assert (lat.queued, thr.queued) == (5, 7)
+    assert (lat.arrival_rate, thr.arrival_rate) == (pytest.approx(1.0), pytest.approx(3.0))
+    assert (lat.held, thr.held) == (pytest.approx(2.0), pytest.approx(6.0))  # 8 x 1/4, 8 x 3/4
