@@ -30,12 +30,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleetgate.router.admission import (
-    Admission,
-    ClassQueueAdmission,
-    Holds,
-    ImmediateAdmission,
-)
+from fleetgate.router.admission import Admission, Holds, ImmediateAdmission
+from fleetgate.router.admission_queue import ClassQueueAdmission
 from fleetgate.router.asgi import RequestHandler
 from fleetgate.router.client import make_client
 from fleetgate.router.config import ConfigError, RouterConfig, Scheduling

@@ -8,7 +8,8 @@ import httpx
 from pathkit import request, services
 
 from fleetgate.engines.base import LoadSnapshot
-from fleetgate.router.admission import ClassQueueAdmission, ImmediateAdmission, Refusal
+from fleetgate.router.admission import ImmediateAdmission, Refusal
+from fleetgate.router.admission_queue import ClassQueueAdmission
 from fleetgate.router.placement import Placer
 from fleetgate.router.services import Services
 from fleetgate.router.state import Endpoint
