@@ -170,12 +170,12 @@ def compare(
     for (workload, lf), by_contender in groups.items():
         names = [n for n in order if n in by_contender]
         single = [n for n in names if "@" not in n]
-        peers = [
-            (_median_failed(runs) > BASELINE_MAX_FAILED, p, n)
-            for n in single
-            if _is_peer(n)
-            and (p := _median_p90(runs := list(by_contender[n].values()))) is not None
-        ]
+        peers = []
+        for n in single:
+            peer_runs = list(by_contender[n].values())
+            p90 = _median_p90(peer_runs) if _is_peer(n) else None
+            if p90 is not None:
+                peers.append((_median_failed(peer_runs) > BASELINE_MAX_FAILED, p90, n))
         # the fastest peer among those that served (a peer failing over 5% of its
         # requests is a baseline only when every peer does)
         best = min(peers)[2] if peers else (single or names)[0]
