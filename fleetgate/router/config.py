@@ -148,10 +148,13 @@ class RouterConfig(_Strict):
     @model_validator(mode="after")
     def _scrape_within_saturation_age(self) -> RouterConfig:
         """A quiet endpoint's scrape must still count as fresh for the saturation check
-        when work arrives (age up to the idle interval plus one tick)."""
+        when work arrives (age up to the idle interval plus one tick). Only the slowdown
+        the event feeds add is checked: a base ``interval_s`` slower than the limit was
+        accepted before feeds existed (the check then reads such scrapes as unknown)."""
         idle = self.scrape.pace().idle_s
         limit = self.classes.saturation.max_scrape_age_s
-        if idle is not None and idle + self.scrape.interval_s > limit:
+        slower = idle is not None and idle > self.scrape.interval_s  # only what events add
+        if slower and idle is not None and idle + self.scrape.interval_s > limit:
             raise ValueError(
                 f"scrape.idle_interval_with_events_s ({idle}) + scrape.interval_s "
                 f"({self.scrape.interval_s}) exceeds priority.saturation.max_scrape_age_s "

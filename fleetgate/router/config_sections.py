@@ -305,6 +305,24 @@ class Scrape(_Strict):
     """Running + waiting + dispatched since the scrape, as a fraction of capacity, at
     which an endpoint counts as near saturation."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_follow_interval(cls, data: Any) -> Any:
+        """Unset event intervals are never shorter than ``interval_s``: a config that
+        scrapes slowly on purpose (``interval_s: 60``) keeps loading, and keeps its pace."""
+        if not isinstance(data, dict):
+            return data
+        base = data.get("interval_s", 0.2)
+        if not isinstance(base, int | float) or isinstance(base, bool):
+            return data
+        data = dict(data)
+        if "interval_with_events_s" not in data:
+            data["interval_with_events_s"] = max(0.5, float(base))
+        busy = data["interval_with_events_s"]
+        if "idle_interval_with_events_s" not in data and isinstance(busy, int | float):
+            data["idle_interval_with_events_s"] = max(1.5, float(busy))
+        return data
+
     @model_validator(mode="after")
     def _ordered(self) -> Scrape:
         busy = self.interval_with_events_s

@@ -252,3 +252,16 @@ def test_models_that_scale_from_zero_and_their_bounds() -> None:
         parse_config({"models": {"llama": {"scale_from_zro": True}}})
     with pytest.raises(ConfigError, match=r"limits.hold_cold_start_factor"):
         parse_config({"limits": {"hold_cold_start_factor": 0}})
+
+
+def test_a_slow_scrape_interval_keeps_loading_with_the_event_intervals_unset() -> None:
+    """The event-feed intervals default to at least ``interval_s``; only an explicit
+    shorter one is an error."""
+    slow = parse_config({"scrape": {"interval_s": 60.0}}).scrape
+    assert (slow.interval_with_events_s, slow.idle_interval_with_events_s) == (60.0, 60.0)
+    default = parse_config({}).scrape
+    assert (default.interval_with_events_s, default.idle_interval_with_events_s) == (0.5, 1.5)
+    off = parse_config({"scrape": {"interval_with_events_s": None}}).scrape
+    assert off.interval_with_events_s is None
+    with pytest.raises(ConfigError, match="interval_with_events_s must be >= interval_s"):
+        parse_config({"scrape": {"interval_s": 2.0, "interval_with_events_s": 1.0}})
