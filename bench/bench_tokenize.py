@@ -11,7 +11,7 @@ user turn with numbers, sized with the tokenizer itself), times on one core:
 * ``loop_stall_inline_ms`` / ``loop_stall_thread_ms``: the longest gap a ticker task
   on the event loop sees while one request is tokenized inline / through
   ``asyncio.to_thread`` (what other requests wait);
-* ``emulator``: ``EmulatorTokenizer.encode_chat`` (pure Python);
+* ``emulator``: the emulator's shipped tokenizer files through the same hf code path;
 * ``keys``: ``block_keys`` of the token ids at block size 16 (the per-block-size cost
   the router pays once per request and block size);
 * ``approx``: the approximate view's ``chunk_prompt`` of the rendered request.
@@ -33,7 +33,7 @@ from typing import Any
 from fleetgate.router.config import TokenizerSpec
 from fleetgate.router.scheduling.kvindex import block_keys
 from fleetgate.router.scheduling.prefix import chunk_prompt, render_prompt
-from fleetgate.router.scheduling.tokenize import EmulatorTokenizer, Tokenizer
+from fleetgate.router.scheduling.tokenize import Tokenizer
 from fleetgate.router.tokenizer_files import load_tokenizer
 
 PROSE = (
@@ -119,7 +119,7 @@ def main() -> None:
     args = ap.parse_args()
     kinds: dict[str, Tokenizer] = {
         "hf": load_tokenizer("m", TokenizerSpec(kind="hf", path=args.model_dir)),
-        "emulator": EmulatorTokenizer(),
+        "emulator": load_tokenizer("m", TokenizerSpec(kind="emulator")),
     }
     for target in (1024, 4096, 16384):
         for name, tok in kinds.items():

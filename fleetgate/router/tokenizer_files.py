@@ -3,8 +3,11 @@ router config (``scheduling.tokenizers``): the one place tokenizer files are rea
 
 ``kind: hf`` reads ``<path>/tokenizer.json``, ``<path>/tokenizer_config.json`` (special
 tokens, and the chat template when it holds one) and ``<path>/chat_template.jinja``
-(the template otherwise). ``kind: emulator`` reads nothing. A missing or unreadable
-file is a :class:`ConfigError` at start-up, never a per-request failure.
+(the template otherwise). ``kind: emulator`` is ``kind: hf`` over the emulator's
+tokenizer files shipped in the package (:data:`EMULATOR_TOKENIZER_DIR`, written by
+``fleetgate sim --write-tokenizer``): one code path for emulated and real engines.
+A missing or unreadable file is a :class:`ConfigError` at start-up, never a
+per-request failure.
 """
 
 from __future__ import annotations
@@ -13,21 +16,21 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+import fleetgate
 from fleetgate.router.config import ConfigError, TokenizerSpec
-from fleetgate.router.scheduling.tokenize import (
-    EmulatorTokenizer,
-    HfTokenizer,
-    Tokenizer,
-    chat_template_of,
-)
+from fleetgate.router.scheduling.tokenize import HfTokenizer, Tokenizer, chat_template_of
+
+#: the emulator's tokenizer in Hugging Face format (package data; a path, no import)
+EMULATOR_TOKENIZER_DIR = Path(fleetgate.__file__).parent / "sim" / "emulator-tokenizer"
 
 
 def load_tokenizer(model: str, spec: TokenizerSpec) -> Tokenizer:
     if spec.kind == "emulator":
-        return EmulatorTokenizer()
-    if spec.path is None:
+        root = EMULATOR_TOKENIZER_DIR
+    elif spec.path is None:
         raise ConfigError(f"scheduling.tokenizers.{model}: kind hf needs a path")
-    root = Path(spec.path)
+    else:
+        root = Path(spec.path)
     tok_file = root / "tokenizer.json"
     try:
         tokenizer_json = tok_file.read_text(encoding="utf-8")

@@ -59,6 +59,14 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         "trtllm-llama70b-4xh100, or test (tiny and fast: for unit tests only)",
     )
     parser.add_argument("--fleet", type=Path, help="YAML fleet file")
+    parser.add_argument(
+        "--write-tokenizer",
+        type=Path,
+        metavar="DIR",
+        help="write the emulator's tokenizer as tokenizer.json + tokenizer_config.json "
+        "(Hugging Face format: what the router's scheduling.tokenizers kind hf reads) "
+        "into DIR and exit",
+    )
     parser.add_argument("--time-scale", type=float, default=None, help="wall s per model s")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
@@ -214,7 +222,23 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_tokenizer(out: Path) -> int:
+    """The emulator's tokenizer files into ``out`` (the same bytes as the shipped copy)."""
+    from fleetgate.sim.core.tokenizer_file import tokenizer_files
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in tokenizer_files().items():
+            (out / name).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise CliError(f"--write-tokenizer {out}: {e.strerror or e}") from None
+    print(f"wrote {', '.join(tokenizer_files())} to {out}", flush=True)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.write_tokenizer is not None:
+        return write_tokenizer(args.write_tokenizer)
     if args.engine_command:
         if args.engine_command[0] not in ENGINE_COMMANDS:
             raise CliError(

@@ -16,14 +16,12 @@ Anything the tokenizer cannot render (image parts, a template error) gives None:
 the request is then scored by the approximate view, never refused here (the
 engine judges the body).
 
-Two implementations:
-
-* :class:`EmulatorTokenizer`: ``fleetgate.sim.core.tokenizer``, exactly what the
-  emulated engines compute (router config ``kind: emulator``);
-* :class:`HfTokenizer`: the Hugging Face ``tokenizers`` library over a model's
-  ``tokenizer.json`` plus its Jinja chat template rendered the way transformers'
-  ``apply_chat_template`` does for the common case (``kind: hf``; files are read by
-  ``fleetgate.router.tokenizer_files``, this class gets their contents).
+One implementation for real and emulated engines alike, :class:`HfTokenizer`: the
+Hugging Face ``tokenizers`` library over a model's ``tokenizer.json`` plus its Jinja
+chat template rendered the way transformers' ``apply_chat_template`` does for the
+common case (files are read by ``fleetgate.router.tokenizer_files``, this class gets
+their contents). The emulator ships its tokenizer in that format
+(``fleetgate/sim/emulator-tokenizer/``, config ``kind: emulator``).
 
 Pure: no I/O, no clock.
 """
@@ -34,8 +32,6 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
-
-from fleetgate.sim.core import tokenizer as sim_tokenizer
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -107,44 +103,6 @@ def _prompt_token_ids(doc: Mapping[str, Any], tokenizer: Tokenizer | None) -> li
             prompt, add_special_tokens=_bool(doc, "add_special_tokens", True)
         )
     return None
-
-
-# ----------------------------------------------------------------- emulator
-
-
-class EmulatorTokenizer:
-    """The emulator's tokenizer (``fleetgate.sim.core.tokenizer``): what every emulated
-    engine computes. Its chat template is plain text and ignores ``tools``; a text
-    prompt gets no BOS (the emulator's completions path adds none)."""
-
-    kind = "emulator"
-    off_loop = False  # pure Python: a thread would hold the GIL all the same
-
-    def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        return sim_tokenizer.encode(text)
-
-    def encode_chat(
-        self,
-        messages: Messages,
-        *,
-        tools: Any = None,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        add_special_tokens: bool = False,
-    ) -> list[int]:
-        clean: list[dict[str, object]] = []
-        for m in messages:
-            content = m.get("content")
-            if isinstance(content, list):
-                # the emulator's HTTP layer joins text parts with nothing between them
-                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            elif content is not None and not isinstance(content, str):
-                content = str(content)
-            clean.append({"role": m.get("role"), "content": content})
-        try:
-            return sim_tokenizer.encode_chat(clean, add_generation_prompt=add_generation_prompt)
-        except sim_tokenizer.ChatTemplateError as e:
-            raise TokenizeError(str(e)) from None
 
 
 # ------------------------------------------------------------- Hugging Face

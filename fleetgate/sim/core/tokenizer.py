@@ -212,7 +212,7 @@ def _content_text(content: object) -> str:
                 parts.append(part["text"])
             else:
                 raise ChatTemplateError("only text content parts are supported")
-        return "".join(parts)
+        return "\n".join(parts)  # vLLM joins text parts with newlines
     raise ChatTemplateError("message content must be a string or a list of text parts")
 
 

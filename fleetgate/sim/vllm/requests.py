@@ -46,7 +46,7 @@ def content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         parts = [p.get("text", "") for p in content if isinstance(p, dict)]
-        return "".join(str(p) for p in parts)
+        return "\n".join(str(p) for p in parts)  # vLLM's "string" content format
     return str(content)
 
 

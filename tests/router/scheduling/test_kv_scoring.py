@@ -17,13 +17,14 @@ from routerkit import router_config
 
 from fleetgate.engines.base import BlockRemoved, BlockStored, KvEventBatch
 from fleetgate.router.app import build_router
+from fleetgate.router.config import TokenizerSpec
 from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.kvindex import KvIndex
 from fleetgate.router.scheduling.pipeline import default_pipeline
-from fleetgate.router.scheduling.tokenize import EmulatorTokenizer
 from fleetgate.router.scheduling.types import EndpointId, EndpointView, RequestView
 from fleetgate.router.services import Services
 from fleetgate.router.state import Endpoint
+from fleetgate.router.tokenizer_files import load_tokenizer
 
 from .views import load
 
@@ -33,7 +34,7 @@ SYSTEM = (
     "You are the support assistant of a parcel company. Answer politely, cite the "
     "order number, never invent tracking data, and keep every answer short. "
 ) * 8
-TOK = EmulatorTokenizer()
+TOK = load_tokenizer("m", TokenizerSpec(kind="emulator"))
 BS = 16  # the vLLM adapter's default block size (no scrape in these tests)
 
 

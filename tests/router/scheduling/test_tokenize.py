@@ -1,6 +1,7 @@
-"""Requests -> the engine's token ids: the emulator kind against the emulator's own
-``/tokenize``, the hf kind against transformers' ``apply_chat_template`` (the call
-vLLM makes) on the real tiny model, and against the real vLLM recordings."""
+"""Requests -> the engine's token ids: the emulator kind (the shipped tokenizer files)
+against the emulator's own ``/tokenize``, the hf kind against transformers'
+``apply_chat_template`` (the call vLLM makes) on the real tiny model, and against the
+real vLLM recordings."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tokenizers import Tokenizer as HfTok
 from tokenizers import models, pre_tokenizers, trainers
 
 from fleetgate.router.config import ConfigError, TokenizerSpec, parse_config
-from fleetgate.router.scheduling.tokenize import EmulatorTokenizer, HfTokenizer, prompt_token_ids
+from fleetgate.router.scheduling.tokenize import HfTokenizer, prompt_token_ids
 from fleetgate.router.tokenizer_files import load_tokenizer
 from fleetgate.sim.fleet import EngineSpec, run_fleet
 
@@ -42,7 +43,8 @@ CONVERSATIONS: list[list[dict[str, Any]]] = [
 
 
 async def test_emulator_kind_equals_the_emulators_own_tokenize() -> None:
-    tok = EmulatorTokenizer()
+    tok = load_tokenizer("m", TokenizerSpec(kind="emulator"))
+    assert isinstance(tok, HfTokenizer)  # the shipped files, through the code path of real models
     spec = EngineSpec(kind="vllm")
     async with run_fleet([spec], "127.0.0.1", 0, model="m", time_scale=1.0) as f:
         async with httpx.AsyncClient(base_url=f.engines[0].url, timeout=10) as c:
@@ -62,7 +64,7 @@ def test_token_id_prompts_need_no_tokenizer_and_odd_bodies_give_none() -> None:
     assert prompt_token_ids({"prompt": [[5, 6], [7]]}, None) == [5, 6]  # a batch: the first
     assert prompt_token_ids({"prompt": "text"}, None) is None
     assert prompt_token_ids({"messages": [{"role": "user", "content": "x"}]}, None) is None
-    tok = EmulatorTokenizer()
+    tok = load_tokenizer("m", TokenizerSpec(kind="emulator"))
     assert prompt_token_ids({"prompt": [1, "a"]}, tok) is None
     assert prompt_token_ids({"messages": [{"content": "no role"}]}, tok) is None
     assert prompt_token_ids({"messages": ["not a message"]}, tok) is None
@@ -255,9 +257,8 @@ def test_hf_kind_equals_a_running_real_vllm(real_vllm: Any) -> None:  # noqa: F8
     tok = load_tokenizer(
         "tiny-llama", TokenizerSpec(kind="hf", path=str(ensure_model(ensure_venv())))
     )
-    text_only = [c for c in CONVERSATIONS if all(isinstance(m["content"], str) for m in c)]
     with httpx.Client(base_url=real_vllm.base_url, timeout=60) as c:
-        for messages in text_only:
+        for messages in CONVERSATIONS:  # text parts too: joined by newlines, as vLLM does
             body = {"model": real_vllm.model, "messages": messages}
             r = c.post("/tokenize", json={**body, "add_generation_prompt": True})
             assert r.status_code == 200, r.text
