@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
-from fleetgate_tools.bench.runner import decision_counts, router_counters
+from fleetgate_tools.bench.runner import decision_counts, prediction_error_medians, router_counters
 
 EXPOSITION = """\
 # HELP fleetgate_preemptions_total In-flight requests cancelled to make room.
@@ -122,3 +124,28 @@ fleetgate_decisions_total{decided_by="scorer:load",model="m",reason="cold",sourc
         "decisions_by_events": 6.0,
         "decisions_by_approximate": 2.0,
     }
+
+
+def test_prediction_error_median_per_view_from_the_histogram_over_the_window() -> None:
+    def exposition(events: list[int], approx: list[int]) -> str:
+        edges = ("0.0", "0.01", "0.02", "0.05", "0.1", "+Inf")
+        lines = []
+        for source, counts in (("events", events), ("approximate", approx)):
+            for le, n in zip(edges, counts, strict=True):
+                lines.append(
+                    "fleetgate_cache_prediction_error_ratio_bucket"
+                    f'{{le="{le}",source="{source}"}} {float(n)}'
+                )
+        return "\n".join(lines) + "\n"
+
+    before = decision_counts(exposition([2, 2, 2, 2, 2, 2], [0, 0, 0, 0, 0, 0]))
+    after = decision_counts(exposition([32, 62, 82, 92, 102, 102], [0, 0, 10, 10, 10, 40]))
+    window: dict[str, Any] = {k: n - before.get(k, 0.0) for k, n in after.items()}
+    got = prediction_error_medians(window)
+    # events: 100 in the window, 30 exact (le 0.0), 60 by 0.01 -> the 50th falls in
+    # (0.0, 0.01]: 0.0 + 0.01 * (50 - 30) / (60 - 30)
+    assert got["prediction_error_p50_events"] == round(0.01 * 20 / 30, 4)
+    # approximate: 40, only 10 by 0.1 -> the median is past the last finite edge
+    assert got["prediction_error_p50_approximate"] == 0.1
+    assert not [k for k in window if "bucket" in k]  # popped: no raw buckets in reports
+    assert prediction_error_medians({}) == {}

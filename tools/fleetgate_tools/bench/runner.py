@@ -392,6 +392,47 @@ def decision_counts(metrics_text: str) -> dict[str, float]:
             if m:
                 key = prefix + m.group(1).replace("-", "_")
                 out[key] = out.get(key, 0.0) + float(value)
+    for labels, value in _PRED_ERR.findall(metrics_text):
+        le, source = _LE.search(labels), _SOURCE.search(labels)
+        if le and source:
+            key = f"{_PRED_ERR_KEY}{source.group(1)}|{le.group(1)}"
+            out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+_PRED_ERR = re.compile(r"^fleetgate_cache_prediction_error_ratio_bucket\{([^}]*)\}\s+(\S+)$", re.M)
+_LE = re.compile(r'le="([^"]+)"')
+_PRED_ERR_KEY = "prediction_error_bucket|"
+
+
+def prediction_error_medians(counts: dict[str, Any]) -> dict[str, float]:
+    """Pop the prediction-error histogram buckets out of ``counts`` (cumulative counts
+    over the window, from :func:`decision_counts` differences) and return the median of
+    |predicted - actual cached tokens| / prompt tokens per view, as
+    ``prediction_error_p50_<source>``, interpolated linearly inside its bucket (as
+    Prometheus's ``histogram_quantile`` does)."""
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for key in [k for k in counts if k.startswith(_PRED_ERR_KEY)]:
+        source, le = key.removeprefix(_PRED_ERR_KEY).split("|", 1)
+        buckets.setdefault(source, []).append((float(le), float(counts.pop(key))))
+    out: dict[str, float] = {}
+    for source, pairs in buckets.items():
+        pairs.sort()
+        total = pairs[-1][1]
+        if total <= 0:
+            continue
+        lo_edge, lo_count = 0.0, 0.0
+        for edge, count in pairs:
+            if count >= total / 2:
+                if edge == float("inf"):
+                    value = lo_edge
+                elif count == lo_count:
+                    value = edge
+                else:
+                    value = lo_edge + (edge - lo_edge) * (total / 2 - lo_count) / (count - lo_count)
+                out[f"prediction_error_p50_{source}"] = round(value, 4)
+                break
+            lo_edge, lo_count = edge, count
     return out
 
 
@@ -604,6 +645,7 @@ async def _drive(
         extra: dict[str, Any] = {}
         for key, n in (await _all_decisions(client, routers.urls, contender)).items():
             extra[key] = n - decisions_before.get(key, 0.0)
+        extra.update(prediction_error_medians(extra))
         elapsed = max(wall1 - wall0, 1e-9)
         extra["wall_s"] = round(elapsed, 2)
         extra["router_replicas"] = len(routers.processes)
