@@ -1,7 +1,8 @@
 """The pure core of the router's priority handling.
 
 * :mod:`.config`: priority classes, request -> class/tenant resolution.
-* :mod:`.queue`: the admission queue (class order, WFQ among tenants, limits).
+* :mod:`.queue`: the admission queue (class order, pools, limits, expiry).
+* :mod:`.class_queue`: one class's queue in a pool (parked first, WFQ among tenants).
 * :mod:`.saturation`: when a pool counts as full (stale metrics = unknown).
 * :mod:`.preemption`: which in-flight request to preempt, and why.
 * :mod:`.policy`: one event-driven drain step (shed, dispatch, preempt).
