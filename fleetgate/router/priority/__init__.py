@@ -8,8 +8,10 @@
 * :mod:`.policy`: one event-driven drain step (shed, dispatch, preempt).
 * :mod:`.continuation`: the request body that resumes a preempted/died request.
 * :mod:`.splice`: one seamless client stream out of all of an answer's segments.
-* :mod:`.assemble`: what is rendered from an answer's totals (usage event,
-  non-streaming body).
+* :mod:`.fastpath`: plain token events read from their bytes (the engines' shapes).
+* :mod:`.client_events`: an engine event read, and rendered for the client (JSON path).
+* :mod:`.assemble`: what is rendered from an answer's totals (the stream's tail
+  with its usage event, non-streaming body).
 * :mod:`.wire`: the router's own JSON and SSE bytes, rendered as vLLM renders them.
 
 Nothing here does I/O, reads a clock or imports an HTTP library; the router
