@@ -271,7 +271,7 @@ class TokenEventShapes:
     generated text (and maybe its token ids): no role, no finish, no usage, no
     logprobs. It is by far the most frequent event of a stream, so the router's
     splicer reads it from its bytes instead of parsing the JSON (see
-    :mod:`fleetgate.router.priority.splice`).
+    :mod:`fleetgate.router.priority.fastpath`).
 
     Each pattern is matched with ``fullmatch`` from just after the OpenAI identity
     prefix ``data: {"id":..,"object":..,"created":..,"model":..,"choices":[`` to the

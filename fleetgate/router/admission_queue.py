@@ -23,10 +23,11 @@ from fleetgate.router.admission import Clock, Holds, Refusal
 from fleetgate.router.config import RouterConfig
 from fleetgate.router.metrics import ClassMetrics
 from fleetgate.router.placement import Placer
+from fleetgate.router.priority.class_queue import QueueItem
 from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.priority.policy import Dispatch, Preempt, drain
 from fleetgate.router.priority.preemption import InFlight as VictimView
-from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
+from fleetgate.router.priority.queue import AdmissionQueue, Shed
 from fleetgate.router.priority.saturation import SaturationView, pool_saturation
 from fleetgate.router.request import Request
 from fleetgate.router.scheduling.types import EndpointId

@@ -23,7 +23,11 @@ from fleetgate.api.v1alpha1 import InferenceServiceSpec
 from fleetgate.operator import manifests
 from fleetgate.operator.options import OperatorOptions
 from fleetgate.router import discovery_k8s as d
+from fleetgate.router import k8s_addresses as ka
 from fleetgate.router import k8s_targets as kt
+from fleetgate.router import k8s_watch as kwatch
+from fleetgate.router import k8s_watchcache as kw
+from fleetgate.router import membership as fm
 from fleetgate.router.app import build_router
 from fleetgate.router.config import ConfigError, RouterConfig, is_loopback_host
 from fleetgate.router.scheduling.types import EndpointId
@@ -56,7 +60,7 @@ def eps(
         "metadata": {
             "name": f"{service}-abc",
             "namespace": ns,
-            "labels": {kt.LABEL_SERVICE_NAME: service, kt.LABEL_POOL: "chat"},
+            "labels": {ka.LABEL_SERVICE_NAME: service, ka.LABEL_POOL: "chat"},
         },
         "addressType": address_type,
         "ports": [{"name": "http", "port": 8000}] if ports is None else ports,
@@ -78,7 +82,7 @@ def pod(name: str, ip: str | None, ready: bool = True, deleting: bool = False) -
     meta: dict[str, Any] = {
         "name": name,
         "namespace": "ns",
-        "labels": {kt.LABEL_INSTANCE: "llama", kt.LABEL_POOL: "chat"},
+        "labels": {ka.LABEL_INSTANCE: "llama", ka.LABEL_POOL: "chat"},
     }
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
@@ -100,18 +104,18 @@ def pod(name: str, ip: str | None, ready: bool = True, deleting: bool = False) -
 
 
 def test_labels_agree_with_the_operator() -> None:
-    assert (kt.LABEL_POOL, kt.LABEL_MODEL, kt.LABEL_ENGINE, kt.LABEL_ROLE) == (
+    assert (ka.LABEL_POOL, ka.LABEL_MODEL, ka.LABEL_ENGINE, ka.LABEL_ROLE) == (
         manifests.LABEL_POOL,
         manifests.LABEL_MODEL,
         manifests.LABEL_ENGINE,
         manifests.LABEL_ROLE,
     )
-    assert kt.LABEL_INSTANCE in manifests.selector_labels("x")
-    assert manifests.selector_labels("x")[kt.LABEL_INSTANCE] == "x"
+    assert ka.LABEL_INSTANCE in manifests.selector_labels("x")
+    assert manifests.selector_labels("x")[ka.LABEL_INSTANCE] == "x"
 
 
 def test_slice_ready_unset_counts_as_ready_and_unready_is_out() -> None:
-    found = kt.addresses_from_slice(eps(), "http")
+    found = ka.addresses_from_slice(eps(), "http")
     assert [(a.pod, a.address, a.ready) for a in found] == [
         ("p1", "10.0.0.1", True),
         ("p2", "10.0.0.2", False),
@@ -142,22 +146,22 @@ def test_slice_ready_unset_counts_as_ready_and_unready_is_out() -> None:
     ],
 )  # fmt: skip
 def test_slice_port_choice(slice_: dict[str, Any], want: int | None) -> None:
-    found = kt.addresses_from_slice(slice_, "http")
+    found = ka.addresses_from_slice(slice_, "http")
     assert (found[0].port if found else None) == want
 
 
 def test_slice_without_service_label_is_ignored() -> None:
     s = eps()
-    del s["metadata"]["labels"][kt.LABEL_SERVICE_NAME]
-    assert kt.addresses_from_slice(s, "http") == []
+    del s["metadata"]["labels"][ka.LABEL_SERVICE_NAME]
+    assert ka.addresses_from_slice(s, "http") == []
 
 
 def test_ipv6_url_is_bracketed() -> None:
     s = eps(address_type="IPv6", endpoints=[{"addresses": ["fd00::5"], "targetRef": ref("p")}])
-    (t,) = kt.desired_targets(kt.addresses_from_slice(s, "http"), {("ns", "llama"): isvc()}, CFG)
+    (t,) = kt.desired_targets(ka.addresses_from_slice(s, "http"), {("ns", "llama"): isvc()}, CFG)
     assert t == "ns/p"
     assert (
-        kt.desired_targets(kt.addresses_from_slice(s, "http"), {("ns", "llama"): isvc()}, CFG)[
+        kt.desired_targets(ka.addresses_from_slice(s, "http"), {("ns", "llama"): isvc()}, CFG)[
             t
         ].url
         == "http://[fd00::5]:8000"
@@ -173,13 +177,13 @@ def test_ipv6_url_is_bracketed() -> None:
     ],
 )
 def test_pod_readiness(p: dict[str, Any], ready: bool) -> None:
-    (a,) = kt.addresses_from_pod(p, "http")
+    (a,) = ka.addresses_from_pod(p, "http")
     assert (a.address, a.port, a.service, a.pod, a.ready) == ("10.1.0.1", 8000, "llama", "a", ready)
 
 
 def test_pod_without_ip_or_port_is_ignored() -> None:
-    assert kt.addresses_from_pod(pod("a", None), "http") == []
-    assert kt.addresses_from_pod(pod("a", "10.1.0.1"), "grpc") == []
+    assert ka.addresses_from_pod(pod("a", None), "http") == []
+    assert ka.addresses_from_pod(pod("a", "10.1.0.1"), "grpc") == []
 
 
 @pytest.mark.parametrize(
@@ -193,14 +197,14 @@ def test_pod_without_ip_or_port_is_ignored() -> None:
     ],
 )
 def test_filters(config: kt.KubernetesDiscoveryConfig, service: dict[str, Any], want: bool) -> None:
-    found = kt.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    found = ka.addresses_from_pod(pod("a", "10.1.0.1"), "http")
     assert bool(kt.desired_targets(found, {("ns", "llama"): service}, config)) is want
 
 
 def test_engine_type_and_trtllm_capacity() -> None:
     svc = isvc()
     svc["spec"]["engine"] = {"type": "tensorrt-llm", "tensorrtLlm": {"maxBatchSize": 64}}
-    found = kt.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    found = ka.addresses_from_pod(pod("a", "10.1.0.1"), "http")
     (t,) = kt.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
     assert (t.engine, t.capacity) == ("trtllm", 64)
     svc["spec"]["engine"] = {"type": "sglang"}
@@ -208,7 +212,7 @@ def test_engine_type_and_trtllm_capacity() -> None:
 
 
 def test_annotations_agree_with_the_operator() -> None:
-    assert (kt.ANNOTATION_SERVED_MODEL, kt.ANNOTATION_ENGINE_VERSION) == (
+    assert (ka.ANNOTATION_SERVED_MODEL, ka.ANNOTATION_ENGINE_VERSION) == (
         manifests.ANNOTATION_SERVED_MODEL,
         manifests.ANNOTATION_ENGINE_VERSION,
     )
@@ -232,7 +236,7 @@ def _trtllm_isvc(**engine: Any) -> dict[str, Any]:
     ],
 )
 def test_release_from_the_inference_service(engine: dict[str, Any], want: str | None) -> None:
-    found = kt.addresses_from_slice(eps(), "http")
+    found = ka.addresses_from_slice(eps(), "http")
     targets = kt.desired_targets(found, {("ns", "llama"): _trtllm_isvc(**engine)}, CFG)
     assert {t.engine_version for t in targets.values()} == {want}
     assert {t.model for t in targets.values()} == {"qwen2.5-7b"}
@@ -241,16 +245,16 @@ def test_release_from_the_inference_service(engine: dict[str, Any], want: str | 
 def test_pod_annotations_win_and_vllm_has_no_release() -> None:
     p = pod("a", "10.1.0.1")
     p["metadata"]["annotations"] = {
-        kt.ANNOTATION_ENGINE_VERSION: "1.0",
-        kt.ANNOTATION_SERVED_MODEL: "served",
+        ka.ANNOTATION_ENGINE_VERSION: "1.0",
+        ka.ANNOTATION_SERVED_MODEL: "served",
         "other": "x",
     }
-    found = kt.addresses_from_pod(p, "http")
+    found = ka.addresses_from_pod(p, "http")
     svc = _trtllm_isvc(image="trt:1.1.0")
     (t,) = kt.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
     assert (t.engine_version, t.model) == ("1.0", "served")
     # A new release is a new target: plan() replaces the endpoint (rollout).
-    bumped = kt.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    bumped = ka.addresses_from_pod(pod("a", "10.1.0.1"), "http")
     (u,) = kt.desired_targets(bumped, {("ns", "llama"): svc}, CFG).values()
     assert u.engine_version == "1.1.0" and kt.plan({t.id: t}, {u.id: u}).remove == (t.id,)
     vllm = isvc()
@@ -275,7 +279,7 @@ def test_the_operators_pods_give_the_example_its_release_and_served_name() -> No
         "spec": template["spec"],
         "status": {"podIP": "10.1.0.9", "conditions": [{"type": "Ready", "status": "True"}]},
     }
-    found = kt.addresses_from_pod(p, "http")
+    found = ka.addresses_from_pod(p, "http")
     (t,) = kt.desired_targets(found, {("ns", "qwen-7b"): doc}, CFG).values()
     assert (t.engine, t.engine_version, t.model) == ("trtllm", "1.0", "qwen2.5-7b")
     adapter = adapter_for(t.engine, t.engine_version)
@@ -284,7 +288,7 @@ def test_the_operators_pods_give_the_example_its_release_and_served_name() -> No
 
 
 def test_no_or_deleting_inference_service_means_no_endpoint() -> None:
-    found = kt.addresses_from_pod(pod("a", "10.1.0.1"), "http")
+    found = ka.addresses_from_pod(pod("a", "10.1.0.1"), "http")
     assert kt.desired_targets(found, {}, CFG) == {}
     assert kt.desired_targets(found, {("other", "llama"): isvc()}, CFG) == {}
     gone = isvc()
@@ -293,7 +297,7 @@ def test_no_or_deleting_inference_service_means_no_endpoint() -> None:
 
 
 def test_plan_adds_removes_and_replaces_changed() -> None:
-    found = kt.addresses_from_slice(eps(), "http")
+    found = ka.addresses_from_slice(eps(), "http")
     cur = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
     assert kt.plan(cur, cur) == kt.Plan(add=(), remove=())
     moved = {k: v for k, v in cur.items() if k != "ns/p3"}
@@ -309,25 +313,25 @@ def test_plan_adds_removes_and_replaces_changed() -> None:
 
 def test_drain_annotation_on_pods() -> None:
     marked = pod("a", "10.1.0.1")
-    marked["metadata"]["annotations"] = {kt.ANNOTATION_DRAIN: " True "}
+    marked["metadata"]["annotations"] = {ka.ANNOTATION_DRAIN: " True "}
     other = pod("b", "10.1.0.2")
-    other["metadata"]["annotations"] = {kt.ANNOTATION_DRAIN: "false"}
-    found = [a for p in (marked, other) for a in kt.addresses_from_pod(p, "http")]
+    other["metadata"]["annotations"] = {ka.ANNOTATION_DRAIN: "false"}
+    found = [a for p in (marked, other) for a in ka.addresses_from_pod(p, "http")]
     assert [(a.pod, a.draining) for a in found] == [("a", True), ("b", False)]
     got = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
     assert {eid: t.draining for eid, t in got.items()} == {"ns/a": True, "ns/b": False}
     # Slices carry no annotations: the pods marked for removal join by targetRef.
-    assert kt.draining_pods([marked, other, pod("c", None)]) == {("ns", "a")}
+    assert ka.draining_pods([marked, other, pod("c", None)]) == {("ns", "a")}
     weird = pod("w", "10.1.0.3")
-    weird["metadata"]["annotations"] = {kt.ANNOTATION_DRAIN: True}  # not a string
-    assert kt.draining_pods([weird]) == frozenset()
-    found = kt.addresses_from_slice(eps(), "http")
+    weird["metadata"]["annotations"] = {ka.ANNOTATION_DRAIN: True}  # not a string
+    assert ka.draining_pods([weird]) == frozenset()
+    found = ka.addresses_from_slice(eps(), "http")
     got = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG, {("ns", "p3")})
     assert {eid: t.draining for eid, t in got.items()} == {"ns/p1": False, "ns/p3": True}
 
 
 def test_plan_changes_the_drain_flag_in_place() -> None:
-    found = kt.addresses_from_slice(eps(), "http")
+    found = ka.addresses_from_slice(eps(), "http")
     cur = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG)
     drained = kt.desired_targets(found, {("ns", "llama"): isvc()}, CFG, {("ns", "p1")})
     assert kt.plan(cur, drained) == kt.Plan(add=(), remove=(), drain=((EndpointId("ns/p1"), True),))
@@ -401,8 +405,8 @@ async def test_reconcile_drains_in_place_and_keeps_standby_models() -> None:
         fleet = app.state.router.fleet
         changes: list[int] = []
         app.state.poller.on_change = lambda: changes.append(1)
-        membership = d.FleetMembership(fleet, app.state.poller)
-        access = d.ApiAccess(host="http://127.0.0.1:9", verify=False, token=lambda: None)
+        membership = fm.FleetMembership(fleet, app.state.poller)
+        access = kwatch.ApiAccess(host="http://127.0.0.1:9", verify=False, token=lambda: None)
         disc = d.KubernetesDiscovery(membership, CFG, access)
         assert len(disc.drains) == 1  # endpointslices: pods too, for the annotation
         slice_ = eps()
@@ -426,7 +430,7 @@ async def test_reconcile_drains_in_place_and_keeps_standby_models() -> None:
         )
         assert "qwen" in fleet.models(healthy_only=False, now=0.0)
         e.dispatch(10)  # a request in flight there
-        p1["metadata"]["annotations"] = {kt.ANNOTATION_DRAIN: "true"}
+        p1["metadata"]["annotations"] = {ka.ANNOTATION_DRAIN: "true"}
         changes.clear()
         p = await disc.reconcile()
         assert p.add == () and p.remove == () and p.drain == (("ns/p1", True),)
@@ -441,7 +445,7 @@ async def test_reconcile_drains_in_place_and_keeps_standby_models() -> None:
 
 
 def test_watch_cache_events() -> None:
-    c = kt.WatchCache()
+    c = kw.WatchCache()
     c.replace([{"metadata": {"namespace": "a", "name": "x", "resourceVersion": "3"}}], "5")
     assert c.resource_version == "5" and list(c.objects) == [("a", "x")]
     obj = {"metadata": {"namespace": "a", "name": "y", "resourceVersion": "6"}}
@@ -450,11 +454,11 @@ def test_watch_cache_events() -> None:
     assert c.resource_version == "9"
     assert c.apply({"type": "DELETED", "object": obj}) is True
     assert c.apply({"type": "DELETED", "object": obj}) is False
-    with pytest.raises(kt.Gone):
+    with pytest.raises(kw.Gone):
         c.apply({"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}})
-    with pytest.raises(kt.WatchError):
+    with pytest.raises(kw.WatchError):
         c.apply({"type": "ERROR", "object": {"kind": "Status", "code": 500}})
-    with pytest.raises(kt.WatchError):
+    with pytest.raises(kw.WatchError):
         c.apply({"type": "WEIRD", "object": {}})
     assert list(c.objects) == [("a", "x")]
 
@@ -494,8 +498,12 @@ async def _quiet() -> AsyncIterator[bytes]:
     yield b""
 
 
-async def run_reflector(api: FakeApi, until: Callable[[d.Reflector], bool]) -> d.Reflector:
-    access = d.ApiAccess(host="https://127.0.0.1:6443", verify=False, token=lambda: "Bearer t0ken")
+async def run_reflector(
+    api: FakeApi, until: Callable[[kwatch.Reflector], bool]
+) -> kwatch.Reflector:
+    access = kwatch.ApiAccess(
+        host="https://127.0.0.1:6443", verify=False, token=lambda: "Bearer t0ken"
+    )
     changes: list[int] = []
     sleeps: list[float] = []
 
@@ -504,7 +512,7 @@ async def run_reflector(api: FakeApi, until: Callable[[d.Reflector], bool]) -> d
         await asyncio.sleep(0)
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(api.handler)) as client:
-        r = d.Reflector(client, access, "/api/v1/pods", "fleetgate.dev/pool", CFG,
+        r = kwatch.Reflector(client, access, "/api/v1/pods", "fleetgate.dev/pool", CFG,
                         lambda: changes.append(1), sleep=fake_sleep)  # fmt: skip
         task = asyncio.get_running_loop().create_task(r.run())
         try:
@@ -579,7 +587,7 @@ async def test_membership_adds_polls_and_removes_only_its_own_endpoints() -> Non
     app = build_router(config, transport=httpx.MockTransport(fake_engines), start_background=False)
     async with app.router.lifespan_context(app):
         fleet = app.state.router.fleet
-        m = d.FleetMembership(
+        m = fm.FleetMembership(
             fleet, app.state.poller, allow_url=lambda u: is_loopback_host(httpx.URL(u).host)
         )
         assert m.add(target("ns/a", "http://127.0.1.9:8000")) is True
@@ -640,7 +648,7 @@ def _k8s_pod(
         "metadata": {
             "name": name,
             "namespace": ns,
-            "labels": {kt.LABEL_INSTANCE: service, kt.LABEL_POOL: "chat"},
+            "labels": {ka.LABEL_INSTANCE: service, ka.LABEL_POOL: "chat"},
             "annotations": annotations or {},
         },
         "spec": {
@@ -738,7 +746,7 @@ async def test_pods_join_and_leave_and_a_410_relist_loses_nothing(
         qwen = _k8s_isvc("qwen", ns)
         qwen["spec"]["engine"] = {"type": "tensorrt-llm", "image": "trt/release:1.1.0"}
         qwen["spec"]["model"]["name"] = "qwen2.5-7b"
-        notes = {kt.ANNOTATION_ENGINE_VERSION: "1.0", kt.ANNOTATION_SERVED_MODEL: "qwen2.5-7b"}
+        notes = {ka.ANNOTATION_ENGINE_VERSION: "1.0", ka.ANNOTATION_SERVED_MODEL: "qwen2.5-7b"}
         await asyncio.to_thread(k8s_cluster.apply, qwen, _k8s_pod("qwen-0", ns, "qwen", notes))
         await _until(lambda: f"{ns}/qwen-0" in fleet.endpoints)
         q = fleet.endpoints[EndpointId(f"{ns}/qwen-0")]

@@ -3,7 +3,7 @@ engines on 127.0.0.1 (fleetgate/router/admission.py ``Holds``, the ``not-drainin
 filter, docs/router.md "Scale from zero and scale-down drain").
 
 Endpoints join and get the drain flag the way Kubernetes discovery does it: through
-:class:`~fleetgate.router.discovery_k8s.FleetMembership` (``add`` a
+:class:`~fleetgate.router.membership.FleetMembership` (``add`` a
 :class:`~fleetgate.router.k8s_targets.Target`, ``set_draining``), polled by the
 app's own poller. Checked, with both admissions (immediate and the class queue):
 
@@ -30,8 +30,8 @@ from routerkit import serve
 
 from fleetgate.router.app import build_router
 from fleetgate.router.config import parse_config
-from fleetgate.router.discovery_k8s import FleetMembership
 from fleetgate.router.k8s_targets import Target
+from fleetgate.router.membership import FleetMembership
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.sim import EngineSpec, run_fleet
 

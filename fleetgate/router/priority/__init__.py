@@ -1,14 +1,17 @@
 """The pure core of the router's priority handling.
 
 * :mod:`.config`: priority classes, request -> class/tenant resolution.
-* :mod:`.queue`: the admission queue (class order, WFQ among tenants, limits).
+* :mod:`.queue`: the admission queue (class order, pools, limits, expiry).
+* :mod:`.class_queue`: one class's queue in a pool (parked first, WFQ among tenants).
 * :mod:`.saturation`: when a pool counts as full (stale metrics = unknown).
 * :mod:`.preemption`: which in-flight request to preempt, and why.
 * :mod:`.policy`: one event-driven drain step (shed, dispatch, preempt).
 * :mod:`.continuation`: the request body that resumes a preempted/died request.
 * :mod:`.splice`: one seamless client stream out of all of an answer's segments.
-* :mod:`.assemble`: what is rendered from an answer's totals (usage event,
-  non-streaming body).
+* :mod:`.fastpath`: plain token events read from their bytes (the engines' shapes).
+* :mod:`.client_events`: an engine event read, and rendered for the client (JSON path).
+* :mod:`.assemble`: what is rendered from an answer's totals (the stream's tail
+  with its usage event, non-streaming body).
 * :mod:`.wire`: the router's own JSON and SSE bytes, rendered as vLLM renders them.
 
 Nothing here does I/O, reads a clock or imports an HTTP library; the router

@@ -3,6 +3,8 @@
 * :func:`client_usage`: a ``usage`` object with the client's counts (what it
   received, the original prompt), whatever segment the engine counted;
 * :func:`usage_event`: the one usage event closing a stream;
+* :func:`stream_tail`: a stream's last bytes (the held finishing event, that usage
+  event when the client asked for it, ``[DONE]``);
 * :func:`assemble_response`: the body of a non-streaming client. An answer that may
   be cut short (preempted, engine died) is still served from a stream; the splicer
   collects it across segments and this renders the body a non-streaming vLLM 0.32
@@ -20,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from fleetgate.router.priority.continuation import Kind
-from fleetgate.router.priority.wire import encode_json
+from fleetgate.router.priority.wire import DONE, encode_json, sse
 
 
 class Answer(Protocol):
@@ -93,6 +95,29 @@ def usage_event(answer: Answer, template: Mapping[str, Any] | None) -> dict[str,
     if a.system_fingerprint is not None:
         out["system_fingerprint"] = a.system_fingerprint
     return out
+
+
+def stream_tail(
+    answer: Answer,
+    held: dict[str, Any] | None,
+    *,
+    include_usage: bool,
+    usage_template: Mapping[str, Any] | None,
+) -> bytes:
+    """The finishing event ``held`` back, the usage event (only with ``include_usage``),
+    ``[DONE]``. ``system_fingerprint`` goes where vLLM puts it: on the usage event
+    when there is one, else on the finishing event."""
+    out = bytearray()
+    if held is not None:
+        if include_usage:
+            held.pop("system_fingerprint", None)
+        elif answer.system_fingerprint is not None:
+            held["system_fingerprint"] = answer.system_fingerprint
+        out += sse(held)
+    if include_usage:
+        out += sse(usage_event(answer, usage_template))
+    out += DONE
+    return bytes(out)
 
 
 def assemble_response(answer: Answer) -> dict[str, Any]:

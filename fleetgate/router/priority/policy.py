@@ -28,9 +28,10 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import Generic, TypeVar
 
+from fleetgate.router.priority.class_queue import QueueItem
 from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.priority.preemption import InFlight, Waiting, choose_victim
-from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
+from fleetgate.router.priority.queue import AdmissionQueue, Shed
 from fleetgate.router.priority.saturation import (
     SaturationThresholds,
     SaturationView,

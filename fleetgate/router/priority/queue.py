@@ -9,20 +9,10 @@ Requests wait here while their pool is saturated (see
    original arrival first;
 3. then fresh requests by weighted fair queueing among tenants
    (``x-fleetgate-tenant``), ties by deadline (arrival + the class TTFT
-   objective), then arrival, then enqueue sequence.
+   objective), then arrival, then enqueue sequence (:mod:`.class_queue`).
 
-Weighted fair queueing uses self-clocked virtual finish tags (SCFQ, Golestani
-1994): each class keeps a virtual time ``V``; an item of tenant ``t`` with cost
-``c`` (1 per request by default, or tokens) and weight ``w`` gets
-``start = max(V, last_finish[t])`` and ``finish = start + c / w``; popping an item
-sets ``V`` to its finish tag. A tenant that floods the queue gets finish tags
-1, 2, 3, ... while a tenant arriving later starts at the current ``V``, so it is
-interleaved at once instead of waiting behind the flood, and over any busy
-period each tenant's share of pops is proportional to its weight. Tags are
-fixed at enqueue, so the order inside a class is a static sort key and a heap
-serves it. Because every item of a class has the same TTFT objective, deadline
-order equals arrival order inside a class: with a single tenant the order is
-exactly "deadline, then arrival".
+Inside one pool, each class is a :class:`~.class_queue.ClassQueue`, which keeps
+the order of 2. and 3. and the tenants' virtual finish tags (SCFQ).
 
 Limits per class: ``max_queued`` (a full class rejects at once) and
 ``max_queue_time_s`` (a queued item past it is expired by :meth:`expire`).
@@ -54,39 +44,10 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Generic, Literal, TypeVar
 
+from fleetgate.router.priority.class_queue import ClassQueue, QueueItem
 from fleetgate.router.priority.config import PriorityClass, PriorityConfig
 
 T = TypeVar("T")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class QueueItem(Generic[T]):
-    """One waiting request. ``payload`` is the router's own context object."""
-
-    request_id: str
-    class_name: str
-    level: int
-    tenant: str
-    arrival: float
-    """Original arrival time (kept across preemptions)."""
-    enqueued_at: float
-    """When this item entered the queue (arrival, or when it was parked)."""
-    deadline: float
-    """``arrival + ttft_objective_s`` of its class."""
-    parked: bool
-    """True for a preempted/engine-died request waiting to resume."""
-    cost: float
-    virtual_finish: float
-    seq: int
-    payload: T
-    pool: str = ""
-    """The set of endpoints that can serve it (e.g. the model name)."""
-    max_wait_s: float | None = None
-    """A tighter queue-time limit than its class's (a request held for a cold start)."""
-
-    def waited(self, now: float) -> float:
-        """Seconds since this item entered the queue."""
-        return now - self.enqueued_at
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -120,84 +81,13 @@ class ClassStats:
     tenants: int
 
 
-_SortKey = tuple[int, float, float, float, int]
-
-
-class _ClassQueue(Generic[T]):
-    """Items of one class in a heap of static sort keys (lazy deletion)."""
-
-    def __init__(self, cls: PriorityClass) -> None:
-        self.cls = cls
-        self.heap: list[tuple[_SortKey, str]] = []
-        self.live: dict[str, QueueItem[T]] = {}
-        self.virtual_time = 0.0
-        self.last_finish: dict[str, float] = {}
-        self.queued_by_tenant: dict[str, int] = {}
-
-    @staticmethod
-    def key(item: QueueItem[T]) -> _SortKey:
-        if item.parked:
-            return (0, item.arrival, item.deadline, item.arrival, item.seq)
-        return (1, item.virtual_finish, item.deadline, item.arrival, item.seq)
-
-    def push(self, item: QueueItem[T]) -> None:
-        self.live[item.request_id] = item
-        self.queued_by_tenant[item.tenant] = self.queued_by_tenant.get(item.tenant, 0) + 1
-        heapq.heappush(self.heap, (self.key(item), item.request_id))
-
-    def _clean_top(self) -> None:
-        while self.heap:
-            key, rid = self.heap[0]
-            item = self.live.get(rid)
-            if item is not None and self.key(item) == key:
-                return
-            heapq.heappop(self.heap)
-
-    def ordered(self) -> Iterator[QueueItem[T]]:
-        """Live items in queue order (a sorted snapshot, for peeking/scans)."""
-        for key, rid in sorted(self.heap):
-            item = self.live.get(rid)
-            if item is not None and self.key(item) == key:
-                yield item
-
-    def head(self) -> QueueItem[T] | None:
-        self._clean_top()
-        return self.live[self.heap[0][1]] if self.heap else None
-
-    def take(self, request_id: str) -> QueueItem[T] | None:
-        """Remove an item; forget a tenant with nothing left queued, and stale entries.
-
-        Per-tenant state lives only while a tenant has work queued. A tenant that
-        goes idle restarts at the virtual time ``V`` when it returns, as SCFQ
-        treats a flow that went idle (its served items' tags are ``<= V`` already;
-        items removed unserved earn it no penalty). Removed items' heap entries
-        are compacted. So the memory held is bounded by what is queued, not by
-        every tenant name ever seen.
-        """
-        item = self.live.pop(request_id, None)
-        if item is not None:
-            left = self.queued_by_tenant[item.tenant] - 1
-            if left:
-                self.queued_by_tenant[item.tenant] = left
-            else:  # an idle tenant restarts at V, as SCFQ does for a flow that went idle
-                del self.queued_by_tenant[item.tenant]
-                self.last_finish.pop(item.tenant, None)
-        if not self.live:
-            self.last_finish.clear()
-            self.heap.clear()
-        elif len(self.heap) > 2 * len(self.live) + 64:  # lazy deletions piling up
-            self.heap = [(k, rid) for k, rid in self.heap if rid in self.live]
-            heapq.heapify(self.heap)
-        return item
-
-
 class AdmissionQueue(Generic[T]):
     """Per-pool, per-class queues: strict class priority, WFQ among tenants in a class."""
 
     def __init__(self, config: PriorityConfig) -> None:
         self._config = config
         self._order = config.by_level_desc()
-        self._pools: dict[str, dict[str, _ClassQueue[T]]] = {}
+        self._pools: dict[str, dict[str, ClassQueue[T]]] = {}
         self._where: dict[str, tuple[str, str]] = {}
         self._count: dict[str, int] = {c.name: 0 for c in self._order}
         self._seq = itertools.count()
@@ -239,8 +129,7 @@ class AdmissionQueue(Generic[T]):
                 ),
             )
         cq = self._class_queue(pool, cls)
-        start = max(cq.virtual_time, cq.last_finish.get(tenant, 0.0))
-        finish = start + cost / self._config.tenant_weight(tenant)
+        finish = cq.finish_tag(tenant, cost, self._config.tenant_weight(tenant))
         item = dataclasses.replace(item, virtual_finish=finish, max_wait_s=max_wait_s)
         self._insert(cq, item)
         cq.last_finish[tenant] = finish
@@ -299,10 +188,7 @@ class AdmissionQueue(Generic[T]):
                 best = head
         if best is None:
             return None
-        cq = self._pools[best.pool][best.class_name]
-        if not best.parked:
-            cq.virtual_time = max(cq.virtual_time, best.virtual_finish)
-        cq.take(best.request_id)
+        self._pools[best.pool][best.class_name].served(best)
         del self._where[best.request_id]
         self._count[best.class_name] -= 1
         self._drop_pool_if_empty(best.pool)
@@ -379,7 +265,7 @@ class AdmissionQueue(Generic[T]):
     @staticmethod
     def rank(item: QueueItem[T]) -> tuple[int, tuple[int, float, float, float, int]]:
         """The total dispatch order of items: sort by this key."""
-        return (-item.level, _ClassQueue.key(item))
+        return (-item.level, ClassQueue.key(item))
 
     def __len__(self) -> int:
         return len(self._where)
@@ -430,24 +316,16 @@ class AdmissionQueue(Generic[T]):
         """Tenants with WFQ state (for tests: bounded by the tenants with work queued)."""
         return sum(len(cq.last_finish) for c in self._pools.values() for cq in c.values())
 
-    def _class_queue(self, pool: str, cls: PriorityClass) -> _ClassQueue[T]:
+    def _class_queue(self, pool: str, cls: PriorityClass) -> ClassQueue[T]:
         classes = self._pools.get(pool)
         if classes is None:
-            classes = self._pools[pool] = {c.name: _ClassQueue(c) for c in self._order}
+            classes = self._pools[pool] = {c.name: ClassQueue(c) for c in self._order}
         return classes[cls.name]
 
-    def _pool_head(self, classes: dict[str, _ClassQueue[T]], now: float) -> QueueItem[T] | None:
+    def _pool_head(self, classes: dict[str, ClassQueue[T]], now: float) -> QueueItem[T] | None:
         """The first non-expired item of a pool, in class then queue order."""
         for cq in classes.values():
-            skipped: list[tuple[_SortKey, str]] = []
-            head: QueueItem[T] | None = None
-            while (top := cq.head()) is not None:
-                if not self._expired(top, now):
-                    head = top
-                    break
-                skipped.append(heapq.heappop(cq.heap))
-            for entry in skipped:
-                heapq.heappush(cq.heap, entry)
+            head = cq.first(lambda item: self._expired(item, now))
             if head is not None:
                 return head
         return None
@@ -481,7 +359,7 @@ class AdmissionQueue(Generic[T]):
             pool=pool,
         )
 
-    def _insert(self, cq: _ClassQueue[T], item: QueueItem[T]) -> None:
+    def _insert(self, cq: ClassQueue[T], item: QueueItem[T]) -> None:
         if item.request_id in self._where:
             raise ValueError(f"request {item.request_id!r} is already queued")
         cq.push(item)

@@ -32,23 +32,13 @@ minus the tokens it was given.
 JSON is re-rendered with :func:`~.wire.encode_json`, which reproduces vLLM's
 bytes; events that need no change are forwarded byte for byte.
 
-Fast path (the CPU per streamed token). A plain token event (one choice, no
-role, no finish, no usage) whose bytes start with this answer's identity prefix
-(``data: {"id":..,"object":..,"created":..,"model":..,"choices":[`` as
-:func:`~.wire.encode_json` renders the adopted identity) and whose rest matches
-one of the shapes the segment's engine declares
-(:class:`~fleetgate.engines.base.TokenEventShapes`, given with
-:meth:`StreamSplicer.use_token_events`) is read from its bytes instead of
-``json.loads`` + re-encoding, and forwarded as is (``"token_ids":[..]`` replaced
-by ``null`` when the client did not ask for them). The output is the JSON path's
-byte for byte: shapes match only compact plain events, and a text holding an
-escape is forwarded only when :func:`~.wire.encode_json` renders it the same;
-shapes decide only which events skip the parse. Everything else (first event,
-role, finish, usage, error, a pending seam, a continuation under its own id, no
-shapes given) takes the JSON path.
+Fast path: a plain token event is read from its bytes (no ``json.loads``, no
+re-encoding) when it matches a shape its engine declares; the output is the JSON
+path's byte for byte (:mod:`.fastpath` says when and how). Everything else takes
+the JSON path, read and rendered by :mod:`.client_events`.
 
-What the router renders from the answer's totals (the closing usage event, a
-non-streaming client's body) is in :mod:`.assemble`.
+What the router renders from the answer's totals (the stream's tail with its
+usage event, a non-streaming client's body) is in :mod:`.assemble`.
 
 Pure and synchronous: bytes in, bytes out.
 """
@@ -61,9 +51,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleetgate.engines.base import TokenEventShapes
-from fleetgate.router.priority.assemble import assemble_response, client_usage, usage_event
+from fleetgate.router.priority.assemble import assemble_response, client_usage, stream_tail
+from fleetgate.router.priority.client_events import client_event, read_event, role_event
 from fleetgate.router.priority.continuation import Delivered, Kind, Mode, repair_seam
-from fleetgate.router.priority.wire import DONE, encode_json, encode_scalar, sse
+from fleetgate.router.priority.fastpath import (
+    PlainShape,
+    identity_prefix,
+    plain_shapes,
+    renders_same,
+)
+from fleetgate.router.priority.wire import sse
 
 
 class StreamSplicer:
@@ -122,7 +119,7 @@ class StreamSplicer:
         identity (fast path; None until adopted)."""
         self._rename: tuple[str, str] | None = None
         """(engine's model name, served name) of the current attempt's endpoint."""
-        self._shapes: tuple[tuple[re.Pattern[bytes], int, int], ...] = ()
+        self._shapes: tuple[PlainShape, ...] = ()
         """The fast path's patterns for this answer's kind, each with the group numbers
         of ``text`` and ``ids`` (0: no ``ids`` group; no patterns: JSON path only)."""
 
@@ -173,10 +170,7 @@ class StreamSplicer:
         Holds until called again; any engine's shapes are correct on any stream
         (module docstring), they only decide how much of it takes the fast path.
         """
-        self._shapes = tuple(
-            (p, p.groupindex["text"], p.groupindex.get("ids", 0))
-            for p in shapes.for_kind(self.kind)
-        )
+        self._shapes = plain_shapes(shapes, self.kind)
 
     def rename_model(self, engine_name: str | None, served_name: str | None) -> None:
         """The next attempt's engine calls the model ``engine_name``; clients know it as
@@ -277,19 +271,10 @@ class StreamSplicer:
         if self._done_sent:
             return b""
         self._done_sent = True
-        out = bytearray()
-        if self._held is not None:
-            held = self._held
-            self._held = None
-            if self.include_usage:
-                held.pop("system_fingerprint", None)
-            elif self.system_fingerprint is not None:
-                held["system_fingerprint"] = self.system_fingerprint
-            out += sse(held)
-        if self.include_usage:
-            out += sse(usage_event(self, self._usage_template))
-        out += DONE
-        return bytes(out)
+        held, self._held = self._held, None
+        return stream_tail(
+            self, held, include_usage=self.include_usage, usage_template=self._usage_template
+        )
 
     # -- events ----------------------------------------------------------
 
@@ -319,7 +304,7 @@ class StreamSplicer:
         i0, i1 = m.span(ids_group) if ids_group else (-1, -1)
         if i0 >= 0 and buffer[i0] == 91:  # "[": a list of ids
             if not self.return_token_ids:
-                if quoted and encode_json(text).encode() != quoted:
+                if quoted and not renders_same(text, quoted):
                     return -1  # the JSON path would re-render this text differently
                 out.append(buffer[pos:i0])
                 out.append(b"null")
@@ -336,27 +321,12 @@ class StreamSplicer:
 
     def _event(self, raw: bytes) -> bytes:
         """One complete event the fast path did not take: parsed as JSON."""
-        if raw.startswith(b"data:") and raw.find(b"\n") == len(raw) - 2:
-            payload = raw[5:-2].lstrip(b" ")  # one data line (how engines write events)
-        else:
-            payload = b"\n".join(
-                line[5:].lstrip(b" ") for line in raw.split(b"\n") if line.startswith(b"data:")
-            )
-        if not payload or payload == b"[DONE]":
-            # keep-alives carry nothing; the single [DONE] comes from finish()
-            return b""
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            obj = None
-        if not isinstance(obj, dict) or (
-            "choices" not in obj and ("error" in obj or obj.get("object") == "error")
-        ):
-            # an engine error event (or garbage): never shown to the client; the
+        obj, error = read_event(raw)
+        if obj is None:
+            # an engine error event (or garbage) is never shown to the client: the
             # router resumes the answer elsewhere unless it is finished
-            self.upstream_error = (
-                obj if isinstance(obj, dict) else {"error": {"message": "malformed event"}}
-            )
+            if error is not None:
+                self.upstream_error = error
             return b""
         self._adopt_identity(obj)
         usage = obj.get("usage")
@@ -389,15 +359,7 @@ class StreamSplicer:
             self.model = obj.get("model")
             if self._rename is not None and self.model == self._rename[0]:
                 self.model = self._rename[1]
-            ident, kind, created, model = map(
-                encode_scalar, (self.id, obj.get("object"), self.created, self.model)
-            )
-            head = f'data: {{"id":{ident},"object":{kind},"created":{created},"model":{model},'
-            head += '"choices":['
-            try:
-                self._prefix = head.encode()
-            except UnicodeEncodeError:  # a lone surrogate: no fast path for this answer
-                self._prefix = None
+            self._prefix = identity_prefix(self.id, obj.get("object"), self.created, self.model)
 
     @property
     def _fresh(self) -> bool:
@@ -433,7 +395,9 @@ class StreamSplicer:
             if "role" in delta:
                 if not self.role_sent:
                     self.role_sent = True  # the one role delta the client sees
-                    return self._hide_ids(obj, choice)
+                    return role_event(
+                        obj, choice, self._identity, return_token_ids=self.return_token_ids
+                    )
                 delta.pop("role")
                 if not delta.get("content") and choice.get("finish_reason") is None:
                     return None
@@ -460,63 +424,23 @@ class StreamSplicer:
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
             self.stop_reason = choice.get("stop_reason")
-        if self.kind == "chat" and from_completions:
-            return self._completion_to_chat(obj, choice, text, ids)
-        if not self.return_token_ids:
-            if "token_ids" in choice:
-                choice["token_ids"] = None
-            if "prompt_token_ids" in choice:
-                choice["prompt_token_ids"] = None
-        elif not self._fresh and "prompt_token_ids" in choice:
-            choice["prompt_token_ids"] = None
-        out = self._with_identity(obj)
-        out["choices"] = [choice]
-        if not self.return_token_ids or not self._fresh:
-            if out.get("prompt_token_ids") is not None:
-                out["prompt_token_ids"] = None
-        if isinstance(out.get("usage"), dict):
-            out["usage"] = client_usage(out["usage"], self)
-        return out
+        usage = obj.get("usage")
+        usage = client_usage(usage, self) if isinstance(usage, dict) else None
+        return client_event(
+            obj,
+            choice,
+            text,
+            ids,
+            self._identity,
+            as_chat=self.kind == "chat" and from_completions,
+            return_token_ids=self.return_token_ids,
+            fresh=self._fresh,
+            usage=usage,
+        )
 
-    def _hide_ids(self, obj: Mapping[str, Any], choice: dict[str, Any]) -> dict[str, Any]:
-        """An event unchanged but for token-id fields the client did not ask for."""
-        out = self._with_identity(obj)
-        out["choices"] = [choice]
-        if not self.return_token_ids and out.get("prompt_token_ids") is not None:
-            out["prompt_token_ids"] = None
-        return out
-
-    def _with_identity(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(obj)
-        out["id"] = self.id
-        out["created"] = self.created
-        out["model"] = self.model
-        return out
-
-    def _completion_to_chat(
-        self, obj: Mapping[str, Any], choice: Mapping[str, Any], text: str, ids: Any
-    ) -> dict[str, Any]:
-        new_choice: dict[str, Any] = {
-            "index": choice.get("index", 0),
-            "delta": {"content": text},
-            "logprobs": None,
-            "finish_reason": choice.get("finish_reason"),
-        }
-        if choice.get("finish_reason") is not None:
-            new_choice["stop_reason"] = choice.get("stop_reason")
-        new_choice["token_ids"] = ids if self.return_token_ids else None
-        out: dict[str, Any] = {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [new_choice],
-        }
-        if isinstance(obj.get("usage"), dict):
-            out["usage"] = client_usage(obj["usage"], self)
-        if obj.get("system_fingerprint") is not None:
-            out["system_fingerprint"] = obj["system_fingerprint"]
-        return out
+    @property
+    def _identity(self) -> tuple[str | None, int | None, str | None]:
+        return (self.id, self.created, self.model)
 
     # -- non-streaming clients -----------------------------------------
 

@@ -14,8 +14,9 @@ from fleetgate.api.v1alpha1 import InferenceServiceSpec
 from fleetgate.engines.base import KvEventsEndpoint
 from fleetgate.operator import manifests
 from fleetgate.operator.options import OperatorOptions
-from fleetgate.router import discovery_k8s as d
+from fleetgate.router import k8s_addresses as ka
 from fleetgate.router import k8s_targets as kt
+from fleetgate.router import membership as fm
 from fleetgate.router.app import build_fleet, build_router
 from fleetgate.router.config import ConfigError, parse_backend_flag, parse_config
 from fleetgate.router.scheduling.types import EndpointId
@@ -52,7 +53,7 @@ def _isvc(kind: str) -> dict[str, Any]:
 
 
 def test_annotation_name_agrees_with_the_operator() -> None:
-    assert kt.ANNOTATION_KV_EVENTS == manifests.ANNOTATION_KV_EVENTS
+    assert ka.ANNOTATION_KV_EVENTS == manifests.ANNOTATION_KV_EVENTS
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,7 @@ def test_annotation_name_agrees_with_the_operator() -> None:
     ],
 )  # fmt: skip
 def test_operator_pods_give_their_kv_events_endpoint(kind: str, want: KvEventsEndpoint) -> None:
-    found = kt.addresses_from_pod(_pod_of(kind), "http")
+    found = ka.addresses_from_pod(_pod_of(kind), "http")
     (t,) = kt.desired_targets(found, {("ns", "svc"): _isvc(kind)}, CFG).values()
     assert t.kv_events == want and t.kv_events_error is None
     assert t.url == "http://10.1.0.7:8000"
@@ -76,7 +77,7 @@ def test_annotation_round_trips_what_the_operator_writes() -> None:
         KvEventsEndpoint("zmq", "f", port=1),
         KvEventsEndpoint("http-drain", "g", path="/x"),
     ):
-        assert kt.parse_kv_events_annotation(manifests.kv_events_annotation(kv)) == kv
+        assert ka.parse_kv_events_annotation(manifests.kv_events_annotation(kv)) == kv
 
 
 @pytest.mark.parametrize(
@@ -96,20 +97,20 @@ def test_annotation_round_trips_what_the_operator_writes() -> None:
 )
 def test_bad_annotations_are_one_line_errors(value: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        kt.parse_kv_events_annotation(value)
+        ka.parse_kv_events_annotation(value)
 
 
 def test_bad_annotation_keeps_the_endpoint_without_events() -> None:
     p = _pod_of("vllm")
-    p["metadata"]["annotations"][kt.ANNOTATION_KV_EVENTS] = "{broken"
-    (t,) = kt.desired_targets(kt.addresses_from_pod(p, "http"),
+    p["metadata"]["annotations"][ka.ANNOTATION_KV_EVENTS] = "{broken"
+    (t,) = kt.desired_targets(ka.addresses_from_pod(p, "http"),
                               {("ns", "svc"): _isvc("vllm")}, CFG).values()  # fmt: skip
     assert t.kv_events is None and "not JSON" in (t.kv_events_error or "")
 
 
 def test_slices_carry_no_annotation() -> None:
-    found = kt.addresses_from_pod(_pod_of("vllm"), "http")
-    assert found[0].annotation(kt.ANNOTATION_KV_EVENTS) is not None
+    found = ka.addresses_from_pod(_pod_of("vllm"), "http")
+    assert found[0].annotation(ka.ANNOTATION_KV_EVENTS) is not None
     plain = dataclasses.replace(found[0], annotations=())
     (t,) = kt.desired_targets([plain], {("ns", "svc"): _isvc("vllm")}, CFG).values()
     assert t.kv_events is None
@@ -206,7 +207,7 @@ async def test_discovered_endpoint_gets_a_feed_and_leaving_clears_it() -> None:
     async with app.router.lifespan_context(app):
         fleet = app.state.router.fleet
         feeds = app.state.kv_feeds
-        m = d.FleetMembership(fleet, app.state.poller, kv_feeds=feeds)
+        m = fm.FleetMembership(fleet, app.state.poller, kv_feeds=feeds)
         kv = KvEventsEndpoint("zmq", "vllm", port=1, replay_port=2)
         t = kt.Target(EndpointId("ns/a"), "chat", "vllm", "http://127.0.1.9:8000", 16, "ns",
                       "llama", "llama-3", kv_events=kv)  # fmt: skip

@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
+from fleetgate.router.priority.class_queue import QueueItem
 from fleetgate.router.priority.config import PriorityConfig, resolve_class, resolve_tenant
 from fleetgate.router.priority.continuation import build_continuation, upstream_body
 from fleetgate.router.priority.policy import Dispatch, Preempt, drain
 from fleetgate.router.priority.preemption import InFlight
-from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
+from fleetgate.router.priority.queue import AdmissionQueue, Shed
 from fleetgate.router.priority.saturation import SaturationThresholds, SaturationView
 from fleetgate.router.priority.splice import StreamSplicer
 from fleetgate.router.priority.wire import DONE, encode_json

@@ -6,10 +6,11 @@ from collections.abc import Sequence
 
 import pytest
 
+from fleetgate.router.priority.class_queue import QueueItem
 from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.priority.policy import Dispatch, Preempt, drain
 from fleetgate.router.priority.preemption import InFlight
-from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
+from fleetgate.router.priority.queue import AdmissionQueue, Shed
 from fleetgate.router.priority.saturation import SaturationThresholds, SaturationView
 
 CFG = PriorityConfig()

@@ -7,8 +7,9 @@ from collections import Counter
 
 import pytest
 
+from fleetgate.router.priority.class_queue import QueueItem
 from fleetgate.router.priority.config import PriorityClass, PriorityConfig
-from fleetgate.router.priority.queue import AdmissionQueue, QueueItem, Shed
+from fleetgate.router.priority.queue import AdmissionQueue, Shed
 
 CFG = PriorityConfig()
 CRIT, STD, BATCH, SHED = (CFG.get(n) for n in ("critical", "standard", "batch", "sheddable"))
