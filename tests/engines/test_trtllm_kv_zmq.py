@@ -121,8 +121,8 @@ def test_multimodal_and_lora_blocks_never_match_text_prompts() -> None:
     index.apply(eid, batch)
     keys = block_keys(list(range(1, 9)), 4)
     assert index.match(eid, keys) == 0
-    index.apply(eid, KvEventBatch(seq=1, events=(BlockStored((FIRST, SECOND), None,
-                                                             (1, 2, 3, 4, 5, 6, 7, 8), 4),)))  # fmt: skip
+    plain = BlockStored((FIRST, SECOND), None, (1, 2, 3, 4, 5, 6, 7, 8), 4)
+    index.apply(eid, KvEventBatch(seq=1, events=(plain,)))
     assert index.match(eid, block_keys([1, 2, 3, 4, 5, 6, 7, 8], 4)) == 2
 
 

@@ -42,7 +42,7 @@ def _port_of(url: str) -> int:
 def zmq_backend(e: RunningEngine, **kv: Any) -> dict[str, Any]:
     assert e.kv_events is not None and e.kv_replay is not None
     return {
-        "engine": "vllm",
+        "engine": e.kind,  # vLLM, or TensorRT-LLM's streaming publisher (same framing)
         "url": e.url,
         "kv_events": {
             "port": _port_of(e.kv_events),
@@ -308,7 +308,7 @@ async def test_router_started_late_replays_what_was_published_before() -> None:
 
 
 async def test_trtllm_drain_feeds_the_index() -> None:
-    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=256,
+    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=256, version="1.3.0",
                       overrides={"tokens_per_block": BS})  # fmt: skip
     async with run_fleet([spec], time_scale=0) as sim:
         (eng,) = sim.engines
@@ -330,7 +330,7 @@ async def test_trtllm_drain_feeds_the_index() -> None:
 
 
 async def test_trtllm_started_late_is_partial() -> None:
-    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=256,
+    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=256, version="1.3.0",
                       overrides={"tokens_per_block": BS})  # fmt: skip
     async with run_fleet([spec], time_scale=0) as sim:
         (eng,) = sim.engines
@@ -481,8 +481,12 @@ def test_endpoint_kv_events_default() -> None:
                     adapter.metrics_sources[0], kv_events=kv).kv_events == kv  # fmt: skip
 
 
-async def test_sim_lines_paste_into_router_backend_flags(tmp_path: Path) -> None:
-    """``fleetgate sim --vllm 1 --trtllm 1 --kv-events`` prints what ``--backend`` takes."""
+@pytest.mark.parametrize("trtllm_version", [None, "1.3.0"])
+async def test_sim_lines_paste_into_router_backend_flags(
+    tmp_path: Path, trtllm_version: str | None
+) -> None:
+    """``fleetgate sim --vllm 1 --trtllm 1 --kv-events`` prints what ``--backend`` takes:
+    TensorRT-LLM main's ZeroMQ stream by default, 1.3's HTTP drain with that version."""
     import argparse
 
     from fleetgate.router.cli import resolve_config
@@ -490,6 +494,8 @@ async def test_sim_lines_paste_into_router_backend_flags(tmp_path: Path) -> None
     log = tmp_path / "sim.log"
     cmd = [sys.executable, "-m", "fleetgate", "sim", "--vllm", "1", "--trtllm", "1",
            "--kv-events", "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+    if trtllm_version is not None:
+        cmd += ["--trtllm-version", trtllm_version]
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out,
                                                     stdin=asyncio.subprocess.DEVNULL)  # fmt: skip
@@ -505,8 +511,13 @@ async def test_sim_lines_paste_into_router_backend_flags(tmp_path: Path) -> None
             fields = dict(part.split("=", 1) for part in line.split())
             kv = [f"{k}={fields[k]}" for k in ("kv_events", "kv_replay") if k in fields]
             flags.append(",".join([f"{fields['engine']}={fields['url']}", *kv]))
-        assert any("kv_events=http-drain:/kv_cache_events" in f for f in flags), flags
-        assert any("kv_replay=tcp://127.0.0.1:" in f for f in flags), flags
+        (trt,) = [f for f in flags if f.startswith("trtllm=")]
+        (vllm,) = [f for f in flags if f.startswith("vllm=")]
+        assert "kv_replay=tcp://127.0.0.1:" in vllm, flags
+        if trtllm_version is None:
+            assert "kv_events=tcp://127.0.0.1:" in trt and "kv_replay=tcp://127.0.0.1:" in trt
+        else:
+            assert trt.endswith(",kv_events=http-drain:/kv_cache_events"), flags
         args = argparse.Namespace(config=None, backend=flags)
         app = build_router(resolve_config(args))
         async with app.router.lifespan_context(app):
