@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from fleetgate.engines import get_adapter
 from fleetgate.engines.base import KvEventsEndpoint
@@ -361,12 +362,24 @@ def _free_port() -> int:
 
 @contextlib.asynccontextmanager
 async def emulator_process(
-    tmp: Path, http: int, pub: int | None = None, replay: int | None = None
+    tmp: Path, http: int, pub: int | None = None, replay: int | None = None, engine: str = "vllm"
 ) -> AsyncIterator[str]:
-    """The emulator on fixed ports, stopped by its PID: ``vllm serve`` with events on
+    """The emulator on fixed ports, stopped by its PID: ``vllm serve`` (or, ``engine``
+    ``trtllm``, ``trtllm-serve`` with ``kv_cache_config.kv_events_config``) with events on
     ``pub``/``replay``, or without them ``trtllm-serve`` keeping events for the drain."""
     log = tmp / f"sim-{time.monotonic_ns()}.log"
-    if pub is not None:
+    if pub is not None and engine == "trtllm":
+        options = tmp / "llm_api_options.yaml"
+        events = {"enable_kv_cache_events": True, "publisher": "zmq",
+                  "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}",
+                  "topic": "kv-events"}  # fmt: skip
+        kv_cache = {"tokens_per_block": BS, "kv_events_config": events,
+                    "use_kv_cache_manager_v2": True}  # fmt: skip
+        options.write_text(yaml.safe_dump({"kv_cache_config": kv_cache}))
+        cmd = [sys.executable, "-m", "fleetgate", "sim", "trtllm-serve", "m", "--host",
+               "127.0.0.1", "--port", str(http),
+               "--extra_llm_api_options", str(options)]  # fmt: skip
+    elif pub is not None:
         kv = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                          "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}",
                          "topic": "kv-events"})  # fmt: skip
@@ -406,20 +419,25 @@ async def emulator_process(
                 await proc.wait()
 
 
-async def test_engine_restart_on_the_same_port_clears_and_relearns(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["vllm", "trtllm"])
+async def test_engine_restart_on_the_same_port_clears_and_relearns(
+    tmp_path: Path, engine: str
+) -> None:
+    """A ZeroMQ stream (vLLM's, or TensorRT-LLM's streaming publisher started from the
+    options file the operator writes) whose engine restarts on the same ports."""
     http, pub, replay = _free_port(), _free_port(), _free_port()
-    backend = {"engine": "vllm", "url": f"http://127.0.0.1:{http}",
+    backend = {"engine": engine, "url": f"http://127.0.0.1:{http}",
                "kv_events": {"port": pub, "replay_port": replay, "topic": "kv-events"}}  # fmt: skip
     before, after = prompt(1, 3), prompt(2, 2)
     async with feeds_for(config([backend])) as (fleet, _feeds, metrics):
         (ep,) = fleet
-        async with emulator_process(tmp_path, http, pub, replay) as url:
+        async with emulator_process(tmp_path, http, pub, replay, engine) as url:
             await until(lambda: ep.kv_feed.state == "live", "feed live", 30)
             await complete(url, "m", before)
             await until(lambda: fleet.kv_index.match(ep.id, block_keys(before, BS)) == 3,
                         "first engine's blocks")  # fmt: skip
         await until(lambda: ep.kv_feed.state != "live", "feed notices the engine left")
-        async with emulator_process(tmp_path, http, pub, replay) as url:
+        async with emulator_process(tmp_path, http, pub, replay, engine) as url:
             # the new engine publishes seq 0, 1, ... again
             await until(lambda: ep.kv_feed.state == "live", "feed live again", 30)
             await complete(url, "m", after)
@@ -428,7 +446,8 @@ async def test_engine_restart_on_the_same_port_clears_and_relearns(tmp_path: Pat
             assert fleet.kv_index.match(ep.id, block_keys(before, BS)) == 0, "old entries gone"
             assert fleet.kv_index.blocks(ep.id) == 2
             assert metric(metrics, "fleetgate_kv_feed_restarts_total", endpoint=ep.id,
-                          engine="vllm") == 1  # fmt: skip
+                          engine=engine) == 1  # fmt: skip
+            assert metric(metrics, "fleetgate_kv_decode_errors_total") == 0
 
 
 async def test_trtllm_restart_on_the_same_port_clears_and_relearns(tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ async def test_three_replicas_agree_on_every_decision_over_mixed_engine_streams(
             keys = shared_keys(system).keys(BS)
             assert len(keys) >= 5
             await until(
-                lambda: all(f.kv_index.match(owner, keys) == len(keys) for f in fleets),  # type: ignore[arg-type]  # noqa: B023
+                lambda: all(f.kv_index.match(owner, keys) == len(keys) for f in fleets),  # noqa: B023
                 f"every replica indexed prefix {i} on {owner}",
             )
         assert len(set(owners.values())) == 3
