@@ -96,7 +96,9 @@ __all__ = [
 
 TRTLLM_ZMQ_FORMAT = "trtllm-zmq-msgpack"
 #: Container ports of the publisher (rank 0) and of the replay socket (operator defaults);
-#: TensorRT-LLM's default endpoint is 5557. Ranks > 0 would bind base + rank.
+#: TensorRT-LLM's default endpoint is 5557 and it has no default replay endpoint. Ranks > 0
+#: would bind base + rank, and the engine refuses base ports closer than its ranks per
+#: host (``validate_endpoint_ranges``): 10 apart leaves room for up to 10.
 KV_EVENTS_PORT = 5557
 KV_REPLAY_PORT = 5567
 KV_EVENTS_TOPIC = "kv-events"
