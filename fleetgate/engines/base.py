@@ -181,7 +181,8 @@ class KvEventsDecodeError(EngineError):
 
 BlockHash = int | bytes
 """An engine's block hash as it publishes it (vLLM: 64-bit int by default, bytes with
-``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``; TensorRT-LLM: int)."""
+``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``; TensorRT-LLM: int, signed 64-bit on its ZeroMQ
+stream)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -233,8 +234,9 @@ KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 class KvEventBatch:
     """One published batch of KV events, in engine order.
 
-    ``seq`` is the publisher's sequence number (vLLM: the ZeroMQ frame, 0, 1, 2 ...
-    per publisher start; TensorRT-LLM: the first ``event_id``); a subscriber that
+    ``seq`` is the publisher's sequence number (vLLM and TensorRT-LLM's streaming
+    publisher: the ZeroMQ frame, 0, 1, 2 ... per publisher start; TensorRT-LLM's HTTP
+    drain: the ``event_id``); a subscriber that
     sees ``seq`` jump has missed batches and asks for a replay. ``ts`` is the
     engine's wall-clock time (seconds) when known.
     """
@@ -355,4 +357,10 @@ class EngineAdapter(Protocol):
         batches it carries, in order (none for a replay's end marker); raises
         :class:`KvEventsDecodeError` for anything malformed.
         """
+        ...
+
+    def kv_replay_request(self, start: int) -> tuple[bytes, ...]:
+        """The frames a ZeroMQ DEALER sends to the engine's replay socket to have every
+        buffered batch from sequence number ``start`` on sent again (pure). The replies
+        are decoded by :meth:`decode_kv_events`; its ``()`` marks the replay's end."""
         ...

@@ -428,6 +428,10 @@ class VllmAdapter:
     def decode_kv_events(self, frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
         return decode_vllm_kv_events(frames)
 
+    def kv_replay_request(self, start: int) -> tuple[bytes, ...]:
+        """``(b"", start as 8-byte big-endian)`` to the replay ROUTER socket."""
+        return (b"", start.to_bytes(8, "big"))
+
     # ---------------------------------------------------------------- container
     def container(self, launch: LaunchSpec) -> ContainerPlan:
         """``python3 -m vllm.entrypoints.openai.api_server`` with settings as flags."""

@@ -7,9 +7,11 @@ are then cleared). Batches are decoded by the endpoint's adapter
 (``decode_kv_events``) and applied to ``Fleet.kv_index`` in order, under the rules of
 :class:`~fleetgate.router.scheduling.kvsync.FeedSequencer`.
 
-``zmq`` (vLLM): a SUB socket on ``tcp://<endpoint host>:<port>`` subscribed to the
-topic, and for every replay a fresh DEALER on the replay port (a request that timed
-out can never answer a later one). A socket monitor reports the connection:
+``zmq`` (vLLM, and TensorRT-LLM's streaming publisher: the same framing and replay
+protocol; the adapter decodes and writes the replay request): a SUB socket on
+``tcp://<endpoint host>:<port>`` subscribed to the topic, and for every replay a fresh
+DEALER on the replay port (a request that timed out can never answer a later one).
+A socket monitor reports the connection:
 
 * connected (handshake done): replay from the first batch not applied yet (0 at
   start), so what was published before the subscription took effect is not lost;
@@ -23,8 +25,8 @@ out can never answer a later one). A socket monitor reports the connection:
 * a replay whose first batch is later than asked (the engine's buffer no longer
   reaches back) is applied anyway and the feed is ``partial``.
 
-``http-drain`` (TensorRT-LLM): ``POST`` the path on the engine's HTTP port every
-``kv_events.drain_interval_s`` through the router's httpx client. Reading removes
+``http-drain`` (TensorRT-LLM's buffered events): ``POST`` the path on the engine's HTTP
+port every ``kv_events.drain_interval_s`` through the router's httpx client. Reading removes
 the events, so there is no replay: a lost or undecodable body clears the endpoint's
 entries and the feed is ``partial`` until the engine reports a new cache
 (``created``, decoded as ``AllBlocksCleared``).
@@ -165,7 +167,9 @@ class _Feed:
 
 
 class ZmqFeed(_Feed):
-    """vLLM's ZeroMQ PUB stream + ROUTER replay (see the module docstring)."""
+    """A ZeroMQ PUB stream + ROUTER replay (see the module docstring). What the engine
+    sends is decoded, and the replay request written, by the endpoint's adapter
+    (``decode_kv_events``, ``kv_replay_request``): nothing here is engine-specific."""
 
     def __init__(
         self,
@@ -307,7 +311,7 @@ class ZmqFeed(_Feed):
         out: list[KvEventBatch] = []
         try:
             dealer.connect(self.replay_url)
-            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            await dealer.send_multipart(list(self.e.adapter.kv_replay_request(start)))
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.config.replay_timeout_s
             while True:

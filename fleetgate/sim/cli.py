@@ -33,7 +33,14 @@ from pydantic import ValidationError
 from fleetgate.cli import CliError
 from fleetgate.engines.trtllm.kv_events import KV_EVENTS_PATH as TRTLLM_KV_EVENTS_PATH
 from fleetgate.sim.entrypoints import ENGINE_COMMANDS, default_profile
-from fleetgate.sim.fleet import EngineSpec, FleetError, FleetFile, check_loopback, run_fleet
+from fleetgate.sim.fleet import (
+    EngineSpec,
+    FleetError,
+    FleetFile,
+    check_loopback,
+    run_fleet,
+    trtllm_kv_transport,
+)
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -85,6 +92,11 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         "--vllm-version", help="version vLLM engines report (default 0.33.0; fixtures: 0.32.0)"
     )
     group.add_argument(
+        "--trtllm-version",
+        help="TensorRT-LLM release the --trtllm engines emulate (default main; 1.0.0, "
+        "1.2.0rc3, 1.3.0...): request fields, metrics and how KV events are published",
+    )
+    group.add_argument(
         "--max-num-queued-reqs", type=int, help="vLLM admission limit: 503 beyond it"
     )
     group.add_argument("--scheduling-policy", choices=("fcfs", "priority"), help="queue policy")
@@ -99,8 +111,9 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         "--kv-events",
         action="store_true",
         help="KV-cache events: vLLM publishes over ZeroMQ (vLLM 0.32 wire) on ephemeral "
-        "loopback ports, printed as kv_events=... kv_replay=...; TensorRT-LLM keeps them "
-        "for POST /kv_cache_events (printed kv_events=http-drain:/kv_cache_events). "
+        "loopback ports, printed as kv_events=... kv_replay=...; so does TensorRT-LLM main "
+        "(its own streaming wire); TensorRT-LLM 1.3 and older keep them for "
+        "POST /kv_cache_events (printed kv_events=http-drain:/kv_cache_events). "
         "Append the printed options to the router's --backend: "
         "--backend vllm=URL,kv_events=tcp://...,kv_replay=tcp://...",
     )
@@ -182,7 +195,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int
                 overrides=overrides,
                 enable_prompt_tokens_details=details,
                 max_num_queued_reqs=args.max_num_queued_reqs,
-                version=args.vllm_version if kind == "vllm" else None,
+                version=args.vllm_version if kind == "vllm" else args.trtllm_version,
                 kv_events=bool(args.kv_events),
             )
             for _ in range(count)
@@ -210,7 +223,7 @@ async def serve(args: argparse.Namespace) -> int:
         ) as fleet:
             for spec, e in zip(specs, fleet.engines, strict=True):
                 kv = f" kv_events={e.kv_events} kv_replay={e.kv_replay}" if e.kv_events else ""
-                if spec.kind == "trtllm" and spec.kv_events:
+                if trtllm_kv_transport(spec) == "http-drain":
                     kv = f" kv_events=http-drain:{TRTLLM_KV_EVENTS_PATH}"
                 print(f"engine={e.kind} url={e.url} model={e.model}{kv}", flush=True)
             await stop.wait()

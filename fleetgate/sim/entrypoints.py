@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ipaddress
+import json
 import logging
 import os
 import signal
@@ -90,7 +91,8 @@ class EngineLaunch:
     prompt_tokens_details: bool = False
     max_num_queued_reqs: int | None = None
     kv_events_config: str | None = None
-    """vLLM ``--kv-events-config`` JSON (KV-cache events over ZeroMQ), as given."""
+    """vLLM ``--kv-events-config`` JSON (KV-cache events over ZeroMQ), as given; for
+    TensorRT-LLM the options file's ``kv_cache_config.kv_events_config`` as JSON."""
     ignored: tuple[str, ...] = ()
     """Real engine flags (and config keys) accepted with no effect on the emulation."""
     unknown: tuple[str, ...] = ()
@@ -277,6 +279,8 @@ _TRT_CONFIG_KEYS = {
     "kv_cache_config.tokens_per_block": "tokens_per_block",
     # KV-cache events for POST /kv_cache_events (not a profile field: see engine_spec)
     "kv_cache_config.event_buffer_max_size": "event_buffer_max_size",
+    # the streaming ZeroMQ publisher (not a profile field: served by main())
+    "kv_cache_config.kv_events_config": "kv_events_config",
     "scheduler_config.capacity_scheduler_policy": "capacity_scheduler_policy",
     "scheduler_config.waiting_queue_policy": "waiting_queue_policy",
 }
@@ -284,6 +288,7 @@ _TRT_CONFIG_KEYS = {
 _TRT_CONFIG_NO_EFFECT = {
     "kv_cache_config.free_gpu_memory_fraction",
     "kv_cache_config.max_tokens",
+    "kv_cache_config.use_kv_cache_manager_v2",
     "enable_iter_perf_stats",
     "return_perf_metrics",
     "backend",
@@ -367,12 +372,18 @@ def parse_trtllm(argv: Sequence[str]) -> EngineLaunch:
         value = getattr(ns, flag)
         if value is not None:
             overrides[key] = value
+    events_config = overrides.pop("kv_events_config", None)
+    if events_config is not None and not isinstance(events_config, Mapping):
+        raise CliError(
+            f"kv_cache_config.kv_events_config: expected a mapping, not {events_config!r}"
+        )
     return EngineLaunch(
         kind="trtllm",
         model=ns.model,
         host=ns.host,
         port=ns.port,
         overrides=overrides,
+        kv_events_config=json.dumps(dict(events_config)) if events_config else None,
         prompt_tokens_details=True,
         ignored=tuple(ignored),
         unknown=tuple(unknown),
@@ -530,11 +541,12 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
 
 
 def _kv_publisher(launch: EngineLaunch, env: Mapping[str, str], host: str) -> Any:
-    """vLLM's KV-event publisher when ``--kv-events-config`` turns events on, else None.
+    """The KV-event publisher when vLLM's ``--kv-events-config`` (or TensorRT-LLM's
+    ``kv_cache_config.kv_events_config``, same fields) turns events on, else None.
 
     A ``tcp://*:P`` endpoint binds ``host`` (the HTTP socket's address) unless that is
-    a wildcard itself."""
-    if launch.kind != "vllm" or not launch.kv_events_config:
+    a wildcard itself. TensorRT-LLM's publisher writes its own wire and always binds."""
+    if not launch.kv_events_config:
         return None
     from fleetgate.sim.vllm.kv_events import KvEventPublisher, parse_kv_events_config
 
@@ -542,7 +554,13 @@ def _kv_publisher(launch: EngineLaunch, env: Mapping[str, str], host: str) -> An
     if not config.active:
         return None
     wildcard = None if host in ("0.0.0.0", "::", "") else host
-    publisher = KvEventPublisher(config, env, wildcard)
+    publisher: Any
+    if launch.kind == "trtllm":
+        from fleetgate.sim.trtllm.kv_events import trtllm_kv_publisher
+
+        publisher = trtllm_kv_publisher(config, env, wildcard)
+    else:
+        publisher = KvEventPublisher(config, env, wildcard)
     log.info(
         "KV-cache events: %s (topic %r), replay %s",
         config.endpoint,

@@ -89,7 +89,10 @@ class EngineSpec(BaseModel):
     kv_events: bool = False
     """KV-cache events. vLLM: published over ZeroMQ (vLLM 0.32's wire, topic
     ``kv-events``) on an ephemeral loopback port, with a replay socket
-    (:attr:`RunningEngine.kv_events`); TensorRT-LLM: kept for ``POST /kv_cache_events``."""
+    (:attr:`RunningEngine.kv_events`). TensorRT-LLM: as its ``version``'s release line
+    does (:func:`trtllm_kv_transport`): main streams them over ZeroMQ in TensorRT-LLM's
+    own wire (same ports and topic as vLLM's), 1.3 and older keep them for
+    ``POST /kv_cache_events``."""
     kv_event_buffer: int = Field(default=4096, ge=1)
     """TensorRT-LLM's ``kv_cache_config.event_buffer_max_size`` when events are on."""
     seed: int | None = None
@@ -196,7 +199,8 @@ def build_engine(
 ) -> tuple[SimEngine, Any]:
     """One engine (model, driver, metrics, ASGI app); nothing started yet.
 
-    ``kv_events``: where a vLLM engine publishes its KV-cache events (None = off)."""
+    ``kv_events``: where the engine publishes its KV-cache events over ZeroMQ (vLLM;
+    TensorRT-LLM's streaming publisher). None: off, or TensorRT-LLM's HTTP drain."""
     try:
         model = factory(spec.kind, spec.profile, spec.overrides, seed)
     except ValueError as e:
@@ -230,7 +234,8 @@ def build_engine(
         SharedTokenizer(),
         time_scale,
         adapter.error_body,
-        spec.kv_event_buffer if spec.kv_events else None,
+        spec.kv_event_buffer if spec.kv_events and kv_events is None else None,
+        kv_events,
     )
 
 
@@ -317,10 +322,25 @@ async def run_fleet(
             p.close()
 
 
+def trtllm_kv_transport(spec: EngineSpec) -> str | None:
+    """How an emulated TensorRT-LLM spec publishes KV events: its release line's way
+    (``zmq`` on main, ``http-drain`` on 1.3; 1.0-1.2 have no verified way, so the drain
+    the emulator has always offered), None when events are off."""
+    if not spec.kv_events or spec.kind != "trtllm":
+        return None
+    from fleetgate.engines.trtllm.versions import release_for
+
+    return release_for(spec.version or TRTLLM_VERSION).kv_events or "http-drain"
+
+
 def _kv_publisher(spec: EngineSpec, host: str) -> Any:
-    """A loopback KV-event publisher (ephemeral ports) for a vLLM spec with events on."""
-    if not spec.kv_events or spec.kind != "vllm":
-        return None  # TensorRT-LLM keeps its events for POST /kv_cache_events
+    """A loopback KV-event publisher (ephemeral ports) for a spec with ZeroMQ events on:
+    vLLM, and TensorRT-LLM on a line that streams them (otherwise it keeps its events
+    for ``POST /kv_cache_events``)."""
+    if not spec.kv_events:
+        return None
+    if spec.kind == "trtllm" and trtllm_kv_transport(spec) != "zmq":
+        return None
     if ":" in host:
         raise FleetError("kv_events: needs an IPv4 loopback host")
     from fleetgate.sim.vllm.kv_events import KvEventPublisher, KvEventsConfig
@@ -331,6 +351,10 @@ def _kv_publisher(spec: EngineSpec, host: str) -> Any:
         replay_endpoint=f"tcp://{host}:*",
         topic="kv-events",
     )
+    if spec.kind == "trtllm":
+        from fleetgate.sim.trtllm.kv_events import trtllm_kv_publisher
+
+        return trtllm_kv_publisher(config, {})
     return KvEventPublisher(config, {})
 
 

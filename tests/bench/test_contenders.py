@@ -219,6 +219,15 @@ def test_events_contender_gives_every_backend_its_event_endpoint_and_the_tokeniz
     }
     assert config["scheduling"]["tokenizers"] == {cmod.MODEL: {"kind": "emulator"}}
     assert config["scheduling"]["router_replicas"] == 2
+    # TensorRT-LLM main prints its streaming publisher's sockets: read them as such
+    streamed = cmod.kv_events_backend("trtllm", "tcp://127.0.0.1:6001", "tcp://127.0.0.1:6002")
+    assert streamed == {
+        "transport": "zmq",
+        "format": "trtllm-zmq-msgpack",
+        "port": 6001,
+        "replay_port": 6002,
+        "topic": "kv-events",
+    }
     # an approximate contender never sends the event sections, even when known
     plain = cmod.fleetgate_config(cmod.CONTENDERS["fleetgate"], BACKENDS, 1, kv_events=events)
     assert all("kv_events" not in b for b in plain["pools"][0]["backends"])

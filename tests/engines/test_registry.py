@@ -128,6 +128,9 @@ class ToyAdapter:
     def decode_kv_events(self, frames):
         return ()  # publishes none: ContainerPlan.kv_events stays None
 
+    def kv_replay_request(self, start):
+        raise NotImplementedError("publishes no events: nothing to replay")
+
 
 ADAPTER = ToyAdapter()
 '''

@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetgate.engines.base import LEVEL_MAX, LEVEL_MIN, EngineError, LaunchSpec
+from fleetgate.engines.base import (
+    LEVEL_MAX,
+    LEVEL_MIN,
+    EngineError,
+    KvEventsEndpoint,
+    LaunchSpec,
+)
 from fleetgate.engines.trtllm import ADAPTER, CONFIG_FILE, TrtllmSettings
 from fleetgate.engines.vllm import VllmSettings
 
@@ -204,7 +210,15 @@ def test_container_defaults() -> None:
             "free_gpu_memory_fraction": 0.9,
             "enable_block_reuse": True,
             "tokens_per_block": 32,
-            "event_buffer_max_size": 4096,  # KV-cache events: on with block reuse
+            # KV-cache events (on with block reuse): main streams them over ZeroMQ
+            "kv_events_config": {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": "tcp://*:5557",
+                "replay_endpoint": "tcp://*:5567",
+                "topic": "kv-events",
+            },
+            "use_kv_cache_manager_v2": True,
         },
         "scheduler_config": {
             "capacity_scheduler_policy": "GUARANTEED_NO_EVICT",
@@ -259,7 +273,14 @@ def test_container_defaults() -> None:
                     "free_gpu_memory_fraction": 0.9,
                     "enable_block_reuse": True,
                     "tokens_per_block": 16,
-                    "event_buffer_max_size": 4096,
+                    "kv_events_config": {
+                        "enable_kv_cache_events": True,
+                        "publisher": "zmq",
+                        "endpoint": "tcp://*:5557",
+                        "replay_endpoint": "tcp://*:5567",
+                        "topic": "kv-events",
+                    },
+                    "use_kv_cache_manager_v2": True,
                 }
             },
             id="from-crd-camel-case",
@@ -278,6 +299,47 @@ def test_container_settings(
     # enable_iter_perf_stats is a PyTorch-backend option only (tests/engines/trtllm_contract.py)
     assert got.get("enable_iter_perf_stats") is (True if settings.backend == "pytorch" else None)
     assert got["return_perf_metrics"] is True
+
+
+@pytest.mark.parametrize(
+    ("version", "settings", "transport"),
+    [
+        ("main", TrtllmSettings(), "zmq"),
+        ("1.4.0", TrtllmSettings(kv_events=True), "zmq"),
+        # the streaming publisher is KV cache manager V2's, a PyTorch-backend manager
+        ("main", TrtllmSettings(backend="tensorrt"), "http-drain"),
+        ("1.3.0", TrtllmSettings(), "http-drain"),
+        ("1.3.0rc1", TrtllmSettings(kv_events=True), "http-drain"),
+        ("1.2.0", TrtllmSettings(kv_events=True), None),  # not verified for 1.0-1.2
+        ("main", TrtllmSettings(kv_events=False), None),
+        ("main", TrtllmSettings(enable_block_reuse=False), None),
+    ],
+)
+def test_kv_events_transport_follows_release_and_backend(
+    version: str, settings: TrtllmSettings, transport: str | None
+) -> None:
+    plan = ADAPTER.container(LaunchSpec("/m", "m", 8000, settings=settings, engine_version=version))
+    kv_cache = _options(plan.config_files)["kv_cache_config"]
+    if transport is None:
+        assert plan.kv_events is None
+        assert "kv_events_config" not in kv_cache and "event_buffer_max_size" not in kv_cache
+    elif transport == "zmq":
+        assert plan.kv_events == KvEventsEndpoint(
+            "zmq", "trtllm-zmq-msgpack", port=5557, replay_port=5567, topic="kv-events"
+        )
+        events = kv_cache["kv_events_config"]
+        # the sockets the router reads are the ones the engine binds (rank 0: base ports)
+        assert events["endpoint"] == f"tcp://*:{plan.kv_events.port}"
+        assert events["replay_endpoint"] == f"tcp://*:{plan.kv_events.replay_port}"
+        assert events["topic"] == plan.kv_events.topic
+        assert kv_cache["use_kv_cache_manager_v2"] is True
+        assert "event_buffer_max_size" not in kv_cache
+    else:
+        assert plan.kv_events == KvEventsEndpoint(
+            "http-drain", "trtllm-http-json", path="/kv_cache_events"
+        )
+        assert kv_cache["event_buffer_max_size"] == 4096
+        assert "kv_events_config" not in kv_cache
 
 
 def test_container_parallelism_revision_extra_args_last() -> None:

@@ -41,6 +41,10 @@ def _check(line: str, plan_args: tuple[str, ...], options: dict[str, Any], backe
     for section in ("kv_cache_config", "scheduler_config"):
         extra = set(options.get(section, {})) - set(allowed[section])
         assert not extra, f"{line}: {section} has no {extra}"
+    events = options.get("kv_cache_config", {}).get("kv_events_config")
+    if events is not None:
+        extra = set(events) - set(allowed["kv_events_config"])
+        assert not extra, f"{line}: kv_events_config has no {extra}"
 
 
 def _setting_values() -> dict[str, list[Any]]:
@@ -151,7 +155,9 @@ def test_priority_only_where_the_request_model_has_it(line: str) -> None:
         ("nvcr.io/nvidia/tensorrt-llm/release:1.1.0-py3", None, "1.1"),
         ("registry.local/trt@sha256:abc", "main", "main"),
         ("registry.local/trt:latest", "1.0.1", "1.0"),
-        ("nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc1", None, "main"),
+        ("nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc1", None, "1.3"),
+        ("nvcr.io/nvidia/tensorrt-llm/release:1.3.0", None, "1.3"),
+        ("nvcr.io/nvidia/tensorrt-llm/release:1.4.0rc4", None, "main"),
     ],
 )
 def test_release_from_version_or_image_tag(image: str, version: str | None, line: str) -> None:
@@ -168,5 +174,5 @@ def test_release_from_version_or_image_tag(image: str, version: str | None, line
     ],
 )
 def test_unknown_release_is_an_error_that_says_what_to_set(image: str, version: str | None) -> None:
-    with pytest.raises(EngineVersionError, match="1.0.x, 1.1.x, 1.2.x or main"):
+    with pytest.raises(EngineVersionError, match="1.0.x, 1.1.x, 1.2.x, 1.3.x or main"):
         resolve_version(version, image)

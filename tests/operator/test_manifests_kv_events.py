@@ -14,12 +14,16 @@ from fleetgate.operator import manifests
 from fleetgate.operator.options import OperatorOptions
 
 OWNER = manifests.Owner(name="svc", namespace="ns", uid="uid-123")
-#: KV events are written only for a release line whose options were verified (main).
+#: KV events are written only for a release line whose options were verified (1.3: the
+#: HTTP drain; main, 1.4 and later: the streaming ZeroMQ publisher).
 TRT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0"
+TRT_MAIN_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.4.0rc4"
 
 
-def _spec(kind: str, settings: dict[str, Any] | None = None) -> InferenceServiceSpec:
-    engine: dict[str, Any] = {"type": kind, "image": TRT_IMAGE if kind != "vllm" else "vllm:1"}
+def _spec(
+    kind: str, settings: dict[str, Any] | None = None, image: str = TRT_IMAGE
+) -> InferenceServiceSpec:
+    engine: dict[str, Any] = {"type": kind, "image": image if kind != "vllm" else "vllm:1"}
     if settings is not None:
         engine["vllm" if kind == "vllm" else "tensorrtLlm"] = settings
     return InferenceServiceSpec.model_validate(
@@ -92,6 +96,41 @@ def test_trtllm_events_keep_a_buffer_drained_over_http() -> None:
         "format": "trtllm-http-json",
         "path": "/kv_cache_events",
     }
+
+
+def test_trtllm_main_events_stream_over_zeromq() -> None:
+    children = _children(_spec("tensorrt-llm", image=TRT_MAIN_IMAGE))
+    container, pod_ann, svc_ann = _parts(children)
+    cm = children.by_kind("ConfigMap")
+    assert cm is not None
+    kv_cache = yaml.safe_load(next(iter(cm["data"].values())))["kv_cache_config"]
+    assert kv_cache["kv_events_config"] == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+        "replay_endpoint": "tcp://*:5567",
+        "topic": "kv-events",
+    }
+    assert kv_cache["use_kv_cache_manager_v2"] is True  # the streaming path is V2's
+    assert "event_buffer_max_size" not in kv_cache
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8000, "kv-events": 5557, "kv-replay": 5567}
+    expected = {
+        "transport": "zmq",
+        "format": "trtllm-zmq-msgpack",
+        "port": 5557,
+        "replayPort": 5567,
+        "topic": "kv-events",
+    }
+    assert json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS]) == expected
+    assert json.loads(svc_ann[manifests.ANNOTATION_KV_EVENTS]) == expected
+
+
+def test_trtllm_main_with_the_tensorrt_backend_keeps_the_drain() -> None:
+    spec = _spec("tensorrt-llm", {"backend": "tensorrt"}, image=TRT_MAIN_IMAGE)
+    container, pod_ann, _svc = _parts(_children(spec))
+    assert [p["name"] for p in container["ports"]] == ["http"]
+    assert json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS])["transport"] == "http-drain"
 
 
 def test_trtllm_events_not_written_for_an_unverified_release() -> None:

@@ -7,9 +7,12 @@ import json
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import msgpack
 import pytest
+import yaml
 import zmq
 
 from fleetgate.cli import CliError
@@ -127,7 +130,8 @@ async def test_fleet_engines_publish_on_their_own_loopback_ports() -> None:
 
 
 async def test_fleet_trtllm_keeps_events_for_the_drain_endpoint() -> None:
-    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=64)
+    # 1.3 drains; main streams (test_fleet_trtllm_main_streams_its_own_zmq_wire)
+    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=64, version="1.3.0")
     assert _kv_publisher(spec, "127.0.0.1") is None  # no sockets: HTTP drain
     async with run_fleet([spec], time_scale=0) as fleet:
         (trt,) = fleet.engines
@@ -149,6 +153,85 @@ async def test_fleet_trtllm_keeps_events_for_the_drain_endpoint() -> None:
     assert stored and stored[0].parent_hash is None
     assert stored[0].token_ids[:32] == tuple(range(10, 42))
     assert third == [], "a read drains the buffer"
+
+
+async def test_fleet_trtllm_main_streams_its_own_zmq_wire() -> None:
+    spec = EngineSpec(kind="trtllm", kv_events=True, overrides={"tokens_per_block": 16})
+    async with run_fleet([spec], time_scale=0) as fleet:
+        (trt,) = fleet.engines
+        assert trt.kv_events and trt.kv_events.startswith("tcp://127.0.0.1:") and trt.kv_replay
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        try:
+            sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+            sub.connect(trt.kv_events)
+            await asyncio.sleep(0.3)
+            async with httpx.AsyncClient(base_url=trt.url) as client:
+                r = await client.post(
+                    "/v1/completions",
+                    json={"model": trt.model, "prompt": list(range(10, 60)), "max_tokens": 1},
+                )
+                assert r.status_code == 200, r.text
+                # no drained buffer beside the stream (the engine's pull API is empty)
+                assert (await client.post("/kv_cache_events")).json() == []
+            for _ in range(50):
+                if sub.poll(0):
+                    break
+                await asyncio.sleep(0.1)
+            message = sub.recv_multipart(zmq.NOBLOCK)
+        finally:
+            sub.close(linger=0)
+            ctx.term()
+    topic, seq, payload = message
+    assert topic == b"kv-events" and int.from_bytes(seq, "big") == 0
+    raw = msgpack.unpackb(payload)
+    # TensorRT-LLM's wire: map-shaped events without vLLM's extra_keys, rank 0, signed hashes
+    (event,) = raw[1]
+    assert raw[2] == 0 and event["type"] == "BlockStored" and "extra_keys" not in event
+    assert all(-(2**63) <= h < 2**63 for h in event["block_hashes"])
+    (batch,) = TRT.decode_kv_events(message)
+    (stored,) = batch.events
+    assert isinstance(stored, BlockStored) and len(stored.block_hashes) == 3
+    assert stored.token_ids == tuple(range(10, 58)) and stored.block_size == 16
+
+
+def test_trtllm_entrypoint_reads_the_streaming_config_from_the_options_file(
+    tmp_path: Path,
+) -> None:
+    """What the operator writes for main (kv_events_config) starts TensorRT-LLM's publisher."""
+    from fleetgate.engines.trtllm.launch import llm_api_options_yaml
+    from fleetgate.engines.trtllm.settings import TrtllmSettings
+    from fleetgate.engines.trtllm.versions import MAIN
+    from fleetgate.sim import entrypoints
+
+    written = yaml.safe_load(llm_api_options_yaml(TrtllmSettings(), MAIN))
+    events = written["kv_cache_config"]["kv_events_config"]
+    assert events["endpoint"] == "tcp://*:5557" and events["replay_endpoint"] == "tcp://*:5567"
+    pub_port, replay_port = _port(), _port()  # not the fixed ports: other tests run here
+    events.update(endpoint=f"tcp://*:{pub_port}", replay_endpoint=f"tcp://*:{replay_port}")
+    options = tmp_path / "o.yaml"
+    options.write_text(yaml.safe_dump(written))
+    launch = parse(["trtllm-serve", "m", "--extra_llm_api_options", str(options)])
+    assert launch.kv_events_config is not None
+    assert not any("kv_events_config" in u or "use_kv_cache" in u for u in launch.unknown)
+    spec = engine_spec(launch, "test")
+    assert not spec.kv_events, "no HTTP-drain buffer beside the stream"
+    publisher = entrypoints._kv_publisher(launch, {"FLEETGATE_TEST_MODE": "1"}, "127.0.0.1")
+    try:
+        assert publisher is not None
+        assert publisher.endpoint == f"tcp://127.0.0.1:{pub_port}"
+        assert publisher.replay_endpoint == f"tcp://127.0.0.1:{replay_port}"
+        frames = publisher._encode(0, _one_removal(), "kv-events")
+        assert msgpack.unpackb(frames[2])[1][0]["type"] == "BlockRemoved"
+    finally:
+        if publisher is not None:
+            publisher.close()
+
+
+def _one_removal() -> Any:
+    from fleetgate.engines.base import KvEventBatch
+
+    return KvEventBatch(seq=0, events=(BlockRemoved((1,), medium="GPU"),), ts=1.0)
 
 
 def test_trtllm_entrypoint_reads_the_buffer_size_from_the_options_file(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ Modules:
 * :mod:`~.launch`: the trtllm-serve command line and the ``--extra_llm_api_options`` YAML;
 * :mod:`~.sources`: the three metrics sources, in order of preference;
 * :mod:`~.prometheus`, :mod:`~.iteration_stats`, :mod:`~.triton`: one parser each;
+* :mod:`~.kv_events`, :mod:`~.kv_zmq`: KV-cache events, the HTTP drain's JSON and the
+  streaming ZeroMQ publisher's msgpack (one decoder behind ``decode_kv_events``);
 * :mod:`~.errors`: error bodies (built and understood);
 * :mod:`~.stream`: the byte layout of a plain streamed token event;
 * :mod:`~.adapter`: :class:`TrtllmAdapter` tying them together as ``ADAPTER``.

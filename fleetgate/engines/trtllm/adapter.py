@@ -21,6 +21,7 @@ from fleetgate.engines.base import (
 from fleetgate.engines.trtllm import errors
 from fleetgate.engines.trtllm.iteration_stats import parse_iteration_stats
 from fleetgate.engines.trtllm.kv_events import decode_trtllm_kv_events
+from fleetgate.engines.trtllm.kv_zmq import decode_trtllm_zmq
 from fleetgate.engines.trtllm.launch import container_plan
 from fleetgate.engines.trtllm.prometheus import parse_prometheus
 from fleetgate.engines.trtllm.settings import TrtllmSettings
@@ -114,8 +115,15 @@ class TrtllmAdapter:
         return errors.classify_error(status, body)
 
     def decode_kv_events(self, frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
-        """See :func:`fleetgate.engines.trtllm.kv_events.decode_trtllm_kv_events`."""
-        return decode_trtllm_kv_events(frames)
+        """One HTTP-drain body (a single frame: :mod:`.kv_events`) or one ZeroMQ message
+        of the streaming publisher (3 frames, 4 with a replay's delimiter: :mod:`.kv_zmq`)."""
+        if len(frames) == 1:
+            return decode_trtllm_kv_events(frames)
+        return decode_trtllm_zmq(frames)
+
+    def kv_replay_request(self, start: int) -> tuple[bytes, ...]:
+        """The streaming publisher's replay request: ``(b"", start as 8-byte big-endian)``."""
+        return (b"", start.to_bytes(8, "big"))
 
     def container(self, launch: LaunchSpec) -> ContainerPlan:
         """``trtllm-serve <model> ...`` plus the LLM-API options YAML as a config file."""

@@ -27,7 +27,8 @@ a cache-level change: away from level 0 it is a removal from ``GPU``; back to le
 it is dropped (the event has no tokens to store), as are priority-only updates.
 ``window_size`` becomes ``group``.
 Each event is its own batch with ``seq = event_id`` (ids are consecutive, so a jump
-is a gap). The newer ZeroMQ ``KVEventsConfig`` publisher is not decoded yet.
+is a gap). The newer streaming ZeroMQ publisher (``kv_cache_config.kv_events_config``)
+is :mod:`.kv_zmq`; which one a release line uses is :mod:`.versions`.
 """
 
 from __future__ import annotations

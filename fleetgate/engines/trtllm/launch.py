@@ -19,13 +19,20 @@ Only what the service's release accepts is written (:mod:`.versions`):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from fleetgate.engines._common import validate_launch
 from fleetgate.engines.base import ContainerPlan, KvEventsEndpoint, LaunchSpec, Probe
 from fleetgate.engines.trtllm.kv_events import KV_EVENTS_PATH, TRTLLM_KV_EVENTS_FORMAT
+from fleetgate.engines.trtllm.kv_zmq import (
+    KV_EVENTS_PORT,
+    KV_EVENTS_TOPIC,
+    KV_REPLAY_PORT,
+    TRTLLM_ZMQ_FORMAT,
+    kv_events_config,
+)
 from fleetgate.engines.trtllm.settings import KV_EVENT_BUFFER, TrtllmSettings
 from fleetgate.engines.trtllm.sources import ITERATION_STATS, PROMETHEUS
 from fleetgate.engines.trtllm.versions import (
@@ -34,7 +41,14 @@ from fleetgate.engines.trtllm.versions import (
     resolve_version,
 )
 
-__all__ = ["CONFIG_FILE", "container_plan", "llm_api_options", "llm_api_options_yaml"]
+__all__ = [
+    "CONFIG_FILE",
+    "container_plan",
+    "kv_events_endpoint",
+    "kv_events_transport",
+    "llm_api_options",
+    "llm_api_options_yaml",
+]
 
 #: File name of the LLM-API options YAML inside ``ContainerPlan.config_mount_path``.
 CONFIG_FILE = "extra-llm-api-options.yaml"
@@ -97,14 +111,37 @@ def container_plan(launch: LaunchSpec, release: TrtllmRelease | None = None) -> 
         config_files={CONFIG_FILE: llm_api_options_yaml(settings, release)},
         config_mount_path=mount,
         engine_version=release.line,
-        kv_events=(
-            KvEventsEndpoint(
-                transport="http-drain", format=TRTLLM_KV_EVENTS_FORMAT, path=KV_EVENTS_PATH
-            )
-            if settings.kv_events_on and release.kv_events
-            else None
-        ),
+        kv_events=kv_events_endpoint(settings, release),
     )
+
+
+def kv_events_transport(
+    settings: TrtllmSettings, release: TrtllmRelease
+) -> Literal["http-drain", "zmq"] | None:
+    """How the engine publishes KV-cache events (None: off or not verified for the line)."""
+    if not settings.kv_events_on or release.kv_events is None:
+        return None
+    if release.kv_events == "zmq" and settings.backend != "pytorch":
+        return "http-drain"  # the streaming publisher is KV cache manager V2's (PyTorch)
+    return release.kv_events
+
+
+def kv_events_endpoint(settings: TrtllmSettings, release: TrtllmRelease) -> KvEventsEndpoint | None:
+    """Where the replica publishes KV-cache events (the operator's annotation and ports)."""
+    transport = kv_events_transport(settings, release)
+    if transport == "zmq":
+        return KvEventsEndpoint(
+            transport="zmq",
+            format=TRTLLM_ZMQ_FORMAT,
+            port=KV_EVENTS_PORT,
+            replay_port=KV_REPLAY_PORT,
+            topic=KV_EVENTS_TOPIC,
+        )
+    if transport == "http-drain":
+        return KvEventsEndpoint(
+            transport="http-drain", format=TRTLLM_KV_EVENTS_FORMAT, path=KV_EVENTS_PATH
+        )
+    return None
 
 
 def llm_api_options(settings: TrtllmSettings, release: TrtllmRelease) -> dict[str, Any]:
@@ -120,7 +157,11 @@ def llm_api_options(settings: TrtllmSettings, release: TrtllmRelease) -> dict[st
         },
         "scheduler_config": scheduler,
     }
-    if settings.kv_events_on and release.kv_events:
+    kv_events = kv_events_endpoint(settings, release)
+    if kv_events is not None and kv_events.transport == "zmq":
+        options["kv_cache_config"]["kv_events_config"] = kv_events_config(kv_events)
+        options["kv_cache_config"]["use_kv_cache_manager_v2"] = True
+    elif kv_events is not None:
         options["kv_cache_config"]["event_buffer_max_size"] = KV_EVENT_BUFFER
     if settings.backend == "pytorch":
         # Iteration stats feed both the JSON /metrics and the collector's gauges.

@@ -90,11 +90,13 @@ class TrtllmSettings(BaseModel):
     )
     kv_events: bool | None = Field(
         default=None,
-        description="Keep KV-cache events (blocks stored / removed) for the router's exact "
-        "prefix view: kv_cache_config.event_buffer_max_size "
-        f"{KV_EVENT_BUFFER}, drained by the router from POST /kv_cache_events; written "
-        "for release line main (1.3+) only, not yet verified for 1.0-1.2. "
-        "Unset: on when enableBlockReuse is on.",
+        description="Publish KV-cache events (blocks stored / removed) for the router's exact "
+        "prefix view. TensorRT-LLM 1.3 (and main with backend tensorrt): "
+        f"kv_cache_config.event_buffer_max_size {KV_EVENT_BUFFER}, drained by the router "
+        "from POST /kv_cache_events. main (1.4+) with backend pytorch: the streaming "
+        "ZeroMQ publisher, kv_cache_config.kv_events_config (port 5557 'kv-events', replay "
+        "5567 'kv-replay') with use_kv_cache_manager_v2: true. Not written for 1.0-1.2 "
+        "(not verified there). Unset: on when enableBlockReuse is on.",
     )
 
     @model_validator(mode="after")

@@ -30,6 +30,7 @@ __all__ = [
     "MAIN",
     "R1_0",
     "R1_1",
+    "R1_3",
     "EngineVersionError",
     "TrtllmRelease",
     "release_for",
@@ -42,7 +43,7 @@ class TrtllmRelease:
     """What one release line of trtllm-serve accepts and publishes."""
 
     line: str
-    """``1.0``, ``1.1`` (1.1.x and 1.2.x) or ``main``."""
+    """``1.0``, ``1.1`` (1.1.x and 1.2.x), ``1.3`` or ``main`` (1.4 and later)."""
     revision_flag: bool
     """``trtllm-serve --revision`` exists."""
     waiting_queue_policy: bool
@@ -57,10 +58,13 @@ class TrtllmRelease:
     prometheus_load_gauges: bool
     """``/prometheus/metrics`` carries the ``trtllm_num_requests_*`` / KV gauges (set by
     the collector from iteration stats when a request completes)."""
-    kv_events: bool = False
-    """``kv_cache_config.event_buffer_max_size`` is a key fleetgate has verified for this
-    line (contract data) and ``POST /kv_cache_events`` drains the events; off until
-    verified for a line."""
+    kv_events: Literal["http-drain", "zmq"] | None = None
+    """How fleetgate has the engine publish KV-cache events on this line (None: off until
+    verified for the line). ``http-drain``: ``kv_cache_config.event_buffer_max_size`` and
+    ``POST /kv_cache_events`` (:mod:`.kv_events`). ``zmq``: the streaming publisher,
+    ``kv_cache_config.kv_events_config`` with ``use_kv_cache_manager_v2: true``
+    (:mod:`.kv_zmq`); it exists for the PyTorch backend only, so a ``tensorrt``-backend
+    service on such a line still uses the drain."""
 
 
 R1_0 = TrtllmRelease(
@@ -81,6 +85,19 @@ R1_1 = TrtllmRelease(
     json_metrics="drain",
     prometheus_load_gauges=False,
 )
+#: 1.3.x: main's request and metrics facts; KV events through the HTTP drain. The
+#: streaming publisher's ``kv_events_config`` is in the 1.3.0rc27 LLM-API reference but
+#: not in every 1.3 pre-release, so this line keeps the drain, which all of them have.
+R1_3 = TrtllmRelease(
+    line="1.3",
+    revision_flag=True,
+    waiting_queue_policy=True,
+    request_priority=True,
+    load_source="prometheus",
+    json_metrics="completion-buffer",
+    prometheus_load_gauges=True,
+    kv_events="http-drain",
+)
 MAIN = TrtllmRelease(
     line="main",
     revision_flag=True,
@@ -89,14 +106,14 @@ MAIN = TrtllmRelease(
     load_source="prometheus",
     json_metrics="completion-buffer",
     prometheus_load_gauges=True,
-    kv_events=True,
+    kv_events="zmq",
 )
 
 #: Every supported release line, oldest first.
-LINES: tuple[TrtllmRelease, ...] = (R1_0, R1_1, MAIN)
+LINES: tuple[TrtllmRelease, ...] = (R1_0, R1_1, R1_3, MAIN)
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.-]?(?:rc|post|dev)\d*)?$")
-_SUPPORTED = "1.0.x, 1.1.x, 1.2.x or main (1.3 and later)"
+_SUPPORTED = "1.0.x, 1.1.x, 1.2.x, 1.3.x or main (1.4 and later)"
 
 
 def release_for(version: str) -> TrtllmRelease:
@@ -114,7 +131,9 @@ def release_for(version: str) -> TrtllmRelease:
         return R1_0
     if (major, minor) in ((1, 1), (1, 2)):
         return R1_1
-    if (major, minor) >= (1, 3):
+    if (major, minor) == (1, 3):
+        return R1_3
+    if (major, minor) >= (1, 4):
         return MAIN
     raise EngineVersionError(f"TensorRT-LLM {version} is not supported; use {_SUPPORTED}")
 

@@ -53,6 +53,7 @@ from fleetgate.sim.trtllm.kv_events import TrtllmKvEventBuffer
 from fleetgate.sim.trtllm.metrics import TrtllmMetrics
 from fleetgate.sim.trtllm.protocol import request_model
 from fleetgate.sim.trtllm.requests import DEFAULT_PRIORITY, HttpError, gen_request
+from fleetgate.sim.vllm.app import KvEventSink
 
 __all__ = ["TrtllmApp", "build_trtllm"]
 
@@ -66,14 +67,24 @@ def build_trtllm(
     time_scale: float,
     error_body: ErrorBody,
     kv_event_buffer: int | None = None,
+    kv_publisher: KvEventSink | None = None,
 ) -> tuple[SimEngine, TrtllmApp]:
-    """One emulated trtllm-serve; ``kv_event_buffer`` > 0 keeps that many KV-cache events
-    for ``POST /kv_cache_events`` (``kv_cache_config.event_buffer_max_size``)."""
+    """One emulated trtllm-serve. ``kv_publisher`` receives each step's KV-cache events
+    (the streaming ``kv_events_config`` publisher); otherwise ``kv_event_buffer`` > 0
+    keeps that many for ``POST /kv_cache_events`` (``event_buffer_max_size``)."""
     metrics = TrtllmMetrics(options, model, time.time())
     on_step = metrics.on_step
     pool = getattr(model, "pool", None)
     events: TrtllmKvEventBuffer | None = None
-    if kv_event_buffer and pool is not None:
+    if kv_publisher is not None and pool is not None:
+        pool.enable_kv_events()
+        sink = kv_publisher
+
+        def on_step(now: float, result: StepResult) -> None:
+            metrics.on_step(now, result)
+            sink.publish(pool.take_kv_events())
+
+    elif kv_event_buffer and pool is not None:
         pool.enable_kv_events()
         buffer = events = TrtllmKvEventBuffer(
             kv_event_buffer, options.max_model_len, options.num_gpu_blocks

@@ -1,21 +1,43 @@
-"""The emulated trtllm-serve's KV-cache event buffer, drained by ``POST /kv_cache_events``.
+"""The emulated trtllm-serve's KV-cache events: the HTTP-drain buffer and the ZeroMQ stream.
 
-As TensorRT-LLM (notes in :mod:`fleetgate.engines.trtllm.kv_events`): events are kept
-in a buffer of ``kv_cache_config.event_buffer_max_size`` entries (the oldest are
-dropped when it is full), every event has the next ``event_id``, the first is
-``created`` (a new, empty cache), and a read returns and removes everything buffered.
+Which one a release line uses is :attr:`~fleetgate.engines.trtllm.versions.TrtllmRelease.kv_events`.
+
+* :class:`TrtllmKvEventBuffer`, drained by ``POST /kv_cache_events``. As TensorRT-LLM
+  (notes in :mod:`fleetgate.engines.trtllm.kv_events`): events are kept in a buffer of
+  ``kv_cache_config.event_buffer_max_size`` entries (the oldest are dropped when it is
+  full), every event has the next ``event_id``, the first is ``created`` (a new, empty
+  cache), and a read returns and removes everything buffered.
+* :func:`trtllm_kv_publisher`, the streaming ``kv_cache_config.kv_events_config``
+  publisher (notes in :mod:`fleetgate.engines.trtllm.kv_zmq`): the emulator's ZeroMQ
+  publisher (:class:`fleetgate.sim.vllm.kv_events.KvEventPublisher`: one message per
+  step with events, seq from 0, the replay ROUTER) writing TensorRT-LLM's batches
+  (map-shaped events, signed hashes, removals coalesced) and always binding its
+  endpoint, as ``ZmqEventPublisher`` does. Unlike the drain, no ``created`` event is
+  published (the engine's streaming manager publishes none).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetgate.engines.base import AllBlocksCleared, KvEvent
 from fleetgate.engines.trtllm.kv_events import trtllm_event_items
+from fleetgate.engines.trtllm.kv_zmq import encode_trtllm_kv_batch
+from fleetgate.sim.vllm.kv_events import KvEventPublisher, KvEventsConfig
 
-__all__ = ["TrtllmKvEventBuffer"]
+__all__ = ["TrtllmKvEventBuffer", "trtllm_kv_publisher"]
+
+
+def trtllm_kv_publisher(
+    config: KvEventsConfig, environ: Mapping[str, str], wildcard_host: str | None = None
+) -> KvEventPublisher:
+    """A publisher of TensorRT-LLM's streaming wire for ``config`` (same field names as
+    TensorRT-LLM's ``KVEventsConfig``)."""
+    return KvEventPublisher(
+        config, environ, wildcard_host, encode=encode_trtllm_kv_batch, always_bind=True
+    )
 
 
 class TrtllmKvEventBuffer:

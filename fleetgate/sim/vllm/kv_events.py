@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -36,7 +36,10 @@ from fleetgate.cli import CliError
 from fleetgate.engines.base import KvEvent, KvEventBatch
 from fleetgate.engines.vllm import REPLAY_END_SEQ, encode_vllm_kv_batch
 
-__all__ = ["KvEventPublisher", "KvEventsConfig", "parse_kv_events_config"]
+__all__ = ["BatchEncoder", "KvEventPublisher", "KvEventsConfig", "parse_kv_events_config"]
+
+#: ``(seq, batch, topic) -> the 3 PUB frames``: the engine's wire format.
+BatchEncoder = Callable[[int, KvEventBatch, str], tuple[bytes, bytes, bytes]]
 
 log = logging.getLogger("fleetgate.sim.kv_events")
 
@@ -90,15 +93,25 @@ def _narrow(endpoint: str, environ: Mapping[str, str], wildcard_host: str | None
 
 
 class KvEventPublisher:
-    """PUB + replay ROUTER sockets and the thread that serves them."""
+    """PUB + replay ROUTER sockets and the thread that serves them.
+
+    ``encode`` writes a batch in the engine's wire format (vLLM's by default; the
+    emulated TensorRT-LLM passes its own, :mod:`fleetgate.sim.trtllm.kv_events`);
+    ``always_bind``: the PUB socket binds whatever the endpoint (TensorRT-LLM), instead
+    of vLLM's rule (bind on ``*``, ``::``, ipc, inproc; connect otherwise).
+    """
 
     def __init__(
         self,
         config: KvEventsConfig,
         environ: Mapping[str, str],
         wildcard_host: str | None = None,
+        *,
+        encode: BatchEncoder = encode_vllm_kv_batch,
+        always_bind: bool = False,
     ) -> None:
         self.config = config
+        self._encode = encode
         self._topic = config.topic
         self._queue: queue.Queue[Sequence[KvEvent] | None] = queue.Queue(config.max_queue_size)
         self._buffer: deque[tuple[int, tuple[bytes, bytes, bytes]]] = deque(
@@ -110,7 +123,7 @@ class KvEventPublisher:
         self._pub.set_hwm(config.hwm)
         self._replay: zmq.Socket[bytes] | None = None
         try:
-            if _is_bind_endpoint(config.endpoint):
+            if always_bind or _is_bind_endpoint(config.endpoint):
                 self._pub.bind(_narrow(config.endpoint, environ, wildcard_host))
             else:
                 self._pub.connect(config.endpoint)
@@ -173,7 +186,7 @@ class KvEventPublisher:
             batch = KvEventBatch(
                 seq=self._seq, events=tuple(events), ts=time.time(), data_parallel_rank=0
             )
-            frames = encode_vllm_kv_batch(self._seq, batch, self._topic)
+            frames = self._encode(self._seq, batch, self._topic)
             try:
                 self._pub.send_multipart(frames)
             except zmq.ZMQError as e:

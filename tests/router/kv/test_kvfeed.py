@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from fleetgate.engines import get_adapter
 from fleetgate.engines.base import KvEventsEndpoint
@@ -42,7 +43,7 @@ def _port_of(url: str) -> int:
 def zmq_backend(e: RunningEngine, **kv: Any) -> dict[str, Any]:
     assert e.kv_events is not None and e.kv_replay is not None
     return {
-        "engine": "vllm",
+        "engine": e.kind,  # vLLM, or TensorRT-LLM's streaming publisher (same framing)
         "url": e.url,
         "kv_events": {
             "port": _port_of(e.kv_events),
@@ -308,7 +309,7 @@ async def test_router_started_late_replays_what_was_published_before() -> None:
 
 
 async def test_trtllm_drain_feeds_the_index() -> None:
-    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=256,
+    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=256, version="1.3.0",
                       overrides={"tokens_per_block": BS})  # fmt: skip
     async with run_fleet([spec], time_scale=0) as sim:
         (eng,) = sim.engines
@@ -330,7 +331,7 @@ async def test_trtllm_drain_feeds_the_index() -> None:
 
 
 async def test_trtllm_started_late_is_partial() -> None:
-    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=256,
+    spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=256, version="1.3.0",
                       overrides={"tokens_per_block": BS})  # fmt: skip
     async with run_fleet([spec], time_scale=0) as sim:
         (eng,) = sim.engines
@@ -361,12 +362,24 @@ def _free_port() -> int:
 
 @contextlib.asynccontextmanager
 async def emulator_process(
-    tmp: Path, http: int, pub: int | None = None, replay: int | None = None
+    tmp: Path, http: int, pub: int | None = None, replay: int | None = None, engine: str = "vllm"
 ) -> AsyncIterator[str]:
-    """The emulator on fixed ports, stopped by its PID: ``vllm serve`` with events on
+    """The emulator on fixed ports, stopped by its PID: ``vllm serve`` (or, ``engine``
+    ``trtllm``, ``trtllm-serve`` with ``kv_cache_config.kv_events_config``) with events on
     ``pub``/``replay``, or without them ``trtllm-serve`` keeping events for the drain."""
     log = tmp / f"sim-{time.monotonic_ns()}.log"
-    if pub is not None:
+    if pub is not None and engine == "trtllm":
+        options = tmp / "llm_api_options.yaml"
+        events = {"enable_kv_cache_events": True, "publisher": "zmq",
+                  "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}",
+                  "topic": "kv-events"}  # fmt: skip
+        kv_cache = {"tokens_per_block": BS, "kv_events_config": events,
+                    "use_kv_cache_manager_v2": True}  # fmt: skip
+        options.write_text(yaml.safe_dump({"kv_cache_config": kv_cache}))
+        cmd = [sys.executable, "-m", "fleetgate", "sim", "trtllm-serve", "m", "--host",
+               "127.0.0.1", "--port", str(http),
+               "--extra_llm_api_options", str(options)]  # fmt: skip
+    elif pub is not None:
         kv = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                          "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}",
                          "topic": "kv-events"})  # fmt: skip
@@ -406,20 +419,25 @@ async def emulator_process(
                 await proc.wait()
 
 
-async def test_engine_restart_on_the_same_port_clears_and_relearns(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["vllm", "trtllm"])
+async def test_engine_restart_on_the_same_port_clears_and_relearns(
+    tmp_path: Path, engine: str
+) -> None:
+    """A ZeroMQ stream (vLLM's, or TensorRT-LLM's streaming publisher started from the
+    options file the operator writes) whose engine restarts on the same ports."""
     http, pub, replay = _free_port(), _free_port(), _free_port()
-    backend = {"engine": "vllm", "url": f"http://127.0.0.1:{http}",
+    backend = {"engine": engine, "url": f"http://127.0.0.1:{http}",
                "kv_events": {"port": pub, "replay_port": replay, "topic": "kv-events"}}  # fmt: skip
     before, after = prompt(1, 3), prompt(2, 2)
     async with feeds_for(config([backend])) as (fleet, _feeds, metrics):
         (ep,) = fleet
-        async with emulator_process(tmp_path, http, pub, replay) as url:
+        async with emulator_process(tmp_path, http, pub, replay, engine) as url:
             await until(lambda: ep.kv_feed.state == "live", "feed live", 30)
             await complete(url, "m", before)
             await until(lambda: fleet.kv_index.match(ep.id, block_keys(before, BS)) == 3,
                         "first engine's blocks")  # fmt: skip
         await until(lambda: ep.kv_feed.state != "live", "feed notices the engine left")
-        async with emulator_process(tmp_path, http, pub, replay) as url:
+        async with emulator_process(tmp_path, http, pub, replay, engine) as url:
             # the new engine publishes seq 0, 1, ... again
             await until(lambda: ep.kv_feed.state == "live", "feed live again", 30)
             await complete(url, "m", after)
@@ -428,7 +446,8 @@ async def test_engine_restart_on_the_same_port_clears_and_relearns(tmp_path: Pat
             assert fleet.kv_index.match(ep.id, block_keys(before, BS)) == 0, "old entries gone"
             assert fleet.kv_index.blocks(ep.id) == 2
             assert metric(metrics, "fleetgate_kv_feed_restarts_total", endpoint=ep.id,
-                          engine="vllm") == 1  # fmt: skip
+                          engine=engine) == 1  # fmt: skip
+            assert metric(metrics, "fleetgate_kv_decode_errors_total") == 0
 
 
 async def test_trtllm_restart_on_the_same_port_clears_and_relearns(tmp_path: Path) -> None:
@@ -481,8 +500,12 @@ def test_endpoint_kv_events_default() -> None:
                     adapter.metrics_sources[0], kv_events=kv).kv_events == kv  # fmt: skip
 
 
-async def test_sim_lines_paste_into_router_backend_flags(tmp_path: Path) -> None:
-    """``fleetgate sim --vllm 1 --trtllm 1 --kv-events`` prints what ``--backend`` takes."""
+@pytest.mark.parametrize("trtllm_version", [None, "1.3.0"])
+async def test_sim_lines_paste_into_router_backend_flags(
+    tmp_path: Path, trtllm_version: str | None
+) -> None:
+    """``fleetgate sim --vllm 1 --trtllm 1 --kv-events`` prints what ``--backend`` takes:
+    TensorRT-LLM main's ZeroMQ stream by default, 1.3's HTTP drain with that version."""
     import argparse
 
     from fleetgate.router.cli import resolve_config
@@ -490,6 +513,8 @@ async def test_sim_lines_paste_into_router_backend_flags(tmp_path: Path) -> None
     log = tmp_path / "sim.log"
     cmd = [sys.executable, "-m", "fleetgate", "sim", "--vllm", "1", "--trtllm", "1",
            "--kv-events", "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+    if trtllm_version is not None:
+        cmd += ["--trtllm-version", trtllm_version]
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out,
                                                     stdin=asyncio.subprocess.DEVNULL)  # fmt: skip
@@ -505,8 +530,13 @@ async def test_sim_lines_paste_into_router_backend_flags(tmp_path: Path) -> None
             fields = dict(part.split("=", 1) for part in line.split())
             kv = [f"{k}={fields[k]}" for k in ("kv_events", "kv_replay") if k in fields]
             flags.append(",".join([f"{fields['engine']}={fields['url']}", *kv]))
-        assert any("kv_events=http-drain:/kv_cache_events" in f for f in flags), flags
-        assert any("kv_replay=tcp://127.0.0.1:" in f for f in flags), flags
+        (trt,) = [f for f in flags if f.startswith("trtllm=")]
+        (vllm,) = [f for f in flags if f.startswith("vllm=")]
+        assert "kv_replay=tcp://127.0.0.1:" in vllm, flags
+        if trtllm_version is None:
+            assert "kv_events=tcp://127.0.0.1:" in trt and "kv_replay=tcp://127.0.0.1:" in trt
+        else:
+            assert trt.endswith(",kv_events=http-drain:/kv_cache_events"), flags
         args = argparse.Namespace(config=None, backend=flags)
         app = build_router(resolve_config(args))
         async with app.router.lifespan_context(app):

@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fleetgate.engines.trtllm.kv_events import KV_EVENTS_PATH, TRTLLM_KV_EVENTS_FORMAT
+from fleetgate.engines.trtllm.kv_zmq import TRTLLM_ZMQ_FORMAT
 from fleetgate.engines.vllm import KV_EVENTS_TOPIC, VLLM_KV_EVENTS_FORMAT
 from fleetgate.router.config import ConfigError, Timeouts, parse_config
 from fleetgate.router.priority.config import DEFAULT_CLASSES, PriorityClass
@@ -368,9 +369,10 @@ def kv_events_backend(kind: str, endpoint: str | None, replay: str | None) -> di
     as ``transport/format/port/replay_port/topic`` (the fields of
     ``fleetgate.engines.base.KvEventsEndpoint`` and of the operator's
     ``fleetgate.dev/kv-events`` annotation; the host is the backend's).
-    TensorRT-LLM: drained over HTTP at ``/kv_cache_events`` on the engine's port.
+    TensorRT-LLM: the same when it printed sockets (line main: its streaming publisher),
+    otherwise drained over HTTP at ``/kv_cache_events`` on the engine's port (1.3).
     """
-    if kind == "trtllm":
+    if kind == "trtllm" and endpoint is None and replay is None:
         return {
             "transport": "http-drain",
             "format": TRTLLM_KV_EVENTS_FORMAT,
@@ -380,7 +382,7 @@ def kv_events_backend(kind: str, endpoint: str | None, replay: str | None) -> di
         raise ValueError(f"{kind}: the engine printed no KV-event endpoints")
     return {
         "transport": "zmq",
-        "format": VLLM_KV_EVENTS_FORMAT,
+        "format": TRTLLM_ZMQ_FORMAT if kind == "trtllm" else VLLM_KV_EVENTS_FORMAT,
         "port": _port(endpoint),
         "replay_port": _port(replay),
         "topic": KV_EVENTS_TOPIC,
