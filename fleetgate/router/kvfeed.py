@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httpx
@@ -51,30 +51,18 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from fleetgate.engines.base import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
     KvEventBatch,
     KvEventsDecodeError,
 )
 from fleetgate.router.config import KvEventsSection
+from fleetgate.router.kvfeed_base import Broken, Feed, Gap
+from fleetgate.router.kvfeed_drain import DrainFeed
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.scheduling.kvindex import KvIndex
-from fleetgate.router.scheduling.kvsync import FeedSequencer, FeedState, Step
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.state import Endpoint, Fleet
 
 log = logging.getLogger("fleetgate.router.kvfeed")
-
-_KINDS = {BlockStored: "stored", BlockRemoved: "removed", AllBlocksCleared: "cleared"}
-
-
-class _Gap(Exception):
-    """Batches are missing (or a message did not decode): replay from ``needed``."""
-
-
-class _Broken(Exception):
-    """The stream cannot be read right now (one line why)."""
 
 
 def zmq_url(endpoint_url: str, port: int) -> str:
@@ -84,89 +72,7 @@ def zmq_url(endpoint_url: str, port: int) -> str:
     return f"tcp://{shown}:{port}"
 
 
-class _Feed:
-    """What both transports share: the sequencer, the index, status and metrics."""
-
-    def __init__(
-        self,
-        e: Endpoint,
-        index: KvIndex,
-        metrics: RouterMetrics,
-        clock: Callable[[], float],
-        config: KvEventsSection,
-    ) -> None:
-        self.e = e
-        self.index = index
-        self.metrics = metrics
-        self.clock = clock
-        self.config = config
-        self.seq = FeedSequencer()
-        self.lv = (e.id, e.engine)
-
-    def state(self, state: FeedState, reason: str | None = None) -> None:
-        if self.e.kv_feed.set(state, self.clock(), reason):
-            if state in ("live", "syncing"):
-                log.info(
-                    "endpoint %s: KV feed %s%s", self.e.id, state, f" ({reason})" * bool(reason)
-                )
-            else:
-                log.warning("endpoint %s: KV feed %s: %s", self.e.id, state, reason)
-
-    def in_sync(self) -> None:
-        if self.seq.complete:
-            self.state("live")
-        else:
-            self.state("partial", "batches from before the feed started (or lost) are missing")
-
-    def decode(self, frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
-        try:
-            return self.e.adapter.decode_kv_events(frames)
-        except KvEventsDecodeError as err:
-            self.metrics.child(self.metrics.kv_decode_errors, *self.lv).inc()
-            log.warning("endpoint %s: undecodable KV event message: %s", self.e.id, err)
-            raise
-
-    def restart(self) -> None:
-        """The engine restarted: forget its blocks, expect a stream from 0."""
-        log.info(
-            "endpoint %s: KV event stream restarted (engine restart): entries cleared", self.e.id
-        )
-        self.index.clear(self.e.id)
-        self.seq.restart()
-        self.metrics.child(self.metrics.kv_restarts, *self.lv).inc()
-
-    def apply(self, batch: KvEventBatch) -> None:
-        self.index.apply(self.e.id, batch)
-        self.seq.applied(batch.seq, batch.ts)
-        status = self.e.kv_feed
-        status.last_event_at = status.verified_at = self.clock()
-        if batch.seq is not None:
-            status.last_seq = batch.seq
-        for event in batch.events:
-            self.metrics.child(self.metrics.kv_events, *self.lv, _KINDS[type(event)]).inc()
-            if isinstance(event, AllBlocksCleared) and event.medium in (None, "GPU", "gpu"):
-                self.seq.cleared()
-
-    def offer(self, batch: KvEventBatch, *, replayed: bool, replayable: bool) -> None:
-        """One batch from the stream: apply, skip, or raise :class:`_Gap`."""
-        step = self.seq.classify(batch.seq, batch.ts)
-        if step is Step.RESTART:
-            self.restart()
-            step = self.seq.classify(batch.seq, batch.ts)
-        if step is Step.DUPLICATE:
-            return
-        if step is Step.GAP:
-            if replayable and not replayed:
-                raise _Gap(f"seq {batch.seq} after {self.seq.last}")
-            # a replay that starts later than asked, or a stream without replay
-            assert batch.seq is not None
-            log.warning("endpoint %s: KV batches %d..%d lost for good; view partial",
-                        self.e.id, self.seq.needed, batch.seq - 1)  # fmt: skip
-            self.seq.accept_gap(batch.seq)
-        self.apply(batch)
-
-
-class ZmqFeed(_Feed):
+class ZmqFeed(Feed):
     """A ZeroMQ PUB stream + ROUTER replay (see the module docstring). What the engine
     sends is decoded, and the replay request written, by the endpoint's adapter
     (``decode_kv_events``, ``kv_replay_request``): nothing here is engine-specific."""
@@ -196,7 +102,7 @@ class ZmqFeed(_Feed):
             started = self.clock()
             try:
                 await self._session()
-            except _Broken as err:
+            except Broken as err:
                 self.state("broken", str(err))
             except zmq.ZMQError as err:
                 self.state("broken", f"zmq: {err}")
@@ -267,7 +173,7 @@ class ZmqFeed(_Feed):
         try:
             for batch in self.decode(frames):
                 self.offer(batch, replayed=False, replayable=replayable)
-        except (_Gap, KvEventsDecodeError) as err:
+        except (Gap, KvEventsDecodeError) as err:
             if replayable:
                 self.state("syncing", f"gap: {err}")
                 return False
@@ -279,7 +185,7 @@ class ZmqFeed(_Feed):
         return True
 
     async def _sync(self, cause: str) -> None:
-        """Replay what is missing (see the module docstring); raises :class:`_Broken`."""
+        """Replay what is missing (see the module docstring); raises :class:`Broken`."""
         if self.replay_url is None:
             if self.seq.last is not None:
                 self.restart()  # nothing can tell whether the publisher is the same one
@@ -317,80 +223,17 @@ class ZmqFeed(_Feed):
             while True:
                 left = deadline - loop.time()
                 if left <= 0 or not await dealer.poll(timeout=int(left * 1000) + 1):
-                    raise _Broken(f"replay from {self.replay_url} unanswered")
+                    raise Broken(f"replay from {self.replay_url} unanswered")
                 frames = await dealer.recv_multipart()
                 try:
                     batches = self.decode(frames)
                 except KvEventsDecodeError as err:
-                    raise _Broken(f"undecodable replay message: {err}") from None
+                    raise Broken(f"undecodable replay message: {err}") from None
                 if not batches:
                     return out  # the end marker
                 out.extend(batches)
         finally:
             dealer.close(linger=0)
-
-
-class DrainFeed(_Feed):
-    """TensorRT-LLM's ``POST /kv_cache_events`` (reading drains the engine's buffer)."""
-
-    def __init__(
-        self,
-        e: Endpoint,
-        index: KvIndex,
-        metrics: RouterMetrics,
-        clock: Callable[[], float],
-        config: KvEventsSection,
-        client: httpx.AsyncClient,
-    ) -> None:
-        super().__init__(e, index, metrics, clock, config)
-        kv = e.kv_events
-        assert kv is not None and kv.transport == "http-drain" and kv.path is not None
-        self.client = client
-        self.url = e.url + kv.path
-
-    async def run(self) -> None:
-        self.state("syncing", "first drain")
-        delay = self.config.drain_interval_s
-        while True:
-            try:
-                await self.drain()
-                delay = self.config.drain_interval_s
-            except _Broken as err:
-                self.state("broken", str(err))
-                delay = min(max(delay * 2, 0.25), self.config.retry_max_s)
-            await asyncio.sleep(delay)
-
-    async def drain(self) -> None:
-        """One ``POST``: apply what it returns."""
-        try:
-            resp = await self.client.post(self.url, timeout=self.config.replay_timeout_s)
-        except httpx.HTTPError as err:
-            # the engine may have answered (and dropped its events) before the error
-            self._lost(f"drain failed: {err!r}")
-            raise _Broken(f"POST {self.url}: {err!r}") from None
-        if resp.status_code != 200:
-            raise _Broken(f"POST {self.url}: HTTP {resp.status_code}")
-        try:
-            batches = self.decode([resp.content])
-        except KvEventsDecodeError:
-            self._lost("undecodable drain")
-            self.in_sync()
-            return
-        for batch in batches:
-            self.offer(batch, replayed=False, replayable=False)
-        self.e.kv_feed.verified_at = self.clock()
-        if self.seq.last is None and self.seq.complete:
-            # nothing seen yet: a fresh engine's first event is its "created"; an empty
-            # drain may also mean another reader took them
-            self.state("syncing", "no event yet")
-        else:
-            self.in_sync()
-
-    def _lost(self, why: str) -> None:
-        """Drained events are gone for good: the entries can no longer be trusted."""
-        self.index.clear(self.e.id)
-        self.seq.accept_gap(self.seq.needed)
-        log.warning("endpoint %s: %s: KV entries cleared, view partial", self.e.id, why)
 
 
 class KvFeeds:
@@ -411,7 +254,7 @@ class KvFeeds:
         self.clock = clock
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: dict[EndpointId, asyncio.Task[None]] = {}
-        self.feeds: dict[EndpointId, _Feed] = {}
+        self.feeds: dict[EndpointId, Feed] = {}
 
     def start(self) -> None:
         """A task for every endpoint of the fleet that publishes events."""
@@ -423,7 +266,7 @@ class KvFeeds:
         kv = e.kv_events
         if kv is None or not self.config.enabled or e.id in self._tasks:
             return False
-        feed: _Feed
+        feed: Feed
         if kv.transport == "zmq":
             if self._ctx is None:
                 self._ctx = zmq.asyncio.Context()
