@@ -74,6 +74,13 @@ class ClusterConfig:
     #: kubeconfig carries the API server's self-signed CA (False: insecure-skip-tls-verify)
     verify_tls: bool = True
     start_timeout_s: float = 120.0
+    #: serve aggregated APIs (front-proxy certificates and the API server's
+    #: requestheader flags, :func:`manifests.aggregation_flags`); off by default, the
+    #: HPA-on-Prometheus test and benchmark turn it on
+    aggregation: bool = False
+    #: kube-controller-manager ``--horizontal-pod-autoscaler-sync-period`` (None: its
+    #: default, 15 s)
+    hpa_sync_period_s: float | None = None
 
 
 @dataclasses.dataclass
@@ -294,6 +301,13 @@ class DevCluster:
             capture_output=True,
         )
         layout.tokens_csv.write_text(manifests.tokens_csv(self.token))
+        if self.config.aggregation:
+            for argv in manifests.front_proxy_openssl_steps(openssl, layout):
+                res = subprocess.run(argv, capture_output=True, text=True, check=False)
+                if res.returncode != 0:
+                    raise StartError(
+                        f"front-proxy certificates: {' '.join(argv[:3])} failed: {res.stderr}"
+                    )
 
     def _write_kubeconfigs(self) -> None:
         """After the API server is up: its self-signed CA exists only from then on."""
@@ -319,9 +333,16 @@ class DevCluster:
         if name == "etcd":
             return manifests.etcd_argv(b.path("etcd"), lay, ports)
         if name == "kube-apiserver":
-            return manifests.apiserver_argv(b.path("kube-apiserver"), lay, ports)
+            return manifests.apiserver_argv(
+                b.path("kube-apiserver"), lay, ports, aggregation=self.config.aggregation
+            )
         if name == "kube-controller-manager":
-            return manifests.controller_manager_argv(b.path("kube-controller-manager"), lay, ports)
+            return manifests.controller_manager_argv(
+                b.path("kube-controller-manager"),
+                lay,
+                ports,
+                hpa_sync_period_s=self.config.hpa_sync_period_s,
+            )
         if name == "kube-scheduler":
             return manifests.scheduler_argv(b.path("kube-scheduler"), lay, ports)
         if name == "kwok":
