@@ -81,6 +81,12 @@ class ClusterConfig:
     #: kube-controller-manager ``--horizontal-pod-autoscaler-sync-period`` (None: its
     #: default, 15 s)
     hpa_sync_period_s: float | None = None
+    #: manifests (files or directories, e.g. ``crds/``) applied server-side once the API
+    #: server is ready and before the controller manager starts, so CRDs among them are
+    #: in its first API discovery: an HPA can then target a custom resource's scale
+    #: subresource at once (the controller manager refreshes its REST mapping only every
+    #: 30 s, and until then says ``no matches for kind``)
+    preload: tuple[Path, ...] = ()
 
 
 @dataclasses.dataclass
@@ -220,6 +226,7 @@ class DevCluster:
             self._wait("kube-apiserver /readyz", deadline, self._api_ready)
             self.timings["kube-apiserver"] = self._clock() - t0
             self._write_kubeconfigs()
+            self._preload()
             for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
                 self._spawn(name)
             self._create_nodes()
@@ -326,6 +333,12 @@ class DevCluster:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             path.chmod(0o600)  # an existing file keeps its old mode through O_CREAT
+
+    def _preload(self) -> None:
+        for path in self.config.preload:
+            self.kubectl("apply", "--server-side", "-f", str(path))
+        if self.config.preload:
+            self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=30s")
 
     def _argv(self, name: str) -> list[str]:
         assert self.layout is not None and self.ports is not None

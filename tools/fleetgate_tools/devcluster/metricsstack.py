@@ -6,11 +6,12 @@ them as per-pod custom metrics (``custom.metrics.k8s.io``, an aggregated API), a
 ``autoscaling/v2`` HorizontalPodAutoscaler in kube-controller-manager scales the
 target on them. Here every piece is a real process on loopback:
 
-* Prometheus is Debian's ``prometheus`` (``hack/install-prometheus.sh``), discovering
-  the engine pods through the API server (``kubernetes_sd_configs``, role ``pod``) and
-  scraping each pod's ``http`` port on its kwok IP (127.0.1.x), where the pod-engine
+* Prometheus is Debian's ``prometheus`` (``hack/install-prometheus.sh``) scraping each
+  vLLM engine pod's ``http`` port on its kwok IP (127.0.1.x), where the pod-engine
   launcher runs an emulated vLLM; the pod's namespace and name become the ``namespace``
-  and ``pod`` labels the adapter maps to resources;
+  and ``pod`` labels the adapter maps to resources. Debian builds Prometheus without
+  the Kubernetes discovery, so a thread here lists the pods every second and writes a
+  ``file_sd`` file (:func:`pod_targets`);
 * prometheus-adapter is built from its Go module (``hack/build-prometheus-adapter.sh``,
   cached like the control plane) and runs on 127.0.0.1 with a self-signed serving
   certificate;
@@ -35,6 +36,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -47,6 +49,7 @@ from fleetgate_tools.devcluster.bins import cache_dir, repo_root
 from fleetgate_tools.devcluster.cluster import DevCluster
 from fleetgate_tools.devcluster.errors import BuildError, DevClusterError, StartError
 from fleetgate_tools.devcluster.manifests import LOOPBACK
+from fleetgate_tools.devcluster.podengines import LABEL_ENGINE
 
 ADAPTER_VERSION = "v0.12.0"
 ENV_ADAPTER_BIN = "FLEETGATE_PROMETHEUS_ADAPTER_BIN"
@@ -130,14 +133,15 @@ def prometheus_binary() -> str:
 
 
 # ---- pure builders -------------------------------------------------------------------
-def prometheus_config(
-    kubeconfig: Path, namespaces: list[str], scrape_interval_s: float = 1.0
-) -> dict[str, Any]:
-    """Scrape the vLLM engine pods of ``namespaces`` on their ``http`` port."""
+def prometheus_config(targets_file: Path, scrape_interval_s: float = 1.0) -> dict[str, Any]:
+    """Scrape the engine pods listed in ``targets_file`` (:func:`pod_targets`).
+
+    File discovery, not ``kubernetes_sd_configs``: Debian's Prometheus 2.42 is built
+    without the Kubernetes discovery ("field kubernetes_sd_configs not found in type
+    config.ScrapeConfig"), so :class:`MetricsStack` lists the pods itself and rewrites
+    the file, which Prometheus watches."""
     if scrape_interval_s <= 0:
         raise ValueError(f"scrape_interval_s must be > 0, got {scrape_interval_s}")
-    if not namespaces:
-        raise ValueError("at least one namespace to scrape")
     every = f"{scrape_interval_s:g}s"
     return {
         "global": {"scrape_interval": every, "evaluation_interval": every},
@@ -146,24 +150,38 @@ def prometheus_config(
                 "job_name": "vllm-engines",
                 "scrape_interval": every,
                 "scrape_timeout": every,
-                "kubernetes_sd_configs": [
-                    {
-                        "role": "pod",
-                        "kubeconfig_file": str(kubeconfig),
-                        "namespaces": {"names": list(namespaces)},
-                    }
-                ],
-                "relabel_configs": [
-                    {"source_labels": ["__meta_kubernetes_pod_label_fleetgate_dev_engine"],
-                     "regex": "vllm", "action": "keep"},
-                    {"source_labels": ["__meta_kubernetes_pod_container_port_name"],
-                     "regex": "http", "action": "keep"},
-                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-                ],  # fmt: skip
+                "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}],
             }
         ],
     }
+
+
+def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """file_sd target groups for the vLLM engine pods among ``pods`` (a pod list's items):
+    the pod IP and its ``http`` container port, labelled ``namespace`` and ``pod`` (the
+    labels the adapter maps to resources). Pods without an IP or being deleted are left
+    out, as Prometheus' Kubernetes discovery would."""
+    groups = []
+    for p in pods:
+        meta, status = p.get("metadata", {}), p.get("status", {})
+        if meta.get("labels", {}).get(LABEL_ENGINE) != "vllm" or meta.get("deletionTimestamp"):
+            continue
+        ip = status.get("podIP")
+        ports = [
+            cp["containerPort"]
+            for c in p.get("spec", {}).get("containers", [])
+            for cp in c.get("ports", [])
+            if cp.get("name") == "http"
+        ]
+        if not ip or not ports:
+            continue
+        groups.append(
+            {
+                "targets": [f"{ip}:{ports[0]}"],
+                "labels": {"namespace": meta["namespace"], "pod": meta["name"]},
+            }
+        )
+    return sorted(groups, key=lambda g: g["labels"]["pod"])
 
 
 def adapter_config() -> dict[str, Any]:
@@ -323,6 +341,11 @@ class MetricsStack:
         self._clock = clock
         self._sleep = sleep
         self._procs: list[procs.Proc] = []
+        self._stop_discovery = threading.Event()
+        self._discovery: threading.Thread | None = None
+        self.targets_file = work_dir / "targets.json"
+        #: the last error of the pod listing (it retries every second), for logs
+        self.discovery_error: str | None = None
         self.prometheus_url = ""
         self.adapter_port = 0
 
@@ -339,10 +362,12 @@ class MetricsStack:
         self.prometheus_url = f"http://{LOOPBACK}:{prom_port}"
         prom_cfg = self.work / "prometheus.yml"
         prom_cfg.write_text(
-            yaml.safe_dump(
-                prometheus_config(self.cluster.kubeconfig, self.namespaces, self.scrape_interval_s)
-            )
+            yaml.safe_dump(prometheus_config(self.targets_file, self.scrape_interval_s))
         )
+        self._write_targets()
+        self._stop_discovery.clear()
+        self._discovery = threading.Thread(target=self._discover, name="pod-targets", daemon=True)
+        self._discovery.start()
         rules = self.work / "adapter.yaml"
         rules.write_text(yaml.safe_dump(adapter_config()))
         try:
@@ -376,7 +401,10 @@ class MetricsStack:
             dead = [p.name for p in self._procs if not p.alive()]
             if dead:
                 raise StartError(f"{', '.join(dead)} exited while starting\n{self.log_tails()}")
-            status, body = api.get(path)
+            try:
+                status, body = api.get(path)
+            except OSError as e:
+                status, body = 0, str(e)
             if status == 200:
                 return
             last = f"{status} {json.dumps(body)[:300]}"
@@ -386,6 +414,29 @@ class MetricsStack:
                     + self.log_tails()
                 )
             self._sleep(0.5)
+
+    def _write_targets(self) -> None:
+        pods: list[dict[str, Any]] = []
+        api = self.cluster.api()
+        for ns in self.namespaces:
+            status, body = api.get(f"/api/v1/namespaces/{ns}/pods")
+            if status != 200:
+                raise DevClusterError(f"listing pods in {ns}: {status} {body}")
+            pods += body.get("items", [])
+        text = json.dumps(pod_targets(pods), indent=1)
+        if self.targets_file.exists() and self.targets_file.read_text() == text:
+            return
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(self.targets_file)  # Prometheus never reads a half-written file
+
+    def _discover(self) -> None:
+        while not self._stop_discovery.wait(1.0):
+            try:
+                self._write_targets()
+                self.discovery_error = None
+            except (OSError, ValueError, DevClusterError) as e:
+                self.discovery_error = str(e)
 
     def custom_metric(self, namespace: str, metric: str) -> tuple[int, Any]:
         """``GET /apis/custom.metrics.k8s.io/v1beta2/namespaces/NS/pods/*/METRIC``."""
@@ -401,6 +452,10 @@ class MetricsStack:
         )
 
     def stop(self) -> None:
+        self._stop_discovery.set()
+        if self._discovery is not None:
+            self._discovery.join(timeout=10)
+            self._discovery = None
         for kind_name in (
             f"apiservice/{v}.{CUSTOM_METRICS_GROUP}" for v in CUSTOM_METRICS_VERSIONS
         ):
