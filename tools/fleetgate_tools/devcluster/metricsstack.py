@@ -286,7 +286,9 @@ def hpa(
     if metric not in ENGINE_METRICS:
         raise ValueError(f"unknown metric {metric!r}; known: {', '.join(ENGINE_METRICS)}")
     if min_replicas < 1 or max_replicas < min_replicas:
-        raise ValueError(f"want 1 <= min_replicas <= max_replicas, got {min_replicas}, {max_replicas}")
+        raise ValueError(
+            f"want 1 <= min_replicas <= max_replicas, got {min_replicas}, {max_replicas}"
+        )
     if average_value <= 0:
         raise ValueError(f"average_value must be > 0, got {average_value}")
     spec: dict[str, Any] = {
@@ -304,9 +306,7 @@ def hpa(
         ],
     }
     if scale_down_stabilization_s is not None:
-        spec["behavior"] = {
-            "scaleDown": {"stabilizationWindowSeconds": scale_down_stabilization_s}
-        }
+        spec["behavior"] = {"scaleDown": {"stabilizationWindowSeconds": scale_down_stabilization_s}}
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -332,7 +332,9 @@ class MetricsStack:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not cluster.config.aggregation:
-            raise DevClusterError("the cluster must be started with ClusterConfig(aggregation=True)")
+            raise DevClusterError(
+                "the cluster must be started with ClusterConfig(aggregation=True)"
+            )
         self.cluster = cluster
         self.namespaces = namespaces
         self.work = work_dir
