@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from fleetgate_tools.devcluster import metricsstack as ms
+from fleetgate_tools.devcluster.errors import BuildError
 
 
 def pod(name: str, ip: str | None, *, engine: str = "vllm", port_name: str = "http",
@@ -120,7 +121,7 @@ def test_hpa_rejects_bad_input(kw: dict[str, Any], match: str) -> None:
 def test_adapter_binary_override(tmp_path: Path) -> None:
     fake = tmp_path / "adapter"
     assert ms.adapter_binary_path({"FLEETGATE_PROMETHEUS_ADAPTER_BIN": str(fake)}) == fake
-    with pytest.raises(ms.BuildError, match="not an executable"):
+    with pytest.raises(BuildError, match="not an executable"):
         ms.ensure_adapter(env={"FLEETGATE_PROMETHEUS_ADAPTER_BIN": str(fake)})
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
@@ -135,6 +136,6 @@ def test_adapter_binary_override(tmp_path: Path) -> None:
 def test_a_failed_build_reports_its_log(tmp_path: Path) -> None:
     script = tmp_path / "build.sh"
     script.write_text("echo 'go: module lookup disabled' >&2; exit 1\n")
-    with pytest.raises(ms.BuildError, match="module lookup disabled"):
+    with pytest.raises(BuildError, match="module lookup disabled"):
         ms.ensure_adapter(env={"FLEETGATE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"},
                           build_script=script)  # fmt: skip

@@ -4,9 +4,11 @@ Start order (each step waits for the previous one, every wait is bounded by
 ``ClusterConfig.start_timeout_s`` overall and fails fast if a component exits):
 
 1. work dir (a fresh temp dir unless given), free loopback ports, ``sa.key`` via
-   ``openssl genrsa``, static token file;
+   ``openssl genrsa``, static token file (and, with ``aggregation``, the front-proxy
+   CA and client certificate);
 2. etcd (``--unsafe-no-fsync``, data in the work dir) until ``/health`` says true;
-3. kube-apiserver until ``/readyz`` is 200;
+3. kube-apiserver until ``/readyz`` is 200, then the ``preload`` manifests (CRDs
+   Established);
 4. kube-controller-manager, kube-scheduler and kwok together;
 5. the fake GPU nodes (:mod:`fleetgate_tools.devcluster.manifests`);
 6. until every fake node is Ready with no ``node.kubernetes.io/*`` taint, the default
