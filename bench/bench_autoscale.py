@@ -2,7 +2,7 @@
 
     FLEETGATE_TEST_MODE=1 python bench/bench_autoscale.py [--scale 1.0] [--base-rate 1.0]
         [--contenders fleetgate-autoscale,static-peak,hpa-prometheus] [--seed 0]
-        [--hpa-metric vllm_num_requests_waiting] [--hpa-target 5] [--hpa-sync-period 1]
+        [--hpa-metric vllm_num_requests_in_flight] [--hpa-target 4] [--hpa-sync-period 1]
         [--json OUT.json] [--plot OUT.png]
 
 A real control plane (the dev cluster: etcd, kube-apiserver, controller manager,
@@ -20,8 +20,10 @@ fresh namespace and one InferenceService (model ``llama-3.1-8b``, ``maxNumSeqs: 
   Debian's Prometheus scrapes the engine pods' ``/metrics`` every second,
   prometheus-adapter (built from its Go module) serves ``--hpa-metric`` per pod as a
   custom metric, and an ``autoscaling/v2`` HPA on the InferenceService's scale
-  subresource targets ``--hpa-target`` as an average per pod (default: vLLM's queue,
-  ``vllm:num_requests_waiting``, 5 per replica), minReplicas 1 (the HPA cannot scale to
+  subresource targets ``--hpa-target`` as an average per pod (default: vLLM's
+  ``num_requests_running + num_requests_waiting``, 4 per replica, fleetgate's target;
+  the queue alone, ``vllm_num_requests_waiting``, stays at 0 behind this router, which
+  queues requests itself instead of overfilling an engine), minReplicas 1 (the HPA cannot scale to
   zero without the alpha HPAScaleToZero feature gate), maxReplicas ``--peak-replicas``,
   the same scale-down window as fleetgate's, the HPA's default scale-up policy; the
   HPA controller syncs every ``--hpa-sync-period`` seconds (its default is 15).
@@ -456,14 +458,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--hpa-metric",
-        default="vllm_num_requests_waiting",
+        default="vllm_num_requests_in_flight",
         choices=sorted(ENGINE_METRICS),
         help="hpa-prometheus: per-pod metric",
     )
     parser.add_argument(
         "--hpa-target",
         type=float,
-        default=5.0,
+        default=4.0,
         help="hpa-prometheus: target average of --hpa-metric per pod",
     )
     parser.add_argument(
