@@ -34,6 +34,7 @@ from test_fleet_e2e import KWOK, REPO, Processes
 
 from fleetgate_tools.devcluster import ClusterConfig, DevCluster, ensure_binaries
 from fleetgate_tools.devcluster.metricsstack import MetricsStack, ensure_adapter, hpa
+from fleetgate_tools.procs import listening_addresses
 
 # a cold prometheus-adapter build (`make test` builds it first, hack/build-prometheus-adapter.sh)
 # takes minutes; with the binary cached the test takes well under 90 s
@@ -83,22 +84,35 @@ async def streams(client: httpx.AsyncClient, url: str, i: int) -> None:
                 pass
 
 
-def engine_url(cluster: DevCluster, ns: str) -> tuple[str, str] | None:
-    """(pod name, http://ip:port) of the first engine the launcher has bound, if any."""
+def engine_url(cluster: DevCluster, ns: str, launcher_log: Path) -> tuple[str, str] | None:
+    """(pod name, http://ip:port) of the first engine OUR launcher has bound, if any.
+
+    Every dev cluster hands out pod IPs from the same 127.0.1.0/24, so on a shared
+    machine another cluster's engine may answer on the same address: the socket must
+    belong to the PID our launcher started for the pod."""
+    pids: dict[str, int] = {}
+    for line in launcher_log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict) and event.get("event") == "start":
+                pids[event["pod"]] = int(event["pid"])
     pods = cluster.kubectl_json("-n", ns, "get", "pods", "-l", f"app.kubernetes.io/instance={NAME}")
     for p in pods["items"]:
-        ip = p.get("status", {}).get("podIP")
+        name, ip = p["metadata"]["name"], p.get("status", {}).get("podIP")
         ports = [
             cp["containerPort"]
             for c in p["spec"]["containers"]
             for cp in c.get("ports", [])
             if cp.get("name") == "http"
         ]
-        if ip and ports:
-            url = f"http://{ip}:{ports[0]}"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1, trust_env=False).status_code == 200:
-                    return p["metadata"]["name"], url
+        if not ip or not ports or name not in pids:
+            continue
+        if (ip, ports[0]) not in listening_addresses(pids[name]):
+            continue
+        url = f"http://{ip}:{ports[0]}"
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1, trust_env=False).status_code == 200:
+                return name, url
     return None
 
 
@@ -150,7 +164,9 @@ async def test_hpa_scales_an_inference_service_on_vllm_queue_through_prometheus(
             hpa(NAME, ns, target, metric="vllm_num_requests_waiting", average_value=1,
                 min_replicas=1, max_replicas=3)
         )  # fmt: skip
-        pod, url = await until(lambda: engine_url(cluster, ns), 60, "engine up", tail)
+        pod, url = await until(
+            lambda: engine_url(cluster, ns, tmp_path / "podengines.log"), 60, "engine up", tail
+        )
 
         async with httpx.AsyncClient(timeout=120, trust_env=False) as client:
             load = [asyncio.create_task(streams(client, url, i)) for i in range(STREAMS)]
