@@ -25,6 +25,7 @@ demo: venv
 
 deps-k8s:
 	bash hack/build-k8s-bins.sh
+	bash hack/build-prometheus-adapter.sh
 
 deps-prometheus:
 	bash hack/install-prometheus.sh

@@ -1,7 +1,8 @@
 """A day-shaped trace, shortened, through the router on the dev cluster (issue 15, 4).
 
     FLEETGATE_TEST_MODE=1 python bench/bench_autoscale.py [--scale 1.0] [--base-rate 1.0]
-        [--contenders fleetgate-autoscale,static-peak] [--seed 0]
+        [--contenders fleetgate-autoscale,static-peak,hpa-prometheus] [--seed 0]
+        [--hpa-metric vllm_num_requests_in_flight] [--hpa-target 4] [--hpa-sync-period 1]
         [--json OUT.json] [--plot OUT.png]
 
 A real control plane (the dev cluster: etcd, kube-apiserver, controller manager,
@@ -14,7 +15,20 @@ fresh namespace and one InferenceService (model ``llama-3.1-8b``, ``maxNumSeqs: 
   ``--peak-replicas``, targetInFlightPerReplica 4, scaleToZeroAfterSeconds,
   coldStartSeconds}; it starts at zero replicas;
 * ``static-peak``: ``replicas: --peak-replicas`` (sized for the peak), every engine
-  up before the trace starts.
+  up before the trace starts;
+* ``hpa-prometheus``: the setup the ecosystem documents today. No ``spec.autoscaling``:
+  Debian's Prometheus scrapes the engine pods' ``/metrics`` every second,
+  prometheus-adapter (built from its Go module) serves ``--hpa-metric`` per pod as a
+  custom metric, and an ``autoscaling/v2`` HPA on the InferenceService's scale
+  subresource targets ``--hpa-target`` as an average per pod (default: vLLM's
+  ``num_requests_running + num_requests_waiting``, 4 per replica, fleetgate's target;
+  the queue alone, ``vllm_num_requests_waiting``, stays at 0 behind this router, which
+  queues requests itself instead of overfilling an engine), minReplicas 1 (the HPA cannot scale to
+  zero without the alpha HPAScaleToZero feature gate), maxReplicas ``--peak-replicas``,
+  the same scale-down window as fleetgate's, the HPA's default scale-up policy; the
+  HPA controller syncs every ``--hpa-sync-period`` seconds (its default is 15).
+  tools/fleetgate_tools/devcluster/metricsstack.py; the dev cluster then serves
+  aggregated APIs.
 
 The trace (durations x ``--scale``; open loop, Poisson arrivals, seeded):
 quiet (base rate) 40 s, ramp (base -> 5 x base) 30 s, peak (5 x base, plus a burst of
@@ -26,8 +40,9 @@ Reported per contender: replica-seconds (live engine pods integrated over the tr
 TTFT-objective attainment per class (the router's default objectives: critical
 0.5 s, standard 2 s; the cold request counted apart), failed requests (non-200 or an
 incomplete stream), the cold request's TTFT, and a plot of replicas, demand (requests
-in flight at the client) and TTFT over time. Not in it (yet): the HPA-on-Prometheus
-contender and a mixed vLLM + TensorRT-LLM pool (docs/bench.md). A benchmark, not a test.
+in flight at the client) and TTFT over time. The cold request of ``hpa-prometheus``
+meets at least one warm replica (it never scales to zero), so it is no cold start. Not
+in it (yet): a mixed vLLM + TensorRT-LLM pool (docs/bench.md). A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -57,16 +72,23 @@ sys.path.insert(0, str(REPO / "tools"))
 
 from fleetgate_tools.devcluster import (  # noqa: E402 - after the path
     FAKE_NODE_TOLERATION,
+    ClusterConfig,
     DevCluster,
     ensure_binaries,
     running_cluster,
+)
+from fleetgate_tools.devcluster.metricsstack import (  # noqa: E402
+    ENGINE_METRICS,
+    MetricsStack,
+    ensure_adapter,
+    hpa,
 )
 
 FLEETGATE = str(Path(sys.executable).parent / "fleetgate")
 MODEL = "llama-3.1-8b"
 NAME = "chat"
 OBJECTIVE_S = {"critical": 0.5, "standard": 2.0}
-CONTENDERS = ("fleetgate-autoscale", "static-peak")
+CONTENDERS = ("fleetgate-autoscale", "static-peak", "hpa-prometheus")
 
 
 @dataclass(frozen=True)
@@ -217,6 +239,8 @@ def inference_service(ns: str, contender: str, args: argparse.Namespace) -> dict
             "scaleToZeroAfterSeconds": max(1, round(15 * args.scale)),
             "coldStartSeconds": max(1, round(args.cold_start + 1)), "drainTimeoutSeconds": 60,
         }  # fmt: skip
+    elif contender == "hpa-prometheus":
+        spec["replicas"] = 1  # the HPA's minReplicas; it owns spec.replicas from then on
     else:
         spec["replicas"] = args.peak_replicas
     return {"apiVersion": "fleetgate.dev/v1alpha1", "kind": "InferenceService",
@@ -237,6 +261,7 @@ async def run_contender(
     ns = f"bench-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", ns)
     setup = Setup(cluster, ns, work)
+    stack = MetricsStack(cluster, [ns], work / "metrics") if contender == "hpa-prometheus" else None
     port = free_port()
     router = f"http://127.0.0.1:{port}"
     config = {
@@ -270,7 +295,17 @@ async def run_contender(
              "--cold-start", f"vllm={args.cold_start}", "--logs", str(work / "engines")],
             env={"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tools'}"},
         )  # fmt: skip
+        if stack is not None:
+            stack.start()
         cluster.apply(inference_service(ns, contender, args))
+        if stack is not None:
+            target = {"apiVersion": "fleetgate.dev/v1alpha1", "kind": "InferenceService",
+                      "name": NAME}  # fmt: skip
+            cluster.apply(hpa(
+                NAME, ns, target, metric=args.hpa_metric, average_value=args.hpa_target,
+                min_replicas=1, max_replicas=args.peak_replicas,
+                scale_down_stabilization_s=max(1, round(10 * args.scale)),
+            ))  # fmt: skip
         limits = httpx.Limits(max_connections=256)
         async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as client:
 
@@ -285,7 +320,9 @@ async def run_contender(
                     return len(up) >= n  # fmt: skip
                 return False
 
-            want = 0 if contender == "fleetgate-autoscale" else args.peak_replicas
+            want = {"fleetgate-autoscale": 0, "hpa-prometheus": 1}.get(
+                contender, args.peak_replicas
+            )
             if want:
                 await wait_until(lambda: healthy(want), 120, "static replicas healthy")
             else:
@@ -328,6 +365,10 @@ async def run_contender(
             await sampling
             arrivals_text = (await client.get(f"{router}/metrics")).text
     finally:
+        if stack is not None:
+            hpa_obj = cluster.kubectl("-n", ns, "describe", "hpa", NAME, check=False).stdout
+            (work / "hpa.txt").write_text(hpa_obj)
+            stack.stop()
         setup.stop()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     return summarise(contender, outcomes, samples, arrivals_text, end)
@@ -402,7 +443,7 @@ def plot(results: list[dict[str, Any]], path: Path, phases: list[Phase]) -> None
     for ax in axes:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.suptitle("Day-shaped trace (shortened): autoscaling vs static peak replicas")
+    fig.suptitle("Day-shaped trace (shortened): autoscaling contenders vs static peak replicas")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -415,6 +456,24 @@ def main() -> int:
     parser.add_argument("--cold-start", type=float, default=3.0, help="engine cold start (s)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--hpa-metric",
+        default="vllm_num_requests_in_flight",
+        choices=sorted(ENGINE_METRICS),
+        help="hpa-prometheus: per-pod metric",
+    )
+    parser.add_argument(
+        "--hpa-target",
+        type=float,
+        default=4.0,
+        help="hpa-prometheus: target average of --hpa-metric per pod",
+    )
+    parser.add_argument(
+        "--hpa-sync-period",
+        type=float,
+        default=1.0,
+        help="hpa-prometheus: HPA controller sync period (s)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
@@ -426,12 +485,20 @@ def main() -> int:
         parser.error(f"unknown contenders {sorted(unknown)}; known: {CONTENDERS}")
     if not 0 < args.scale <= 10 or args.base_rate <= 0 or args.peak_replicas < 1:
         parser.error("want 0 < --scale <= 10, --base-rate > 0, --peak-replicas >= 1")
+    if args.hpa_target <= 0 or args.hpa_sync_period <= 0:
+        parser.error("want --hpa-target > 0 and --hpa-sync-period > 0")
     work = Path(tempfile.mkdtemp(prefix="bench-autoscale-"))
     results = []
-    with running_cluster(ensure_binaries()) as cluster:
-        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        cluster.kubectl("wait", "--for=condition=Established",
-                        "crd/inferenceservices.fleetgate.dev")  # fmt: skip
+    with_hpa = "hpa-prometheus" in contenders
+    if with_hpa:
+        ensure_adapter()  # a cold build takes minutes: before the control plane starts
+    # CRDs preloaded before the controller manager: the HPA can target them at once
+    config = ClusterConfig(
+        preload=(REPO / "crds",),
+        aggregation=with_hpa,
+        hpa_sync_period_s=args.hpa_sync_period if with_hpa else None,
+    )
+    with running_cluster(ensure_binaries(), config) as cluster:
         for c in contenders:
             (work / c).mkdir()
             print(f"running {c} (logs in {work / c})", flush=True)
@@ -448,9 +515,12 @@ def main() -> int:
         cold_cell = f"{cold['ttft_s']:.2f}s" if cold["ttft_s"] is not None else cold["error"]
         print(f"| {r['contender']} | {r['replica_seconds']} | {r['max_replicas']} | "
               f"{cells[0]} | {cells[1]} | {r['failed']} | {cold_cell} |")  # fmt: skip
-    if len(results) == 2 and results[1]["replica_seconds"]:
-        print(f"\nreplica-seconds ratio {results[0]['contender']} / {results[1]['contender']}: "
-              f"{results[0]['replica_seconds'] / results[1]['replica_seconds']:.2f}")  # fmt: skip
+    static = next((r for r in results if r["contender"] == "static-peak"), None)
+    if static is not None and static["replica_seconds"]:
+        for r in results:
+            if r is not static:
+                print(f"\nreplica-seconds ratio {r['contender']} / static-peak: "
+                      f"{r['replica_seconds'] / static['replica_seconds']:.2f}")  # fmt: skip
     for r in results:
         if r["errors"]:
             print(f"{r['contender']} errors: {r['errors']}")

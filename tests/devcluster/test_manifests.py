@@ -197,3 +197,37 @@ def test_node_is_ready(
 ) -> None:
     node = {"spec": {"taints": taints}, "status": {"conditions": conditions}}
     assert m.node_is_ready(node) is ready
+
+
+def test_aggregation_is_opt_in_and_names_the_front_proxy_files() -> None:
+    b = Path("/bin/x")
+    plain = flags(m.apiserver_argv(b, LAYOUT, PORTS))
+    assert not any(k.startswith(("--requestheader", "--proxy-client")) for k in plain)
+    agg = flags(m.apiserver_argv(b, LAYOUT, PORTS, aggregation=True))
+    assert agg["--requestheader-client-ca-file"] == str(LAYOUT.front_proxy_ca)
+    assert agg["--requestheader-allowed-names"] == m.FRONT_PROXY_CLIENT_CN
+    assert agg["--proxy-client-cert-file"] == str(LAYOUT.front_proxy_client_cert)
+    assert agg["--proxy-client-key-file"] == str(LAYOUT.front_proxy_client_key)
+    assert agg["--requestheader-extra-headers-prefix"] == "X-Remote-Extra-"
+    # loopback Endpoints are invalid: the aggregator must route to the Service, not endpoints
+    assert "--enable-aggregator-routing" not in agg
+
+
+def test_front_proxy_client_certificate_is_signed_by_the_ca_for_the_allowed_name() -> None:
+    steps = m.front_proxy_openssl_steps("openssl", LAYOUT)
+    ca, csr, sign = steps
+    assert str(LAYOUT.front_proxy_ca) in ca and "-x509" in ca
+    assert f"/CN={m.FRONT_PROXY_CLIENT_CN}" in csr
+    assert sign[sign.index("-CA") + 1] == str(LAYOUT.front_proxy_ca)
+    assert sign[sign.index("-out") + 1] == str(LAYOUT.front_proxy_client_cert)
+
+
+def test_hpa_sync_period_flag() -> None:
+    b = Path("/bin/x")
+    assert not any(
+        "horizontal-pod-autoscaler" in a for a in m.controller_manager_argv(b, LAYOUT, PORTS)
+    )
+    kcm = flags(m.controller_manager_argv(b, LAYOUT, PORTS, hpa_sync_period_s=0.5))
+    assert kcm["--horizontal-pod-autoscaler-sync-period"] == "0.5s"
+    with pytest.raises(ValueError, match="hpa_sync_period_s"):
+        m.controller_manager_argv(b, LAYOUT, PORTS, hpa_sync_period_s=0)

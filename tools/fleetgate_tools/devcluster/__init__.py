@@ -14,6 +14,8 @@ Modules:
 * :mod:`~fleetgate_tools.procs`: spawn/stop by PID, socket inspection;
 * :mod:`~fleetgate_tools.devcluster.cluster`: :class:`DevCluster` start/stop orchestration;
 * :mod:`~fleetgate_tools.devcluster.state`: the ``up --detach`` state file;
+* :mod:`~fleetgate_tools.devcluster.metricsstack`: Prometheus + prometheus-adapter for an
+  HPA on engine metrics (needs ``ClusterConfig(aggregation=True)``);
 * :mod:`~fleetgate_tools.devcluster.cli`: ``fleetgate dev-cluster up|down|which``.
 """
 

@@ -4,9 +4,11 @@ Start order (each step waits for the previous one, every wait is bounded by
 ``ClusterConfig.start_timeout_s`` overall and fails fast if a component exits):
 
 1. work dir (a fresh temp dir unless given), free loopback ports, ``sa.key`` via
-   ``openssl genrsa``, static token file;
+   ``openssl genrsa``, static token file (and, with ``aggregation``, the front-proxy
+   CA and client certificate);
 2. etcd (``--unsafe-no-fsync``, data in the work dir) until ``/health`` says true;
-3. kube-apiserver until ``/readyz`` is 200;
+3. kube-apiserver until ``/readyz`` is 200, then the ``preload`` manifests (CRDs
+   Established);
 4. kube-controller-manager, kube-scheduler and kwok together;
 5. the fake GPU nodes (:mod:`fleetgate_tools.devcluster.manifests`);
 6. until every fake node is Ready with no ``node.kubernetes.io/*`` taint, the default
@@ -74,6 +76,19 @@ class ClusterConfig:
     #: kubeconfig carries the API server's self-signed CA (False: insecure-skip-tls-verify)
     verify_tls: bool = True
     start_timeout_s: float = 120.0
+    #: serve aggregated APIs (front-proxy certificates and the API server's
+    #: requestheader flags, :func:`manifests.aggregation_flags`); off by default, the
+    #: HPA-on-Prometheus test and benchmark turn it on
+    aggregation: bool = False
+    #: kube-controller-manager ``--horizontal-pod-autoscaler-sync-period`` (None: its
+    #: default, 15 s)
+    hpa_sync_period_s: float | None = None
+    #: manifests (files or directories, e.g. ``crds/``) applied server-side once the API
+    #: server is ready and before the controller manager starts, so CRDs among them are
+    #: in its first API discovery: an HPA can then target a custom resource's scale
+    #: subresource at once (the controller manager refreshes its REST mapping only every
+    #: 30 s, and until then says ``no matches for kind``)
+    preload: tuple[Path, ...] = ()
 
 
 @dataclasses.dataclass
@@ -213,6 +228,7 @@ class DevCluster:
             self._wait("kube-apiserver /readyz", deadline, self._api_ready)
             self.timings["kube-apiserver"] = self._clock() - t0
             self._write_kubeconfigs()
+            self._preload()
             for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
                 self._spawn(name)
             self._create_nodes()
@@ -294,6 +310,13 @@ class DevCluster:
             capture_output=True,
         )
         layout.tokens_csv.write_text(manifests.tokens_csv(self.token))
+        if self.config.aggregation:
+            for argv in manifests.front_proxy_openssl_steps(openssl, layout):
+                res = subprocess.run(argv, capture_output=True, text=True, check=False)
+                if res.returncode != 0:
+                    raise StartError(
+                        f"front-proxy certificates: {' '.join(argv[:3])} failed: {res.stderr}"
+                    )
 
     def _write_kubeconfigs(self) -> None:
         """After the API server is up: its self-signed CA exists only from then on."""
@@ -313,15 +336,28 @@ class DevCluster:
                 f.write(text)
             path.chmod(0o600)  # an existing file keeps its old mode through O_CREAT
 
+    def _preload(self) -> None:
+        for path in self.config.preload:
+            self.kubectl("apply", "--server-side", "-f", str(path))
+        if self.config.preload:
+            self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=30s")
+
     def _argv(self, name: str) -> list[str]:
         assert self.layout is not None and self.ports is not None
         b, lay, ports = self.bins, self.layout, self.ports
         if name == "etcd":
             return manifests.etcd_argv(b.path("etcd"), lay, ports)
         if name == "kube-apiserver":
-            return manifests.apiserver_argv(b.path("kube-apiserver"), lay, ports)
+            return manifests.apiserver_argv(
+                b.path("kube-apiserver"), lay, ports, aggregation=self.config.aggregation
+            )
         if name == "kube-controller-manager":
-            return manifests.controller_manager_argv(b.path("kube-controller-manager"), lay, ports)
+            return manifests.controller_manager_argv(
+                b.path("kube-controller-manager"),
+                lay,
+                ports,
+                hpa_sync_period_s=self.config.hpa_sync_period_s,
+            )
         if name == "kube-scheduler":
             return manifests.scheduler_argv(b.path("kube-scheduler"), lay, ports)
         if name == "kwok":

@@ -131,6 +131,19 @@ class Layout:
         return self.work_dir / "pki" / "tokens.csv"
 
     @property
+    def front_proxy_ca(self) -> Path:
+        """CA of the aggregator's client certificate (``ClusterConfig.aggregation``)."""
+        return self.work_dir / "pki" / "front-proxy-ca.crt"
+
+    @property
+    def front_proxy_client_cert(self) -> Path:
+        return self.work_dir / "pki" / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.work_dir / "pki" / "front-proxy-client.key"
+
+    @property
     def internal_kubeconfig(self) -> Path:
         """Kubeconfig used by KCM, scheduler and kwok (the user's may live elsewhere)."""
         return self.work_dir / "kubeconfig"
@@ -160,7 +173,10 @@ def etcd_argv(binary: Path, layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-def apiserver_argv(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+def apiserver_argv(
+    binary: Path, layout: Layout, ports: Ports, aggregation: bool = False
+) -> list[str]:
+    extra = aggregation_flags(layout) if aggregation else []
     return [
         str(binary),
         f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
@@ -181,10 +197,66 @@ def apiserver_argv(binary: Path, layout: Layout, ports: Ports) -> list[str]:
         "--max-mutating-requests-inflight=0",
         "--profiling=false",
         "--v=1",
+        *extra,
     ]
 
 
-def controller_manager_argv(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+#: the CN of the certificate the API server presents to aggregated API servers
+FRONT_PROXY_CLIENT_CN = "front-proxy-client"
+
+
+def aggregation_flags(layout: Layout) -> list[str]:
+    """kube-apiserver flags to serve aggregated APIs (an APIService backed by a process).
+
+    The API server proxies ``/apis/<aggregated group>`` to the backing server with the
+    front-proxy client certificate and the user in ``X-Remote-*`` headers; the backing
+    server trusts those headers because the CA and the allowed names are published in
+    ``kube-system/extension-apiserver-authentication``.
+
+    How the API server reaches a backing server on loopback: not through
+    ``--enable-aggregator-routing=true`` and an Endpoints/EndpointSlice at 127.0.0.1
+    (both are refused: "may not be in the loopback range (127.0.0.0/8, ::1/128)"), and
+    not through a cluster IP (no kube-proxy). With the default service routing the
+    aggregator dials an ``ExternalName`` Service's name and the APIService's port, so
+    the APIService names a Service ``externalName: 127.0.0.1``
+    (:func:`fleetgate_tools.devcluster.metricsstack.apiservice_objects`).
+    """
+    return [
+        f"--requestheader-client-ca-file={layout.front_proxy_ca}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT_CN}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={layout.front_proxy_client_cert}",
+        f"--proxy-client-key-file={layout.front_proxy_client_key}",
+    ]
+
+
+def front_proxy_openssl_steps(openssl: str, layout: Layout) -> list[list[str]]:
+    """openssl command lines that write the front-proxy CA and its client certificate
+    (EC P-256 keys: generating them takes milliseconds, unlike RSA)."""
+    ca_key = layout.cert_dir / "front-proxy-ca.key"
+    csr = layout.cert_dir / "front-proxy-client.csr"
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    return [
+        [openssl, "req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(layout.front_proxy_ca),
+         "-days", "2", "-subj", "/CN=fleetgate-dev-front-proxy-ca"],
+        [openssl, "req", *ec, "-keyout", str(layout.front_proxy_client_key), "-out", str(csr),
+         "-subj", f"/CN={FRONT_PROXY_CLIENT_CN}"],
+        [openssl, "x509", "-req", "-in", str(csr), "-CA", str(layout.front_proxy_ca),
+         "-CAkey", str(ca_key), "-CAcreateserial", "-days", "2",
+         "-out", str(layout.front_proxy_client_cert)],
+    ]  # fmt: skip
+
+
+def controller_manager_argv(
+    binary: Path, layout: Layout, ports: Ports, hpa_sync_period_s: float | None = None
+) -> list[str]:
+    extra = []
+    if hpa_sync_period_s is not None:
+        if hpa_sync_period_s <= 0:
+            raise ValueError(f"hpa_sync_period_s must be > 0, got {hpa_sync_period_s}")
+        extra.append(f"--horizontal-pod-autoscaler-sync-period={hpa_sync_period_s:g}s")
     return [
         str(binary),
         f"--kubeconfig={layout.internal_kubeconfig}",
@@ -200,6 +272,7 @@ def controller_manager_argv(binary: Path, layout: Layout, ports: Ports) -> list[
         "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
         "--profiling=false",
         "--v=1",
+        *extra,
     ]
 
 
