@@ -3,7 +3,8 @@
 kwok gives every pod an IP in 127.0.1.0/24 but runs nothing in it. This launcher
 watches (polls) the pods of the InferenceServices selected by a label selector and,
 for every pod with an IP, starts one ``fleetgate sim`` engine of the pod's engine
-kind bound to the pod IP and the container's ``http`` port, after a modelled cold
+kind bound to the pod IP and the container's ``http`` port (a watch on the pods
+triggers a poll at once, so a new pod is seen within milliseconds), after a modelled cold
 start per engine kind: the child process is started at once (so its Python imports do
 not add to the cold start), waits until ``first seen + cold start`` and only then
 binds (first seen: the first poll that listed the pod, IP or not, so the scheduler's
@@ -349,7 +350,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--namespace", action="append", default=[])
     parser.add_argument("--selector", default="fleetgate.dev/pool", help="pod label selector")
     parser.add_argument("--cold-start", action="append", default=[], metavar="ENGINE=SECONDS")
-    parser.add_argument("--interval", type=float, default=0.1, help="seconds between polls")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=0.25,
+        help="seconds between polls (and on every pod event)",
+    )
     parser.add_argument("--logs", type=Path, default=Path("."), help="engine log directory")
     args, rest = parser.parse_known_args(argv)
     if args.serve:
@@ -386,15 +392,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     engines = PodEngines(list_pods, cold, args.logs, emit)
     stop = threading.Event()
+    nudge = threading.Event()
+    """Set by the pod watches: sync now rather than at the next poll."""
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        nudge.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
+
+    def watch(ns: str) -> None:
+        path = f"/api/v1/namespaces/{ns}/pods?{query}&watch=1&timeoutSeconds=300"
+        while not stop.is_set():
+            try:
+                for _ in api.watch_lines(path):
+                    nudge.set()
+            except OSError:
+                stop.wait(1.0)  # the polls carry on meanwhile
+
+    for ns in args.namespace:
+        threading.Thread(target=watch, args=(ns,), name=f"watch-{ns}", daemon=True).start()
     try:
         while not stop.is_set():
+            nudge.clear()
             try:
                 engines.sync()
             except OSError as e:  # the API server blinked: try again next round
                 emit({"event": "error", "error": str(e), "t": time.time()})
-            stop.wait(args.interval)
+            nudge.wait(args.interval)
     finally:
         engines.stop_all()
     return 0
