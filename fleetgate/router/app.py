@@ -245,8 +245,17 @@ def build_router(
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    running_loop: list[asyncio.AbstractEventLoop] = []
+
+    def end_long_polls() -> None:
+        """End every pending ``GET /held`` now; safe from a signal handler or another
+        thread (the server's SIGTERM drain waits for open responses)."""
+        if running_loop:
+            running_loop[0].call_soon_threadsafe(holds.close)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        running_loop[:] = [asyncio.get_running_loop()]
         reload: asyncio.Task[None] | None = None
         if start_background:
             await poller.start()
@@ -299,6 +308,7 @@ def build_router(
     app.state.kv_feeds = kv_feeds
     app.state.gate = gate
     app.state.limiter = limiter
+    app.state.end_long_polls = end_long_polls
     return app
 
 

@@ -396,3 +396,21 @@ async def test_a_starting_endpoint_is_probed_at_the_startup_interval() -> None:
             assert e.answered and poller.probe_interval(e) == 5.0
             r = await client.post(url + "/v1/completions", json=body(4, stream=False))
             assert r.status_code == 200, r.text
+
+
+async def test_a_pending_held_poll_ends_when_the_router_drains() -> None:
+    """``end_long_polls`` (what the CLI's SIGTERM handler calls) answers a pending
+    ``GET /held`` at once, and later ones without waiting, so the drain is not held up
+    for the poll's ``wait``."""
+    async with (
+        router(config(queue=False)) as (url, app, membership),
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        poll = asyncio.create_task(client.get(url + "/held", params={"after": 0, "wait": 30}))
+        await asyncio.sleep(0.2)
+        assert not poll.done()
+        t0 = time.monotonic()
+        app.state.end_long_polls()
+        assert (await poll).json() == {"generation": 0, "held": {}}
+        again = await client.get(url + "/held", params={"after": 0, "wait": 30})
+        assert again.status_code == 200 and time.monotonic() - t0 < 2.0
