@@ -1,15 +1,18 @@
 """A day-shaped trace, shortened, through the router on the dev cluster (issue 15, 4).
 
     FLEETGATE_TEST_MODE=1 python bench/bench_autoscale.py [--scale 1.0] [--base-rate 1.0]
-        [--contenders fleetgate-autoscale,static-peak,hpa-prometheus] [--seed 0]
-        [--hpa-metric vllm_num_requests_in_flight] [--hpa-target 4] [--hpa-sync-period 1]
+        [--contenders fleetgate-autoscale,static-peak,hpa-prometheus] [--pool vllm|mixed]
+        [--seed 0] [--hpa-metric vllm_num_requests_in_flight] [--hpa-target 4]
+        [--hpa-sync-period 1]
         [--json OUT.json] [--plot OUT.png]
 
 A real control plane (the dev cluster: etcd, kube-apiserver, controller manager,
 scheduler, kwok), the operator and the router as ``fleetgate`` processes, and the
 pod-engine launcher (tools/fleetgate_tools/devcluster/podengines.py) running an
-emulated vLLM on each kwok pod's IP after a modelled cold start. Per contender, a
-fresh namespace and one InferenceService (model ``llama-3.1-8b``, ``maxNumSeqs: 8``):
+emulated engine of the pod's kind on each kwok pod's IP after a modelled cold start
+(counted from the pod's first listing). Per contender, a fresh namespace and, with
+``--pool vllm`` (the default), one InferenceService (model ``llama-3.1-8b``,
+``maxNumSeqs: 8``):
 
 * ``fleetgate-autoscale``: ``spec.autoscaling`` {minReplicas 0, maxReplicas
   ``--peak-replicas``, targetInFlightPerReplica 4, scaleToZeroAfterSeconds,
@@ -30,6 +33,17 @@ fresh namespace and one InferenceService (model ``llama-3.1-8b``, ``maxNumSeqs: 
   tools/fleetgate_tools/devcluster/metricsstack.py; the dev cluster then serves
   aggregated APIs.
 
+With ``--pool mixed``, two InferenceServices of the same model in one routing pool:
+``chat-trt`` (TensorRT-LLM, ``maxBatchSize: 8``, ``routing.role: latency``) and
+``chat-vllm`` (vLLM, ``maxNumSeqs: 8``, role ``throughput``); the operator runs with
+``--class-role standard=throughput``, so ``critical`` demand grows the TensorRT-LLM
+service and ``standard`` the vLLM one (fleetgate/operator/pools.py), and the router's
+``engine-speed`` scorer sends critical requests (priority 8) to the faster engine
+(the emulated TensorRT-LLM decodes ~30% faster than vLLM). fleetgate-autoscale: each
+``minReplicas 0``, ``maxReplicas --peak-replicas``; static-peak: ``ceil(N/3)``
+TensorRT-LLM and ``N - ceil(N/3)`` vLLM replicas (N = ``--peak-replicas``, the same
+pods as the all-vLLM static).
+
 The trace (durations x ``--scale``; open loop, Poisson arrivals, seeded):
 quiet (base rate) 40 s, ramp (base -> 5 x base) 30 s, peak (5 x base, plus a burst of
 8 critical requests every 10 s) 40 s, idle 30 s (long enough to scale to zero), then
@@ -40,9 +54,12 @@ Reported per contender: replica-seconds (live engine pods integrated over the tr
 TTFT-objective attainment per class (the router's default objectives: critical
 0.5 s, standard 2 s; the cold request counted apart), failed requests (non-200 or an
 incomplete stream), the cold request's TTFT, and a plot of replicas, demand (requests
-in flight at the client) and TTFT over time. The cold request of ``hpa-prometheus``
-meets at least one warm replica (it never scales to zero), so it is no cold start. Not
-in it (yet): a mixed vLLM + TensorRT-LLM pool (docs/bench.md). A benchmark, not a test.
+in flight at the client) and TTFT over time; the cold request's path (request to the
+pod's first listing, the modelled cold start, engine bound to first token) from the
+launcher's log; per class, the share of requests each engine kind served. The cold
+request of ``hpa-prometheus`` meets at least one warm replica (it never scales to
+zero), so it is no cold start; ``hpa-prometheus`` runs with the all-vLLM pool only
+(its metric is vLLM's). A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -51,6 +68,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -89,6 +107,9 @@ MODEL = "llama-3.1-8b"
 NAME = "chat"
 OBJECTIVE_S = {"critical": 0.5, "standard": 2.0}
 CONTENDERS = ("fleetgate-autoscale", "static-peak", "hpa-prometheus")
+POOLS = ("vllm", "mixed")
+#: every engine pod of the bench's services (the operator labels them with their pool)
+POD_SELECTOR = "fleetgate.dev/pool"
 
 
 @dataclass(frozen=True)
@@ -149,6 +170,8 @@ class Outcome:
     ttft_s: float | None
     done_s: float
     error: str | None
+    endpoint: str = ""
+    """``x-fleetgate-endpoint``: ``namespace/pod`` of the engine that served it."""
 
 
 async def one_request(
@@ -158,13 +181,14 @@ async def one_request(
     body = {"model": MODEL, "stream": True, "max_tokens": 64, "ignore_eos": True,
             "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
     sent = time.monotonic()
-    ttft, status, error = None, 0, None
+    ttft, status, error, endpoint = None, 0, None, ""
     try:
         async with client.stream(
             "POST", f"{router}/v1/chat/completions", json=body,
             headers={"x-fleetgate-priority": a.cls},
         ) as r:  # fmt: skip
             status = r.status_code
+            endpoint = r.headers.get("x-fleetgate-endpoint", "")
             if status != 200:
                 error = f"HTTP {status}"
                 await r.aread()
@@ -181,7 +205,7 @@ async def one_request(
                     error = "incomplete stream"
     except httpx.HTTPError as e:
         error = type(e).__name__
-    return Outcome(sent - t0, a.cls, a.phase, status, ttft, time.monotonic() - t0, error)
+    return Outcome(sent - t0, a.cls, a.phase, status, ttft, time.monotonic() - t0, error, endpoint)
 
 
 def free_port() -> int:
@@ -217,34 +241,70 @@ class Setup:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
 
-    def live_pods(self) -> int:
-        pods = self.cluster.kubectl_json(
-            "-n", self.ns, "get", "pods", "-l", f"app.kubernetes.io/instance={NAME}"
-        )["items"]
-        return sum(1 for p in pods if not p["metadata"].get("deletionTimestamp"))
+    def live_pods(self) -> tuple[int, int]:
+        """Live engine pods: all of them, and the TensorRT-LLM ones among them."""
+        pods = self.cluster.kubectl_json("-n", self.ns, "get", "pods", "-l", POD_SELECTOR)["items"]
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        trt = [p for p in live if p["metadata"]["labels"].get("fleetgate.dev/engine") == "trtllm"]
+        return len(live), len(trt)
 
 
-def inference_service(ns: str, contender: str, args: argparse.Namespace) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "model": {"uri": "hf://bench/chat", "name": MODEL},
-        "engine": {"type": "vllm", "image": "vllm/vllm-openai:v0.32.0",
-                   "vllm": {"maxNumSeqs": 8}},
-        "routing": {"pool": "default", "role": "latency"},
-    }  # fmt: skip
-    if contender == "fleetgate-autoscale":
-        spec["replicas"] = 0
-        spec["autoscaling"] = {
-            "minReplicas": 0, "maxReplicas": args.peak_replicas, "targetInFlightPerReplica": 4,
-            "scaleDownStabilizationSeconds": max(1, round(10 * args.scale)),
-            "scaleToZeroAfterSeconds": max(1, round(15 * args.scale)),
-            "coldStartSeconds": max(1, round(args.cold_start + 1)), "drainTimeoutSeconds": 60,
-        }  # fmt: skip
-    elif contender == "hpa-prometheus":
-        spec["replicas"] = 1  # the HPA's minReplicas; it owns spec.replicas from then on
-    else:
-        spec["replicas"] = args.peak_replicas
-    return {"apiVersion": "fleetgate.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": NAME, "namespace": ns}, "spec": spec}  # fmt: skip
+#: engine kind -> (CRD engine block, routing role) of the bench's services
+ENGINE_SPECS: dict[str, tuple[dict[str, Any], str]] = {
+    "vllm": ({"type": "vllm", "image": "vllm/vllm-openai:v0.32.0",
+              "vllm": {"maxNumSeqs": 8}}, "throughput"),
+    "trtllm": ({"type": "tensorrt-llm", "image": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+                "tensorrtLlm": {"maxBatchSize": 8}}, "latency"),
+}  # fmt: skip
+
+
+def service_replicas(pool: str, peak: int) -> dict[str, tuple[str, int]]:
+    """Service name -> (engine kind, static replicas) of a pool; the mixed static pool
+    has as many pods as the all-vLLM one, a third (rounded up) on TensorRT-LLM."""
+    if pool == "vllm":
+        return {NAME: ("vllm", peak)}
+    trt = math.ceil(peak / 3)
+    return {f"{NAME}-trt": ("trtllm", trt), f"{NAME}-vllm": ("vllm", max(1, peak - trt))}
+
+
+def inference_services(ns: str, contender: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    out = []
+    for name, (kind, static) in service_replicas(args.pool, args.peak_replicas).items():
+        engine, role = ENGINE_SPECS[kind]
+        spec: dict[str, Any] = {
+            "model": {"uri": "hf://bench/chat", "name": MODEL},
+            "engine": engine,
+            # one service alone takes all the model's demand whatever its role
+            "routing": {"pool": "default", "role": role if args.pool == "mixed" else "latency"},
+        }
+        cold = args.cold_start if kind == "vllm" else args.trtllm_cold_start
+        if contender == "fleetgate-autoscale":
+            spec["replicas"] = 0
+            spec["autoscaling"] = {
+                "minReplicas": 0, "maxReplicas": args.peak_replicas,
+                "targetInFlightPerReplica": 4,
+                "scaleDownStabilizationSeconds": max(1, round(10 * args.scale)),
+                "scaleToZeroAfterSeconds": max(1, round(15 * args.scale)),
+                "coldStartSeconds": max(1, round(cold + 1)), "drainTimeoutSeconds": 60,
+            }  # fmt: skip
+        elif contender == "hpa-prometheus":
+            spec["replicas"] = 1  # the HPA's minReplicas; it owns spec.replicas from then on
+        else:
+            spec["replicas"] = static
+        out.append({"apiVersion": "fleetgate.dev/v1alpha1", "kind": "InferenceService",
+                    "metadata": {"name": name, "namespace": ns}, "spec": spec})  # fmt: skip
+    return out
+
+
+def launcher_starts(log: Path) -> list[dict[str, Any]]:
+    """The pod-engine launcher's ``start`` events (one JSON object a line)."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict) and event.get("event") == "start":
+                out.append(event)
+    return out
 
 
 async def wait_until(probe: Any, within: float, what: str) -> None:
@@ -274,7 +334,7 @@ async def run_contender(
     (work / "router.yaml").write_text(yaml.safe_dump(config))
     rng = random.Random(args.seed)
     plan = arrivals(trace(args.scale, args.base_rate), rng)
-    samples: list[tuple[float, int, int]] = []  # t, live pods, in flight at the client
+    samples: list[tuple[float, int, int, int]] = []  # t, live pods, in flight, TRT-LLM pods
     outcomes: list[Outcome] = []
     in_flight = 0
     try:
@@ -284,20 +344,22 @@ async def run_contender(
             "operator",
             [FLEETGATE, "operator", "--kubeconfig", str(cluster.kubeconfig), "--namespace", ns,
              "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--interval", "5",
-             "--autoscale-interval", "1", "--router-metrics-url", f"{router}/metrics"],
+             "--autoscale-interval", "1", "--router-metrics-url", f"{router}/metrics",
+             *(["--class-role", "standard=throughput"] if args.pool == "mixed" else [])],
             env={"FLEETGATE_EXTRA_TOLERATIONS": json.dumps([FAKE_NODE_TOLERATION])},
         )  # fmt: skip
         setup.start(
             "podengines",
             [sys.executable, "-m", "fleetgate_tools.devcluster.podengines",
              "--kubeconfig", str(cluster.kubeconfig), "--namespace", ns,
-             "--selector", f"app.kubernetes.io/instance={NAME}",
-             "--cold-start", f"vllm={args.cold_start}", "--logs", str(work / "engines")],
+             "--selector", POD_SELECTOR, "--cold-start", f"vllm={args.cold_start}",
+             "--cold-start", f"trtllm={args.trtllm_cold_start}",
+             "--logs", str(work / "engines")],
             env={"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tools'}"},
         )  # fmt: skip
         if stack is not None:
             stack.start()
-        cluster.apply(inference_service(ns, contender, args))
+        cluster.apply(*inference_services(ns, contender, args))
         if stack is not None:
             target = {"apiVersion": "fleetgate.dev/v1alpha1", "kind": "InferenceService",
                       "name": NAME}  # fmt: skip
@@ -320,8 +382,9 @@ async def run_contender(
                     return len(up) >= n  # fmt: skip
                 return False
 
+            statics = service_replicas(args.pool, args.peak_replicas).values()
             want = {"fleetgate-autoscale": 0, "hpa-prometheus": 1}.get(
-                contender, args.peak_replicas
+                contender, sum(n for _, n in statics)
             )
             if want:
                 await wait_until(lambda: healthy(want), 120, "static replicas healthy")
@@ -333,8 +396,8 @@ async def run_contender(
             async def sampler() -> None:
                 while not stop.is_set():
                     with contextlib.suppress(Exception):
-                        live = await asyncio.to_thread(setup.live_pods)
-                        samples.append((time.monotonic() - t0, live, in_flight))
+                        live, trt = await asyncio.to_thread(setup.live_pods)
+                        samples.append((time.monotonic() - t0, live, in_flight, trt))
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), 1.0)
 
@@ -355,8 +418,9 @@ async def run_contender(
             if contender == "fleetgate-autoscale":
                 with contextlib.suppress(TimeoutError):
                     await wait_until(
-                        lambda: asyncio.to_thread(lambda: setup.live_pods() == 0), 60, "zero"
+                        lambda: asyncio.to_thread(lambda: setup.live_pods()[0] == 0), 60, "zero"
                     )
+            cold_sent = time.time()
             outcomes.append(
                 await one_request(client, router, Arrival(0, "standard", "cold"), t0, -1)
             )
@@ -371,13 +435,40 @@ async def run_contender(
             stack.stop()
         setup.stop()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-    return summarise(contender, outcomes, samples, arrivals_text, end)
+    result = summarise(contender, outcomes, samples, arrivals_text, end)
+    result["cold_request"].update(cold_path(result["cold_request"], cold_sent, work))
+    return result
+
+
+def cold_path(cold: dict[str, Any], sent: float, work: Path) -> dict[str, Any]:
+    """Where the cold request's TTFT went, from the launcher's first engine start after
+    it was sent: request -> the pod first listed (operator decision, Deployment and
+    ReplicaSet controllers, the launcher's poll), the modelled cold start, engine bound
+    -> first token (the router's probe and dispatch, the engine's first token)."""
+    starts = [e for e in launcher_starts(work / "podengines.log") if e["first_seen"] >= sent]
+    if not starts or cold["ttft_s"] is None:
+        return {}
+    first = min(starts, key=lambda e: e["bind_at"])
+    return {
+        "engine": first["engine"],
+        "modelled_cold_start_s": first["cold_start_s"],
+        "to_pod_listed_s": round(first["first_seen"] - sent, 3),
+        "bound_to_first_token_s": round(sent + cold["ttft_s"] - first["bind_at"], 3),
+        "ttft_over_cold_start": round(cold["ttft_s"] / first["cold_start_s"], 3)
+        if first["cold_start_s"]
+        else None,
+    }
+
+
+def engine_kind(endpoint: str) -> str:
+    """``ns/chat-trt-...`` -> ``trtllm``; every other pod of the bench is vLLM."""
+    return "trtllm" if endpoint.split("/", 1)[-1].startswith(f"{NAME}-trt-") else "vllm"
 
 
 def summarise(
     contender: str,
     outcomes: list[Outcome],
-    samples: list[tuple[float, int, int]],
+    samples: list[tuple[float, int, int, int]],
     metrics: str,
     horizon_s: float,
 ) -> dict[str, Any]:
@@ -393,8 +484,13 @@ def summarise(
         mine = [o for o in outcomes if o.cls == cls and o.phase != "cold"]
         met = sum(1 for o in mine if o.error is None and o.ttft_s is not None
                   and o.ttft_s <= objective)  # fmt: skip
-        attainment[cls] = {"requests": len(mine), "met": met,
-                           "attainment": met / len(mine) if mine else None}  # fmt: skip
+        served = [engine_kind(o.endpoint) for o in mine if o.endpoint]
+        attainment[cls] = {
+            "requests": len(mine),
+            "met": met,
+            "attainment": met / len(mine) if mine else None,
+            "served_by": {k: served.count(k) for k in sorted(set(served))},
+        }
     cold = next(o for o in outcomes if o.phase == "cold")
     classes = [ln for ln in metrics.splitlines() if ln.startswith("fleetgate_arrivals_total{")]
     return {
@@ -404,6 +500,7 @@ def summarise(
         "errors": sorted({o.error for o in outcomes if o.error})[:10],
         "replica_seconds": round(replica_s, 1),
         "max_replicas": max((s[1] for s in samples), default=0),
+        "max_trtllm_replicas": max((s[3] for s in samples), default=0),
         "attainment": attainment,
         "cold_request": {"ttft_s": cold.ttft_s, "error": cold.error},
         "router_arrivals": classes,
@@ -412,7 +509,9 @@ def summarise(
     }
 
 
-def plot(results: list[dict[str, Any]], path: Path, phases: list[Phase]) -> None:
+def plot(
+    results: list[dict[str, Any]], path: Path, phases: list[Phase], pool: str = "vllm"
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -421,7 +520,16 @@ def plot(results: list[dict[str, Any]], path: Path, phases: list[Phase]) -> None
     fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
     for r in results:
         t = [s[0] for s in r["samples"]]
-        axes[0].step(t, [s[1] for s in r["samples"]], where="post", label=r["contender"])
+        line = axes[0].step(t, [s[1] for s in r["samples"]], where="post", label=r["contender"])
+        if pool == "mixed":
+            axes[0].step(
+                t,
+                [s[3] for s in r["samples"]],
+                where="post",
+                ls="--",
+                color=line[0].get_color(),
+                label=f"{r['contender']}: TensorRT-LLM",
+            )
         axes[1].plot(t, [s[2] for s in r["samples"]], label=r["contender"])
         for cls, marker in (("critical", "x"), ("standard", ".")):
             pts = [(o["sent_s"], o["ttft_s"]) for o in r["outcomes"]
@@ -443,7 +551,8 @@ def plot(results: list[dict[str, Any]], path: Path, phases: list[Phase]) -> None
     for ax in axes:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.suptitle("Day-shaped trace (shortened): autoscaling contenders vs static peak replicas")
+    what = "vLLM" if pool == "vllm" else "TensorRT-LLM (latency) + vLLM (throughput)"
+    fig.suptitle(f"Day-shaped trace (shortened), {what}: autoscaling vs static peak replicas")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -453,7 +562,13 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="phase durations x this")
     parser.add_argument("--base-rate", type=float, default=1.0, help="quiet req/s (peak 5x)")
     parser.add_argument("--peak-replicas", type=int, default=3)
-    parser.add_argument("--cold-start", type=float, default=3.0, help="engine cold start (s)")
+    parser.add_argument("--cold-start", type=float, default=3.0, help="vLLM cold start (s)")
+    parser.add_argument(
+        "--trtllm-cold-start", type=float, default=None, help="TensorRT-LLM's (default: vLLM's)"
+    )
+    parser.add_argument("--pool", choices=POOLS, default="vllm",
+                        help="vllm: one vLLM service; mixed: TensorRT-LLM (latency) + "
+                        "vLLM (throughput) in one pool")  # fmt: skip
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -483,10 +598,18 @@ def main() -> int:
     unknown = set(contenders) - set(CONTENDERS)
     if unknown:
         parser.error(f"unknown contenders {sorted(unknown)}; known: {CONTENDERS}")
+    if args.trtllm_cold_start is None:
+        args.trtllm_cold_start = args.cold_start
     if not 0 < args.scale <= 10 or args.base_rate <= 0 or args.peak_replicas < 1:
         parser.error("want 0 < --scale <= 10, --base-rate > 0, --peak-replicas >= 1")
     if args.hpa_target <= 0 or args.hpa_sync_period <= 0:
         parser.error("want --hpa-target > 0 and --hpa-sync-period > 0")
+    if args.pool == "mixed" and args.peak_replicas < 2:
+        parser.error("--pool mixed needs --peak-replicas >= 2 (a pod of each engine)")
+    if not (0 <= args.cold_start < 600 and 0 <= args.trtllm_cold_start < 600):
+        parser.error("want cold starts in [0, 600) seconds")
+    if args.pool == "mixed" and "hpa-prometheus" in contenders:
+        parser.error("hpa-prometheus runs with --pool vllm only (its metric is vLLM's)")
     work = Path(tempfile.mkdtemp(prefix="bench-autoscale-"))
     results = []
     with_hpa = "hpa-prometheus" in contenders
@@ -522,13 +645,23 @@ def main() -> int:
                 print(f"\nreplica-seconds ratio {r['contender']} / static-peak: "
                       f"{r['replica_seconds'] / static['replica_seconds']:.2f}")  # fmt: skip
     for r in results:
+        cold = r["cold_request"]
+        if "to_pod_listed_s" in cold:
+            print(f"{r['contender']} cold request: {cold['ttft_s']:.2f}s = pod listed after "
+                  f"{cold['to_pod_listed_s']:.2f}s + modelled cold start "
+                  f"{cold['modelled_cold_start_s']:.1f}s ({cold['engine']}) + engine bound to "
+                  f"first token {cold['bound_to_first_token_s']:.2f}s "
+                  f"(x{cold['ttft_over_cold_start']:.2f} the cold start)")  # fmt: skip
+        if args.pool == "mixed":
+            for cls in OBJECTIVE_S:
+                print(f"{r['contender']} {cls} served by: {r['attainment'][cls]['served_by']}")
         if r["errors"]:
             print(f"{r['contender']} errors: {r['errors']}")
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
                              "plot": str(args.plot)}, "results": results}, indent=1))  # fmt: skip
     if args.plot:
-        plot(results, args.plot, trace(args.scale, args.base_rate))
+        plot(results, args.plot, trace(args.scale, args.base_rate), args.pool)
         print(f"plot: {args.plot}")
     return 0
 

@@ -37,7 +37,7 @@ from urllib3.exceptions import InsecureRequestWarning
 
 from fleetgate.api.crd import crd_name
 from fleetgate.api.v1alpha1 import GROUP, KIND, VERSION
-from fleetgate.operator.autoscaler import Autoscaler
+from fleetgate.operator.autoscaler import Autoscaler, fetch_text
 from fleetgate.operator.handlers import register
 from fleetgate.operator.kube import DynamicKubeApi, KubeApi, KubeError, NotFound
 from fleetgate.operator.metrics import OperatorMetrics
@@ -210,7 +210,13 @@ def run(
         resync.start()
         autoscaler = threading.Thread(
             target=Autoscaler(
-                api, reconciler, options, metrics, tuple(namespaces), resync_stop
+                api,
+                reconciler,
+                options,
+                metrics,
+                tuple(namespaces),
+                resync_stop,
+                long_poll=fetch_text,  # wake on the routers' /held
             ).run,
             name="operator-autoscaler",
             daemon=True,

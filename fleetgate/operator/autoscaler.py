@@ -35,10 +35,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import ipaddress
+import json
 import logging
 import os
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +67,17 @@ _CONDITION = "Autoscaling"
 #: The reason of a decision the pool's GPU budget cut short.
 LIMITED = "ScaleUpLimited"
 _DEMAND_KEYS = ("inFlight", "queued", "held", "arrivalRate", "kvCacheUtilization", "ttftAttainment")
+
+
+#: How long one ``GET /held`` long poll waits on the router before asking again.
+HELD_POLL_S = 30.0
+
+
+def held_url(metrics_url: str, after: int, wait: float) -> str:
+    """The router's ``/held`` long poll next to its ``/metrics``."""
+    parts = urllib.parse.urlsplit(metrics_url)
+    query = urllib.parse.urlencode({"after": after, "wait": f"{wait:g}"})
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, "/held", query, ""))
 
 
 def fetch_text(url: str, timeout: float = 3.0) -> str:
@@ -148,6 +161,7 @@ class Autoscaler:
         stop: threading.Event,
         *,
         fetch: Callable[[str], str] = fetch_text,
+        long_poll: Callable[[str, float], str] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._api = api
@@ -162,6 +176,15 @@ class Autoscaler:
         self._previous_at = 0.0
         self._rates: dict[tuple[str, str], tuple[tuple[float, float], ...]] = {}
         self._test_mode = os.environ.get("FLEETGATE_TEST_MODE") == "1"
+        self._long_poll = long_poll
+        self._wake = threading.Event()
+        """Set by a router's ``/held`` answer: decide now, not at the next period."""
+        self._routers: set[str] = set()
+        self._watchers: dict[str, threading.Thread] = {}
+        self._no_held: set[str] = set()
+        """Routers that answered 404 to ``/held`` (older ones): not asked again."""
+        self.wakeups = 0
+        """Decisions started early because a router held a model's first request."""
 
     # -- the routers ------------------------------------------------------------------
     def _router_urls(self) -> list[str]:
@@ -189,10 +212,14 @@ class Autoscaler:
     def scrape(self) -> dict[str, autoscale.RouterSnapshot]:
         """One snapshot per router that answered."""
         found: dict[str, autoscale.RouterSnapshot] = {}
+        urls = []
         for url in self._router_urls():
             if self._test_mode and not _loopback(url):
                 log.warning("autoscaling: test mode, not scraping non-loopback %s", url)
                 continue
+            urls.append(url)
+        self._watch_routers(urls)
+        for url in urls:
             try:
                 found[url] = autoscale.parse_router_metrics(self._fetch(url))
             except (OSError, ValueError) as e:
@@ -200,9 +227,76 @@ class Autoscaler:
                 log.warning("autoscaling: router metrics %s: %s", url, e)
         return found
 
+    def _watch_routers(self, urls: Sequence[str]) -> None:
+        """One ``/held`` long-poll thread per router (none without ``long_poll``)."""
+        self._routers = set(urls)
+        if self._long_poll is None:
+            return
+        for url in urls:
+            if url in self._no_held:
+                continue
+            thread = self._watchers.get(url)
+            if thread is None or not thread.is_alive():
+                thread = threading.Thread(
+                    target=self._watch_holds, args=(url,), name="autoscale-held", daemon=True
+                )
+                self._watchers[url] = thread
+                thread.start()
+        for url in [u for u, t in self._watchers.items() if not t.is_alive()]:
+            del self._watchers[url]
+
+    def _watch_holds(self, url: str) -> None:
+        """Long-poll one router's ``/held``; when a model's first request is held there,
+        wake the loop (a service at zero replicas scales up now, not a period later).
+        Ends when the router is no longer scraped, or has no ``/held`` (an older
+        router: its holds are then seen at the next period only)."""
+        assert self._long_poll is not None
+        after, delay = -1, 0.5
+        while not self._stop.is_set() and url in self._routers:
+            try:
+                body = json.loads(
+                    self._long_poll(held_url(url, after, HELD_POLL_S), HELD_POLL_S + 5)
+                )
+                generation = int(body["generation"])
+                held = dict(body.get("held") or {})
+            except urllib.error.HTTPError as e:
+                if e.code in (404, 405):
+                    log.info("autoscaling: router %s has no /held (HTTP %d)", url, e.code)
+                    self._no_held.add(url)
+                    return
+                log.warning("autoscaling: router %s /held: %s", url, e)
+                self._stop.wait(delay)
+                delay = min(delay * 2, self._options.autoscale_interval)
+                continue
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.debug("autoscaling: router %s /held: %s", url, e)
+                self._stop.wait(delay)
+                delay = min(delay * 2, self._options.autoscale_interval)
+                continue
+            delay = 0.5
+            if after >= 0 and generation != after and held:
+                log.info("autoscaling: router %s holds requests for %s: deciding now",
+                         url, ", ".join(sorted(held)))  # fmt: skip
+                self._wake.set()
+            after = generation
+
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> None:
-        while not self._stop.wait(self._options.autoscale_interval):
+        """Decide every ``autoscale_interval`` seconds, and at once when a router holds
+        a model's first request (scale from zero)."""
+
+        def stopper() -> None:
+            self._stop.wait()
+            self._wake.set()
+
+        threading.Thread(target=stopper, name="autoscale-stop", daemon=True).start()
+        while not self._stop.is_set():
+            woken = self._wake.wait(self._options.autoscale_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            if woken:
+                self.wakeups += 1
             try:
                 self.run_once()
             except Exception:
@@ -461,6 +555,10 @@ class Autoscaler:
             self._api.patch(
                 API_VERSION, KIND, ns, name, {"spec": {"replicas": new_replicas}}, "scale"
             )
+            log.info(
+                "autoscaling %s/%s: %d -> %d replicas (%d held; decided in %.3fs)",
+                ns, name, current, new_replicas, round(demand.held), self._clock() - now,
+            )  # fmt: skip
             kind = "ScaledUp" if new_replicas > current else "ScaledDown"
             if not reason.startswith(kind) and not (
                 kind == "ScaledUp" and reason.startswith(LIMITED)

@@ -43,6 +43,7 @@ request's attempt runs; the reservation is released exactly once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
@@ -110,6 +111,28 @@ class Holds:
         self.fleet = fleet
         self.classes = classes
         self.count: Counter[str] = Counter()
+        self.generation = 0
+        """+1 whenever a model's first request is held (its count goes 0 -> 1): the
+        signal that wakes an autoscaler at once (``GET /held``, :meth:`changed`)."""
+        self._changed = asyncio.Event()
+        self.closed = False
+        """The router is draining: every wait in :meth:`changed` ends now."""
+
+    def close(self) -> None:
+        """End every pending and future :meth:`changed` wait (the router shuts down: a
+        long poll must not hold its drain up for the poll's whole ``wait``)."""
+        self.closed = True
+        self._changed.set()
+
+    async def changed(self, after: int, within_s: float) -> int:
+        """Wait until :attr:`generation` differs from ``after`` (at most ``within_s``,
+        not at all once :meth:`close` ran); returns it. A router that restarted counts
+        again from 0, so any difference (not only a larger number) answers at once."""
+        if self.generation == after and within_s > 0 and not self.closed:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within_s):
+                    await self._changed.wait()
+        return self.generation
 
     def cold_start(self, model: str) -> float:
         sb = self.fleet.standby.get(model)
@@ -132,6 +155,10 @@ class Holds:
             return
         req.held = True
         self.count[req.model] += 1
+        if self.count[req.model] == 1:
+            self.generation += 1
+            woken, self._changed = self._changed, asyncio.Event()
+            woken.set()
         self.classes.m.child(self.classes.held, req.model).inc()
 
     def unhold(self, req: Request) -> None:

@@ -11,7 +11,9 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (proxied),
 ``GET /v1/models`` (union over healthy endpoints), ``GET /health`` (the router
 process is up), ``GET /ready`` (at least one healthy endpoint with models, or a model that scales
 from zero),
-``GET /metrics`` (Prometheus text).
+``GET /metrics`` (Prometheus text), ``GET /held?after=N&wait=S`` (a long poll that
+answers when a model's first request is held: autoscalers wake on it instead of
+waiting for their next period).
 """
 
 from __future__ import annotations
@@ -184,7 +186,8 @@ def build_router(
             config.priority, placer, services.classes, clock, holds
         )
     else:
-        admission = ImmediateAdmission(config, placer, services.classes, clock)
+        immediate = ImmediateAdmission(config, placer, services.classes, clock)
+        admission, holds = immediate, immediate.holds
     serve_loop = ServeLoop(services, admission, Exchange(services, config.engine_priority))
     ident = config.identity
     gate = Gatekeeper(ident, config.classes)
@@ -218,11 +221,41 @@ def build_router(
             headers={"retry-after": "1"},
         )
 
+    async def held(request: Request) -> Response:
+        """Long poll for autoscalers: answers when a model's first request is held
+        (``generation`` moved past ``after``) or after ``wait`` seconds (at most 60)."""
+        try:
+            after = int(request.query_params.get("after", "-1"))
+            wait = float(request.query_params.get("wait", "0"))
+        except ValueError:
+            return Response(
+                error_body(400, "want integer `after` and numeric `wait` query parameters"),
+                status_code=400,
+                media_type="application/json",
+            )
+        if not 0 <= wait <= 60:  # also refuses nan
+            return Response(
+                error_body(400, "`wait` must be between 0 and 60 seconds"),
+                status_code=400,
+                media_type="application/json",
+            )
+        generation = await holds.changed(after, wait)
+        return JSONResponse({"generation": generation, "held": dict(holds.count)})
+
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    running_loop: list[asyncio.AbstractEventLoop] = []
+
+    def end_long_polls() -> None:
+        """End every pending ``GET /held`` now; safe from a signal handler or another
+        thread (the server's SIGTERM drain waits for open responses)."""
+        if running_loop:
+            running_loop[0].call_soon_threadsafe(holds.close)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        running_loop[:] = [asyncio.get_running_loop()]
         reload: asyncio.Task[None] | None = None
         if start_background:
             await poller.start()
@@ -253,6 +286,7 @@ def build_router(
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
+        Route("/held", held, methods=["GET"]),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -274,6 +308,7 @@ def build_router(
     app.state.kv_feeds = kv_feeds
     app.state.gate = gate
     app.state.limiter = limiter
+    app.state.end_long_polls = end_long_polls
     return app
 
 

@@ -14,7 +14,8 @@ import importlib.util
 import logging
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -136,13 +137,13 @@ def run(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=args.drain_timeout,
     )
     try:
-        draining_server(server_config).run(sockets=[sock])
+        draining_server(server_config, on_exit=app.state.end_long_polls).run(sockets=[sock])
     finally:
         sock.close()
     return 0
 
 
-def draining_server(config: Any) -> Any:
+def draining_server(config: Any, on_exit: Callable[[], None] | None = None) -> Any:
     """A ``uvicorn.Server`` whose SIGTERM/SIGINT is a drain that ends in exit code 0.
 
     uvicorn already drains on these signals: it closes the listener (new
@@ -152,11 +153,18 @@ def draining_server(config: Any) -> Any:
     re-raises the signal with the default handler, so a drained router would end
     "killed by SIGTERM" (143) instead of 0, except as PID 1 in a container where the
     kernel drops that signal. Here the drain is the whole answer to the signal.
+    ``on_exit`` runs on the signal too (the app ends its ``GET /held`` long polls, which
+    would otherwise hold the drain up for their whole wait).
     """
 
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            super().handle_exit(sig, frame)
+            if on_exit is not None:
+                on_exit()
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             handled = (signal.SIGINT, signal.SIGTERM)

@@ -347,6 +347,12 @@ class Scrape(_Strict):
 
 class Health(_Strict):
     interval_s: float = Field(1.0, gt=0)
+    startup_interval_s: float = Field(0.1, gt=0)
+    """Probe interval of an endpoint that has never answered its /health yet (a
+    replica starting, e.g. from zero with requests held for it), like a Kubernetes
+    startupProbe: the engine is used within this much of binding instead of up to
+    ``interval_s``. A refused connection costs next to nothing. Never longer than
+    ``interval_s``."""
     timeout_s: float = Field(1.0, gt=0)
     slow_probes_to_unhealthy: int = Field(3, ge=1)
     """Consecutive /health probes that TIME OUT before a healthy endpoint counts as

@@ -151,7 +151,7 @@ class FleetMembership:
         scrape_every = p.config.scrape.interval_s
         health = p.config.health
         loop = asyncio.get_running_loop()
-        next_probe = loop.time() + health.interval_s
+        next_probe = loop.time() + p.probe_interval(e)
         models_at = loop.time()
         while True:
             await asyncio.sleep(min(scrape_every, max(0.0, next_probe - loop.time())))
@@ -159,7 +159,7 @@ class FleetMembership:
             if now >= next_probe:
                 was = e.healthy
                 await p.probe(e)
-                next_probe = now + health.interval_s
+                next_probe = now + p.probe_interval(e)
                 stale = now - models_at >= health.models_refresh_s
                 if e.healthy and (not was or stale or not e.models):
                     await p.load_models(e)

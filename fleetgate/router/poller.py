@@ -156,10 +156,17 @@ class Poller:
         since = self.clock() - self._attempted_at.get(e.id, float("-inf"))
         return due(e.pace_inputs(), self.fleet.scrape_pace, since)
 
+    def probe_interval(self, e: Endpoint) -> float:
+        """``health.startup_interval_s`` until ``e`` first answers, then ``interval_s``."""
+        cfg = self.config.health
+        if e.answered:
+            return cfg.interval_s
+        return min(cfg.startup_interval_s, cfg.interval_s)
+
     async def _health_loop(self, e: Endpoint) -> None:
         cfg = self.config.health
         while True:
-            await asyncio.sleep(cfg.interval_s)
+            await asyncio.sleep(self.probe_interval(e))
             was = e.healthy
             await self.probe(e)
             due = self.clock() - self._models_at.get(e.id, float("-inf")) >= cfg.models_refresh_s

@@ -70,6 +70,9 @@ class Endpoint:
     healthy: bool = False
     """Last /health probe answered 200 (False until the first probe); probes that time
     out count only after ``health.slow_probes_to_unhealthy`` in a row."""
+    answered: bool = False
+    """A /health probe has answered 200 at least once (until then the poller probes
+    at ``health.startup_interval_s``)."""
     slow_probes: int = 0
     """Consecutive /health probes that timed out."""
     ejected_until: float | None = None
@@ -215,6 +218,7 @@ class Endpoint:
         ``slow_limit`` probes in a row time out (busy, not dead); a refused connection
         or a bad status (``ok`` False, not ``slow``) counts at once."""
         self.slow_probes = self.slow_probes + 1 if slow else 0
+        self.answered = self.answered or ok
         if slow and self.healthy and self.slow_probes < slow_limit:
             return
         self.healthy = ok

@@ -30,6 +30,8 @@ class _Handler(BaseHTTPRequestHandler):
             }
         )
         status, payload = (404, b"not json") if self.path == "/missing" else (201, b'{"ok":1}')
+        if self.path.startswith("/watch"):
+            status, payload = 200, b'{"type":"ADDED"}\n\n{"type":"MODIFIED"}\n'
         self.send_response(status)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -71,3 +73,15 @@ def test_no_server_is_an_os_error() -> None:
     port = procs.free_loopback_port()
     with pytest.raises(OSError, match=f"GET http://127.0.0.1:{port}/readyz"):
         ApiClient(f"http://127.0.0.1:{port}", "t", timeout_s=2).get("/readyz")
+
+
+def test_watch_lines_yields_the_non_empty_lines_and_refuses_errors(server: str) -> None:
+    api = ApiClient(server, "s3cret")
+    lines = list(api.watch_lines("/watch?watch=1"))
+    assert lines == ['{"type":"ADDED"}', '{"type":"MODIFIED"}']
+    assert SEEN[-1]["auth"] == "Bearer s3cret"
+    with pytest.raises(OSError, match="HTTP 404"):
+        list(api.watch_lines("/missing"))
+    closed = ApiClient(f"http://127.0.0.1:{procs.free_loopback_port()}", "t", timeout_s=1.0)
+    with pytest.raises(OSError):
+        list(closed.watch_lines("/watch"))

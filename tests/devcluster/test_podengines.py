@@ -230,3 +230,33 @@ def test_sync_starts_restarts_a_crashed_engine_and_stops_it_with_its_pod(tmp_pat
     finally:
         holder.close()
         engines.stop_all()
+
+
+def test_the_cold_start_runs_from_the_pods_first_listing(tmp_path: Path) -> None:
+    """A pod listed before it has an IP (scheduling, kwok) starts its cold start then,
+    as a real node's would: the engine binds at first listing + cold start, not at the
+    moment the IP shows up; a pod first listed with its IP binds cold start from then."""
+    from fleetgate_tools.devcluster.podengines import PodEngines
+
+    clock = [100.0]
+    listed = [pod("early", ip=None)]
+    events: list[dict[str, Any]] = []
+    engines = PodEngines(
+        lambda: listed, {"vllm": 3.0}, tmp_path, events.append, python="/bin/true",
+        now=lambda: clock[0],
+    )  # fmt: skip
+    try:
+        engines.sync()
+        assert events == []  # no IP yet: nothing to start
+        clock[0] = 100.4
+        listed[:] = [pod("early", ip="127.0.1.7"), pod("late", ip="127.0.1.8")]
+        engines.sync()
+        starts = {e["pod"]: e for e in events if e["event"] == "start"}
+        assert starts["early"]["first_seen"] == 100.0 and starts["early"]["bind_at"] == 103.0
+        assert starts["early"]["t"] == 100.4
+        assert starts["late"]["first_seen"] == 100.4 and starts["late"]["bind_at"] == 103.4
+        listed.clear()
+        engines.sync()
+        assert engines.first_seen == {}  # forgotten with the pods
+    finally:
+        engines.stop_all()

@@ -8,6 +8,7 @@ that resumes from status, and the test-mode refusal to scrape off loopback.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -536,3 +537,80 @@ def test_the_worked_example_without_the_split_counts_the_whole_queue_twice(
         6,
         6,
     )
+
+
+def test_a_router_holding_a_first_request_wakes_the_loop_at_once(kube: FakeKube) -> None:
+    """With a decision period of 60 s, a service at zero replicas scales to 1 as soon
+    as the router's ``/held`` long poll answers with a new hold, not a period later;
+    a poll that only times out (same generation) wakes nothing."""
+    scaler, router, _ = _setup(kube, 0, minReplicas=0)
+    polls: list[str] = []
+    answers = iter(
+        [
+            '{"generation": 4, "held": {}}',  # the first poll (after=-1): learn where it is
+            '{"generation": 4, "held": {}}',  # timed out with nothing new: no wake
+            '{"generation": 5, "held": {"svc": 1}}',  # a first request held: wake
+        ]
+    )
+    release, gate = threading.Event(), threading.Event()
+
+    def long_poll(url: str, timeout: float) -> str:
+        polls.append(url)
+        answer = next(answers, None)
+        if answer is None:  # then block like an idle router, until the test ends
+            release.wait(timeout)
+            raise OSError("stopped")
+        if 'generation": 5' in answer:
+            assert gate.wait(10)  # the hold happens once the loop runs
+            router.set_held("svc", 1)  # what its /metrics shows from then on
+        return answer
+
+    stop = threading.Event()
+    options = OperatorOptions(router_metrics_urls=(URL,), autoscale_interval=60.0)
+    metrics = OperatorMetrics()
+    scaler = Autoscaler(
+        kube, Reconciler(kube, options, metrics), options, metrics, ("ns",), stop=stop,
+        fetch=lambda url: router.text(), long_poll=long_poll,
+    )  # fmt: skip
+    scaler.run_once()  # the first pass starts the /held watcher (nothing held: stays 0)
+    assert _svc(kube)["spec"]["replicas"] == 0
+    loop = threading.Thread(target=scaler.run)
+    loop.start()
+    gate.set()
+    try:
+        deadline = time.monotonic() + 10
+        while _svc(kube)["spec"]["replicas"] == 0:
+            assert time.monotonic() < deadline, "not woken"
+            time.sleep(0.02)
+        assert scaler.wakeups == 1
+        assert "held" in _svc(kube)["status"]["autoscaling"]["reason"]
+    finally:
+        stop.set()
+        release.set()
+        loop.join(10)
+    assert not loop.is_alive()
+    assert polls[0] == "http://127.0.0.1:9/held?after=-1&wait=30"
+    assert polls[1].endswith("/held?after=4&wait=30")
+    assert polls[2].endswith("/held?after=4&wait=30")
+    assert polls[3].endswith("/held?after=5&wait=30")
+
+
+def test_a_router_without_held_is_polled_on_the_period_only(kube: FakeKube) -> None:
+    """An older router answers 404 to ``/held``: its watcher ends (no retry storm)."""
+    import urllib.error
+
+    calls: list[str] = []
+
+    def long_poll(url: str, timeout: float) -> str:
+        calls.append(url)
+        raise urllib.error.HTTPError(url, 404, "Not Found", None, None)  # type: ignore[arg-type]
+
+    scaler, router, _ = _setup(kube, 1, minReplicas=0)
+    scaler._long_poll = long_poll
+    scaler.run_once()
+    for thread in list(scaler._watchers.values()):
+        thread.join(5)
+    assert calls == ["http://127.0.0.1:9/held?after=-1&wait=30"]
+    scaler.run_once()  # a finished watcher is not restarted for a router that said 404
+    time.sleep(0.1)
+    assert len(calls) == 1

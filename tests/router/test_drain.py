@@ -202,3 +202,24 @@ async def test_rolling_restart_under_streaming_load_fails_no_request(
             stop(proc)
     assert errors == [], errors[:3]
     assert len(done) >= 16 and all(t == MAX_TOKENS for t in done), done
+
+
+async def test_sigterm_ends_a_pending_held_long_poll(engine: str, tmp_path: Path) -> None:
+    """An autoscaler's ``GET /held?wait=30`` in flight does not hold the drain up for
+    its 30 s: SIGTERM answers it and the router exits 0 at once."""
+    url, proc = start_router(engine, tmp_path, "router")
+    try:
+        async with httpx.AsyncClient(timeout=40) as client:
+            poll = asyncio.create_task(client.get(url + "/held", params={"after": 0, "wait": 30}))
+            await asyncio.sleep(0.3)
+            assert not poll.done()
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            answer = await poll
+            rc = await asyncio.to_thread(proc.wait, 20)
+            took = time.monotonic() - sent
+    finally:
+        stop(proc)
+    assert answer.status_code == 200 and answer.json() == {"generation": 0, "held": {}}
+    assert rc == 0, (tmp_path / "router.log").read_text()
+    assert took < 5, f"drain took {took:.1f} s with a /held poll open"

@@ -330,3 +330,87 @@ async def test_preemption_never_disturbs_a_draining_endpoints_stream() -> None:
     assert all(e != draining for rid, e in placed if rid != a_id)
     assert metric(text, "fleetgate_preemptions_total", model=MODEL, **{"class": "batch"}) == 1
     assert metric(text, "fleetgate_endpoint_in_flight", endpoint=draining) == 0
+
+
+@pytest.mark.parametrize("queue", [False, True], ids=["immediate", "class-queue"])
+async def test_held_long_poll_answers_when_a_model_first_holds(queue: bool) -> None:
+    """``GET /held`` (what the operator's autoscaler waits on): at once for an unknown
+    generation, then only when a model's held count goes 0 -> 1, not for the next
+    held request of the same model, and after ``wait`` with nothing new."""
+    async with (
+        router(config(queue=queue)) as (url, app, membership),
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        first = (await client.get(url + "/held", params={"after": -1, "wait": 5})).json()
+        assert first == {"generation": 0, "held": {}}
+        t0 = time.monotonic()
+        idle = (await client.get(url + "/held", params={"after": 0, "wait": 0.3})).json()
+        assert idle == {"generation": 0, "held": {}} and time.monotonic() - t0 >= 0.25
+        poll = asyncio.create_task(client.get(url + "/held", params={"after": 0, "wait": 20}))
+        await asyncio.sleep(0.2)
+        assert not poll.done()
+        sent = time.monotonic()
+        tasks = [asyncio.create_task(client.post(url + "/v1/completions", json=body(4)))]
+        woke = (await poll).json()
+        assert woke == {"generation": 1, "held": {MODEL: 1}}
+        assert time.monotonic() - sent < 2.0  # answered by the hold, not by `wait`
+        tasks.append(asyncio.create_task(client.post(url + "/v1/completions", json=body(4))))
+        await until(lambda: app.state.router.metrics.registry.get_sample_value(
+            "fleetgate_held_requests", {"model": MODEL}) == 2)  # fmt: skip
+        again = (await client.get(url + "/held", params={"after": 1, "wait": 0.2})).json()
+        assert again == {"generation": 1, "held": {MODEL: 2}}  # a second hold wakes nobody
+        for bad in ({"after": "x"}, {"wait": "nan"}, {"wait": 61}):
+            r = await client.get(url + "/held", params=bad)
+            assert r.status_code == 400 and "error" in r.json(), r.text
+        async with run_fleet([EngineSpec(kind="vllm")], model=MODEL) as fleet:
+            assert membership.add(target("ns/late-0", fleet.engines[0].url))
+            answers = await asyncio.gather(*tasks)
+        assert [a.status_code for a in answers] == [200, 200]
+
+
+async def test_a_starting_endpoint_is_probed_at_the_startup_interval() -> None:
+    """An endpoint that has not answered yet is probed every ``startup_interval_s``
+    (0.05 s here), not every ``interval_s`` (5 s): a held request goes out within a
+    few of those of the engine binding; once answered, the slow interval applies."""
+    cfg = config(queue=False)
+    cfg = cfg.model_copy(
+        update={"health": cfg.health.model_copy(update={"interval_s": 5.0,
+                                                        "startup_interval_s": 0.05})}
+    )  # fmt: skip
+    async with router(cfg) as (url, app, membership), httpx.AsyncClient(timeout=30) as client:
+        async with run_fleet([EngineSpec(kind="vllm")], model=MODEL) as fleet:
+            # the endpoint joins at a refusing address, then "binds": its URL turns
+            # to the running engine's (a port that opens later, without a race)
+            engine = fleet.engines[0].url
+            closed = "http://127.0.0.1:9"  # discard port: refused
+            assert membership.add(target("ns/late-0", closed))
+            e = app.state.router.fleet.endpoints["ns/late-0"]
+            poller = app.state.poller
+            await asyncio.sleep(0.3)
+            assert not e.healthy and not e.answered
+            assert poller.probe_interval(e) == 0.05
+            e.url = engine  # the engine "binds"
+            t0 = time.monotonic()
+            await until(lambda: e.healthy, within=3.0)
+            assert time.monotonic() - t0 < 1.0  # not the 5 s interval
+            assert e.answered and poller.probe_interval(e) == 5.0
+            r = await client.post(url + "/v1/completions", json=body(4, stream=False))
+            assert r.status_code == 200, r.text
+
+
+async def test_a_pending_held_poll_ends_when_the_router_drains() -> None:
+    """``end_long_polls`` (what the CLI's SIGTERM handler calls) answers a pending
+    ``GET /held`` at once, and later ones without waiting, so the drain is not held up
+    for the poll's ``wait``."""
+    async with (
+        router(config(queue=False)) as (url, app, membership),
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        poll = asyncio.create_task(client.get(url + "/held", params={"after": 0, "wait": 30}))
+        await asyncio.sleep(0.2)
+        assert not poll.done()
+        t0 = time.monotonic()
+        app.state.end_long_polls()
+        assert (await poll).json() == {"generation": 0, "held": {}}
+        again = await client.get(url + "/held", params={"after": 0, "wait": 30})
+        assert again.status_code == 200 and time.monotonic() - t0 < 2.0

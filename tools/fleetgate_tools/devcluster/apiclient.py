@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import ssl
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -64,6 +65,24 @@ class ApiClient:
 
     def get(self, path: str) -> tuple[int, Any]:
         return self.request("GET", path)
+
+    def watch_lines(self, path: str) -> Iterator[str]:
+        """The lines of a watch (``path`` with ``watch=1``) until the server ends it.
+        Connection errors and a non-200 answer raise OSError."""
+        headers = {"Authorization": f"Bearer {self._token}"}
+        timeout = httpx.Timeout(self._timeout_s, read=None)  # a watch is quiet for long
+        try:
+            with (
+                httpx.Client(verify=self._ssl, trust_env=False, timeout=timeout) as c,
+                c.stream("GET", self.server + path, headers=headers) as resp,
+            ):
+                if resp.status_code != 200:
+                    raise OSError(f"watch {path}: HTTP {resp.status_code}")
+                for line in resp.iter_lines():
+                    if line:
+                        yield line
+        except httpx.HTTPError as e:
+            raise OSError(f"watch {self.server}{path}: {e}") from e
 
     def post(self, path: str, body: Any) -> tuple[int, Any]:
         return self.request("POST", path, body)

@@ -3,9 +3,12 @@
 kwok gives every pod an IP in 127.0.1.0/24 but runs nothing in it. This launcher
 watches (polls) the pods of the InferenceServices selected by a label selector and,
 for every pod with an IP, starts one ``fleetgate sim`` engine of the pod's engine
-kind bound to the pod IP and the container's ``http`` port, after a modelled cold
+kind bound to the pod IP and the container's ``http`` port (a watch on the pods
+triggers a poll at once, so a new pod is seen within milliseconds), after a modelled cold
 start per engine kind: the child process is started at once (so its Python imports do
-not add to the cold start), waits until ``seen + cold start`` and only then binds, so
+not add to the cold start), waits until ``first seen + cold start`` and only then
+binds (first seen: the first poll that listed the pod, IP or not, so the scheduler's
+and kwok's latency is part of the modelled cold start as a real node's is), so
 the pod's address refuses connections (and ``/health`` fails) until then. When the pod
 goes away (deleted, or marked for deletion) its engine is stopped by PID (SIGTERM: the
 emulator lets open responses finish, 5 s at most). An engine that exits on its own is
@@ -229,10 +232,25 @@ class PodEngines:
     crashes: dict[str, int] = field(default_factory=dict)
     """Engines that exited on their own, by pod uid: restarted after 2^n s (max 30)."""
     retry_at: dict[str, float] = field(default_factory=dict)
+    first_seen: dict[str, float] = field(default_factory=dict)
+    """When each pod (by uid) was first listed, IP or not: its cold start runs from
+    there (the scheduler's and kwok's share is part of it, as pulling and starting a
+    container is on a real node)."""
 
     def sync(self) -> None:
         pods: dict[str, EnginePod] = {}
-        for raw in self.list_pods():
+        listed = self.list_pods()
+        now = self.now()
+        live = set()
+        for raw in listed:
+            meta = raw.get("metadata") or {}
+            if not meta.get("deletionTimestamp"):
+                uid = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+                live.add(uid)
+                self.first_seen.setdefault(uid, now)
+        for uid in [u for u in self.first_seen if u not in live]:
+            del self.first_seen[uid]
+        for raw in listed:
             try:
                 found = engine_pod(raw)
             except PodError as e:
@@ -274,7 +292,9 @@ class PodEngines:
             self.crashes.pop(uid, None)
 
     def _start(self, pod: EnginePod) -> None:
-        seen = self.now()
+        now = self.now()
+        # a restart (after a crash) starts cold from now; a new pod from its first sight
+        seen = now if pod.uid in self.crashes else self.first_seen.get(pod.uid, now)
         cold = self.cold_start_s.get(pod.engine, 0.0)
         log = open(self.logs / f"engine-{pod.name}.log", "w")  # closed when it exits
         tools = Path(__file__).resolve().parents[2]  # this tree's tools/ and repo
@@ -289,7 +309,8 @@ class PodEngines:
         self.running[pod.uid] = Running(pod, popen, log)
         self.emit({"event": "start", "pod": pod.name, "ip": pod.ip, "port": pod.port,
                    "engine": pod.engine, "model": pod.model, "pid": popen.pid,
-                   "cold_start_s": cold, "t": seen, "bind_at": seen + cold})  # fmt: skip
+                   "cold_start_s": cold, "first_seen": seen, "t": now,
+                   "bind_at": seen + cold})  # fmt: skip
 
     def stop_all(self, grace_s: float = 8.0) -> None:
         everyone = [*self.running.values(), *self.exiting]
@@ -329,7 +350,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--namespace", action="append", default=[])
     parser.add_argument("--selector", default="fleetgate.dev/pool", help="pod label selector")
     parser.add_argument("--cold-start", action="append", default=[], metavar="ENGINE=SECONDS")
-    parser.add_argument("--interval", type=float, default=0.25, help="seconds between polls")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=0.25,
+        help="seconds between polls (and on every pod event)",
+    )
     parser.add_argument("--logs", type=Path, default=Path("."), help="engine log directory")
     args, rest = parser.parse_known_args(argv)
     if args.serve:
@@ -366,15 +392,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     engines = PodEngines(list_pods, cold, args.logs, emit)
     stop = threading.Event()
+    nudge = threading.Event()
+    """Set by the pod watches: sync now rather than at the next poll."""
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        nudge.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
+
+    def watch(ns: str) -> None:
+        path = f"/api/v1/namespaces/{ns}/pods?{query}&watch=1&timeoutSeconds=300"
+        while not stop.is_set():
+            try:
+                for _ in api.watch_lines(path):
+                    nudge.set()
+            except OSError:
+                stop.wait(1.0)  # the polls carry on meanwhile
+
+    for ns in args.namespace:
+        threading.Thread(target=watch, args=(ns,), name=f"watch-{ns}", daemon=True).start()
     try:
         while not stop.is_set():
+            nudge.clear()
             try:
                 engines.sync()
             except OSError as e:  # the API server blinked: try again next round
                 emit({"event": "error", "error": str(e), "t": time.time()})
-            stop.wait(args.interval)
+            nudge.wait(args.interval)
     finally:
         engines.stop_all()
     return 0
