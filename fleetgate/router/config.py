@@ -58,8 +58,20 @@ from fleetgate.router.config_policy import (
 from fleetgate.router.config_policy import (
     TrustedGateway as TrustedGateway,
 )
-from fleetgate.router.config_sections import (
+from fleetgate.router.config_runtime import (
     DEFAULT_STREAM_IDLE_S as DEFAULT_STREAM_IDLE_S,
+)
+from fleetgate.router.config_runtime import (
+    Health as Health,
+)
+from fleetgate.router.config_runtime import (
+    Limits as Limits,
+)
+from fleetgate.router.config_runtime import (
+    Scrape as Scrape,
+)
+from fleetgate.router.config_runtime import (
+    Timeouts as Timeouts,
 )
 from fleetgate.router.config_sections import (
     Backend as Backend,
@@ -71,13 +83,7 @@ from fleetgate.router.config_sections import (
     Discovery as Discovery,
 )
 from fleetgate.router.config_sections import (
-    Health as Health,
-)
-from fleetgate.router.config_sections import (
     KvEventsSection as KvEventsSection,
-)
-from fleetgate.router.config_sections import (
-    Limits as Limits,
 )
 from fleetgate.router.config_sections import (
     ModelEntry as ModelEntry,
@@ -87,12 +93,6 @@ from fleetgate.router.config_sections import (
 )
 from fleetgate.router.config_sections import (
     Scheduling as Scheduling,
-)
-from fleetgate.router.config_sections import (
-    Scrape as Scrape,
-)
-from fleetgate.router.config_sections import (
-    Timeouts as Timeouts,
 )
 from fleetgate.router.config_sections import (
     TokenizerSpec as TokenizerSpec,
