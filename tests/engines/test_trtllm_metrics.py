@@ -155,8 +155,12 @@ IDLE = LoadSnapshot(
 )
 
 
-def test_empty_drain_first_read_is_all_unknown() -> None:
-    assert parse_json([], None, now=2.0) == LoadSnapshot(scraped_at=2.0, source="iteration-stats")
+def test_empty_drain_first_read_is_idle_with_unknown_capacity() -> None:
+    """A fresh engine drains nothing until it serves: idle, not unknown (unknown would be
+    avoided by the scheduler, so it would never serve and stay unknown)."""
+    assert parse_json([], None, now=2.0) == LoadSnapshot(
+        scraped_at=2.0, running=0, waiting=0, source="iteration-stats"
+    )
 
 
 def test_empty_drain_after_idle_stays_idle_and_carries_state() -> None:

@@ -21,6 +21,7 @@ import pytest
 from routerkit import router_config, serve
 
 from fleetgate.router.app import build_router
+from fleetgate.router.config import parse_config
 from fleetgate.router.scheduling.types import EndpointView
 from fleetgate.sim import EngineSpec, run_fleet
 
@@ -100,3 +101,39 @@ async def test_router_learns_speeds_and_routes_urgent_to_fast_batch_to_slow(clas
         }
         assert set(exported) == {"vllm", "trtllm"}, exported
         assert exported["vllm"] > exported["trtllm"] > 0, exported
+
+
+async def test_a_fresh_trtllm_1_0_engine_is_not_starved_by_idle_vllm() -> None:
+    """TensorRT-LLM 1.0's load source drains iteration stats: an engine that has not
+    served yet drains ``[]``. That read used to be "all unknown", which the scheduler
+    priced as a nearly full KV cache, so idle vLLM engines always won and the TRT
+    engine never served, so it stayed unknown (the mixed autoscale benchmark's static
+    pool: 0 of 367 requests). Now a first empty drain reads idle, and idle with no KV
+    figure reads as an empty cache."""
+    specs = [EngineSpec(kind="vllm"), EngineSpec(kind="vllm"),
+             EngineSpec(kind="trtllm", version="1.0.0")]  # fmt: skip
+    async with run_fleet(specs, "127.0.0.1", 0, model=MODEL) as fleet:
+        cfg = router_config([(e.kind, e.url) for e in fleet.engines]).model_dump()
+        for b in cfg["pools"][0]["backends"]:
+            if b["engine"] == "trtllm":
+                b["version"] = "1.0.0"  # its load source: the drained iteration stats
+        app = build_router(parse_config(cfg))
+        async with serve(app) as url, httpx.AsyncClient(timeout=30) as c:
+            engines = {e.id: e.engine for e in app.state.router.fleet}
+            trt = next(e for e in app.state.router.fleet if e.engine == "trtllm")
+            assert trt.adapter.metrics_sources[0].name == "iteration-stats"
+            for _ in range(100):  # its first scrape: a fresh, empty drain
+                if trt.snapshot is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert trt.snapshot is not None and trt.snapshot.running == 0
+            served: dict[str, int] = {}
+            for i in range(24):  # one at a time: every engine idle at each pick
+                r = await c.post(
+                    url + "/v1/completions",
+                    json={"model": MODEL, "prompt": f"question {i} " * 3, "max_tokens": 2},
+                )
+                assert r.status_code == 200, r.text
+                kind = engines[r.headers["x-fleetgate-endpoint"]]
+                served[kind] = served.get(kind, 0) + 1
+            assert served.get("trtllm", 0) >= 3, served

@@ -46,9 +46,14 @@ appends one ``IterationStats`` per iteration; a read returns and removes all que
   - previous idle (running == waiting == 0): the executor does not iterate without
     work, so silence means still idle: running = waiting = 0 (paused 0 when known),
     and KV usage/free blocks are carried;
-  - previous busy, or no usable previous: silence with work outstanding means a stalled
-    iteration or a second reader draining the queue; neither lets us state counts, so
-    running/waiting/paused/KV usage/free blocks are ``None`` (unknown, never 0).
+  - no previous (the router's first read): the same reasoning, so running = waiting
+    = 0, and capacity and KV usage unknown. A fresh engine drains nothing until it
+    serves, so calling it unknown would keep it unknown (and avoided) for good; a second
+    reader draining the queue would make this wrong, as it makes every drained figure;
+  - previous busy, or a previous from another source: silence with work outstanding
+    means a stalled iteration or a second reader draining the queue; neither lets us
+    state counts, so running/waiting/paused/KV usage/free blocks are ``None`` (unknown,
+    never 0).
 
 Caveat (both trtllm-serve sources): the figures describe the *last iteration*, and the
 ``trtllm_*`` gauges are set when the collector runs, so a router that sees no change

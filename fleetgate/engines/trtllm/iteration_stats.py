@@ -90,7 +90,12 @@ def _decode_iterations(
 
 def _carry_over(now: float, previous: LoadSnapshot | None) -> LoadSnapshot:
     """An empty drain: see the module docstring for the policy."""
-    if previous is None or previous.source != ITERATION_STATS.name:
+    if previous is None:
+        # the first read: no iteration completed since the executor started (or since
+        # another reader drained): it iterates whenever it has work, so it is idle;
+        # capacity and KV use are unknown until its first iteration
+        return LoadSnapshot(scraped_at=now, running=0, waiting=0, source=ITERATION_STATS.name)
+    if previous.source != ITERATION_STATS.name:
         return LoadSnapshot(scraped_at=now, source=ITERATION_STATS.name)
     idle = previous.running == 0 and previous.waiting == 0
     return LoadSnapshot(

@@ -111,7 +111,14 @@ def estimate_load(
         scraped_requests = float(
             (snapshot.running or 0) + (snapshot.waiting or 0) + (snapshot.paused or 0)
         )
-        scraped_kv = snapshot.kv_usage if snapshot.kv_usage is not None else params.stale_kv
+        if snapshot.kv_usage is not None:
+            scraped_kv = snapshot.kv_usage
+        elif snapshot.running == 0 and snapshot.waiting == 0:
+            # idle with no KV figure (a TensorRT-LLM engine before its first iteration):
+            # nothing runs, so nothing holds blocks that new work could not take
+            scraped_kv = 0.0
+        else:
+            scraped_kv = params.stale_kv
         free_tokens = snapshot.free_kv_tokens
         total_tokens = (
             snapshot.blocks_total * block_size if snapshot.blocks_total is not None else None

@@ -75,3 +75,22 @@ def test_kv_estimate_counts_tokens_dispatched_since_scrape() -> None:
 def test_kv_tokens_needed_rounds_to_block_size() -> None:
     assert kv_tokens_needed(100, 30, 16) == 144
     assert kv_tokens_needed(100, 30, 128) == 256
+
+
+def test_idle_without_a_kv_figure_reads_as_an_empty_cache_unknown_does_not() -> None:
+    """A TensorRT-LLM engine before its first iteration reports idle counts and no KV
+    figure: that is an empty cache, not the pessimistic prior (which starved it)."""
+    idle_no_kv = estimate_load(
+        snap(running=0, waiting=0, kv_usage=None, blocks_total=None, blocks_free=None),
+        RouterCounts(),
+        100.0,
+        P,
+    )
+    unknown = estimate_load(
+        snap(running=None, waiting=None, kv_usage=None, blocks_total=None, blocks_free=None),
+        RouterCounts(),
+        100.0,
+        P,
+    )
+    assert idle_no_kv.kv_fraction == 0.0 and idle_no_kv.work == 0.0
+    assert unknown.kv_fraction == pytest.approx(P.stale_kv)
