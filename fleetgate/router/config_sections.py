@@ -283,6 +283,14 @@ class KvEventsSection(_Strict):
     idle_check_s: float = Field(5.0, gt=0)
     """A ZeroMQ feed silent this long asks a replay from its last batch: a lost last
     batch would otherwise show only at the next one (vLLM has no heartbeat)."""
+    pending_ttl_s: float | None = Field(2.0, ge=0)
+    """Blocks this router placed on an endpoint count as held there until its engine's
+    ``BlockStored`` confirms them, or this long after the placing request's prefill is
+    over (``scheduling/kvpending.py``). ``null``: no overlay (only confirmed blocks)."""
+    pending_max_age_s: float = Field(600.0, gt=0)
+    """... and never longer than this after the last placement."""
+    pending_max_blocks: int = Field(65536, ge=1)
+    """Pending blocks kept per endpoint (the oldest placed are dropped past it)."""
 
 
 class Scrape(_Strict):
