@@ -128,6 +128,8 @@ def pipeline_for(sched: Scheduling) -> Pipeline:
         prefill_slack=sched.prefill_slack,
         prefill_slack_tokens=sched.prefill_slack_tokens,
         bound_tokens=sched.load_bound_tokens,
+        queue_ratio=sched.queue_ratio,
+        spill_prefill_weight=sched.spill_prefill_weight,
     )
 
 

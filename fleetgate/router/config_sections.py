@@ -222,12 +222,20 @@ class Scheduling(_Strict):
     history spills near the mean. ``null``: ``load_bound`` for every prefix."""
     slack_requests: float = Field(2.0, ge=0)
     queue_work: float = Field(1.0, gt=0)
+    queue_ratio: float | None = Field(1.5, ge=1)
+    """No-queueing rule: affinity is dropped for a full batch (work >= ``queue_work``)
+    only while another endpoint has a free slot AND at most ``1 / queue_ratio`` of its
+    work. ``null``: any free slot elsewhere (the rule before 2026-12-02)."""
     prefill_slack: float | None = Field(0.25, ge=0)
     """Prefill-cost rule: affinity (or a rendezvous place) is kept only where the prompt
     tokens to prefill before this request's first token (the router's own backlog there
     plus this prompt's uncached part) are at most ``(1 + prefill_slack) x`` the cheapest
     endpoint's plus ``prefill_slack_tokens``. ``null`` turns the rule off."""
     prefill_slack_tokens: int = Field(512, ge=0)
+    spill_prefill_weight: float = Field(1.0, ge=0)
+    """Prefill-cost rule: an alternative's cost also counts this many times the prompt
+    tokens it would prefill beyond the endpoint holding the prefix (the duplicated
+    work a spill adds to the fleet). 0: the rule before 2026-12-02."""
     default_capacity: int = Field(64, ge=1)
     """Concurrent sequences assumed when neither metrics nor the backend say."""
     default_max_tokens: int = Field(256, ge=1)
