@@ -233,9 +233,10 @@ class Scheduling(_Strict):
     endpoint's plus ``prefill_slack_tokens``. ``null`` turns the rule off."""
     prefill_slack_tokens: int = Field(512, ge=0)
     spill_prefill_weight: float = Field(1.0, ge=0)
-    """Prefill-cost rule: an alternative's cost also counts this many times the prompt
-    tokens it would prefill beyond the endpoint holding the prefix (the duplicated
-    work a spill adds to the fleet). 0: the rule before 2026-12-02."""
+    """Prefill-cost rule: an alternative's cost also counts the prompt tokens it would
+    prefill beyond the endpoint holding the prefix (the duplicated work a spill adds),
+    this many times (1 + prompts of this size queued for prefill there). 0: the rule
+    before 2026-12-02."""
     default_capacity: int = Field(64, ge=1)
     """Concurrent sequences assumed when neither metrics nor the backend say."""
     default_max_tokens: int = Field(256, ge=1)

@@ -242,3 +242,21 @@ def test_a_full_batch_gives_up_affinity_only_for_a_markedly_emptier_engine(
     # queue_ratio None (the rule before): any free slot elsewhere drops affinity
     old = PrefixAffinityScorer(prefill_slack=None, queue_work=1.0, queue_ratio=None)
     assert old.eligible(req(**DOC), eps)[EndpointId("full")] is False
+
+
+def test_the_copy_a_spill_makes_weighs_more_on_a_busy_target() -> None:
+    # the target has 5 documents' worth of prefill queued: its second prefill of the
+    # 2910 extra tokens delays what arrives there before that queue drains, so it
+    # counts (1 + 5) times: limit = 1.25 x (15000 + 3000 + 6 x 2910) + 512 = 44,837
+    # against the holder's backlog + its 90 uncached tokens
+    for backlog, pick in ((30000, "holder"), (44747, "holder"), (44748, "busy")):
+        eps = [
+            view("holder", match=97, backlog=backlog, rank=0),
+            view("busy", backlog=15000, rank=1),
+        ]
+        d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+        assert d.pick == EndpointId(pick), backlog
+    # the rule before (spill_prefill_weight 0) moved it at 30000 already
+    eps = [view("holder", match=97, backlog=30000, rank=0), view("busy", backlog=15000, rank=1)]
+    d = default_pipeline(spill_prefill_weight=0.0).schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("busy")

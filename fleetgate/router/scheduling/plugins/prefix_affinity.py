@@ -103,16 +103,18 @@ class PrefixAffinityScorer:
         endpoint has a free slot and markedly less work (``queue_ratio``, :meth:`queues`);
       - prefill cost (:func:`prefill_cost`, when ``prefill_slack`` is not None): at
         most ``(1 + prefill_slack) x`` the cheapest endpoint's plus
-        ``prefill_slack_tokens``, where an alternative's cost also counts
-        ``spill_prefill_weight x`` the prompt tokens it would prefill beyond this
-        endpoint. A cache hit saves this prompt's prefill; it is worth nothing if
-        the warm engine has more prompt tokens queued than recomputing the prompt
-        elsewhere would cost. But a spill does not only move this request: the
-        second prefill of the prompt is extra work that delays every request
-        queued behind it on the target, and under an even overload it is pure
-        loss. Counting it again makes a spill pay only when the target is
-        markedly less loaded. The slack keeps the hit (and the copy it avoids)
-        when the two are close.
+        ``prefill_slack_tokens``, where an alternative's cost also counts the prompt
+        tokens it would prefill beyond this endpoint, ``spill_prefill_weight x (1 +
+        prompts of this size queued for prefill there)`` times. A cache hit saves
+        this prompt's prefill; it is worth nothing if the warm engine has more
+        prompt tokens queued than recomputing the prompt elsewhere would cost. But
+        a spill does not only move this request: the second prefill is extra work
+        that delays every request arriving at the target before its queue drains
+        (about as many as are queued there now, under steady load), and under an
+        even overload it is pure loss. Counting it so makes a spill pay only when
+        the target is markedly less loaded: an idle one at once, a busy one only
+        when the holder's queue is several times longer. The slack keeps the hit
+        (and the copy it avoids) when the two are close.
 
     * A prompt with nothing to reuse (shorter than one chunk, and no exact block held
       anywhere): all score 0.
@@ -184,15 +186,21 @@ class PrefixAffinityScorer:
             }
             costs = {e.id: max(0, e.pending_prefill_tokens) + uncached[e.id] for e in endpoints}
             weight = self.spill_prefill_weight
+            prompt = max(1, request.prompt_tokens)
+            # prompts of this size already queued for prefill on each endpoint
+            queued = {e.id: max(0, e.pending_prefill_tokens) / prompt for e in endpoints}
             for e in endpoints:
                 if not ok[e.id]:
                     continue
                 # the cheapest place for this request, where each alternative also pays
-                # (``spill_prefill_weight`` x) the prompt part it would prefill again
-                # beyond what ``e`` would: that work delays everyone queued behind it
+                # for the prompt part it would prefill again beyond what ``e`` would:
+                # work added to a queue delays every request that arrives before the
+                # queue drains, about as many as are queued there now when the load
+                # is steady, so that part counts (1 + queued) x ``spill_prefill_weight``
                 own = uncached[e.id]
                 alternative = min(
-                    costs[t.id] + weight * max(0, uncached[t.id] - own) for t in endpoints
+                    costs[t.id] + weight * max(0, uncached[t.id] - own) * (1.0 + queued[t.id])
+                    for t in endpoints
                 )
                 limit = (1.0 + self.prefill_slack) * alternative + self.prefill_slack_tokens
                 ok[e.id] = costs[e.id] <= limit
