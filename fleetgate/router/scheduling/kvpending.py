@@ -27,6 +27,11 @@ in the engine's queue goes to the same engine.
 Bounded: at most ``max_blocks`` entries per endpoint; past it the oldest placed
 are dropped (the view then under-reports, as the exact index does when full).
 
+Counts are per key, not per placement: if a key is confirmed, then removed by the
+engine and placed again by a second request, the first request's :meth:`settle`
+ends the second one's count early (the key then lasts ``ttl_s``). That errs towards
+under-reporting, never towards a block the engine was not asked to compute.
+
 Pure: the clock is injected; no I/O. Not thread-safe (one router event loop).
 """
 
