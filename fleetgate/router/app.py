@@ -46,6 +46,7 @@ from fleetgate.router.placement import Placer
 from fleetgate.router.poller import Poller
 from fleetgate.router.rawhttp import RawUpstream
 from fleetgate.router.scheduling.kvindex import KvIndex
+from fleetgate.router.scheduling.kvpending import PendingBlocks
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.pipeline import Pipeline, PipelineWeights, default_pipeline
 from fleetgate.router.scheduling.prefix import PrefixIndex
@@ -58,7 +59,8 @@ from fleetgate.router.tokenizer_files import load_tokenizers
 from fleetgate.router.upstream import HttpxUpstream, Upstream
 
 
-def build_fleet(config: RouterConfig) -> Fleet:
+def build_fleet(config: RouterConfig, clock: Callable[[], float] = time.monotonic) -> Fleet:
+    """The fleet the config describes; ``clock`` times the exact view's pending blocks."""
     endpoints = []
     for pool, b in config.backends():
         adapter = adapter_for(b.engine, b.version)
@@ -92,13 +94,25 @@ def build_fleet(config: RouterConfig) -> Fleet:
         endpoints,
         standby=standby,
         index=PrefixIndex(sched.index_capacity),
-        kv_index=KvIndex(config.kv_events.max_blocks),
+        kv_index=KvIndex(config.kv_events.max_blocks, pending=_pending(config, clock)),
         load_params=LoadParams(
             fresh_for=sched.fresh_for_s,
             stale_after=sched.stale_after_s,
             default_capacity=sched.default_capacity,
         ),
         scrape_pace=config.scrape.pace(),
+    )
+
+
+def _pending(config: RouterConfig, clock: Callable[[], float]) -> PendingBlocks | None:
+    kv = config.kv_events
+    if kv.pending_ttl_s is None:
+        return None
+    return PendingBlocks(
+        clock,
+        ttl_s=kv.pending_ttl_s,
+        max_age_s=kv.pending_max_age_s,
+        max_blocks=kv.pending_max_blocks,
     )
 
 
@@ -116,6 +130,8 @@ def pipeline_for(sched: Scheduling) -> Pipeline:
         prefill_slack=sched.prefill_slack,
         prefill_slack_tokens=sched.prefill_slack_tokens,
         bound_tokens=sched.load_bound_tokens,
+        queue_ratio=sched.queue_ratio,
+        spill_prefill_weight=sched.spill_prefill_weight,
     )
 
 
@@ -135,7 +151,7 @@ def build_router(
     the raw upstream client. Probes and scrapes always use the httpx client.
     """
     config.check_loopback()
-    fleet = build_fleet(config)
+    fleet = build_fleet(config, clock)
     sched = config.scheduling
     pipeline = pipeline_for(sched)
     n = max(1, len(fleet.endpoints))

@@ -222,12 +222,21 @@ class Scheduling(_Strict):
     history spills near the mean. ``null``: ``load_bound`` for every prefix."""
     slack_requests: float = Field(2.0, ge=0)
     queue_work: float = Field(1.0, gt=0)
+    queue_ratio: float | None = Field(1.5, ge=1)
+    """No-queueing rule: affinity is dropped for a full batch (work >= ``queue_work``)
+    only while another endpoint has a free slot AND at most ``1 / queue_ratio`` of its
+    work. ``null``: any free slot elsewhere (the rule before 2026-12-02)."""
     prefill_slack: float | None = Field(0.25, ge=0)
     """Prefill-cost rule: affinity (or a rendezvous place) is kept only where the prompt
     tokens to prefill before this request's first token (the router's own backlog there
     plus this prompt's uncached part) are at most ``(1 + prefill_slack) x`` the cheapest
     endpoint's plus ``prefill_slack_tokens``. ``null`` turns the rule off."""
     prefill_slack_tokens: int = Field(512, ge=0)
+    spill_prefill_weight: float = Field(1.0, ge=0)
+    """Prefill-cost rule: an alternative's cost also counts the prompt tokens it would
+    prefill beyond the endpoint holding the prefix (the duplicated work a spill adds),
+    this many times (1 + prompts of this size queued for prefill there). 0: the rule
+    before 2026-12-02."""
     default_capacity: int = Field(64, ge=1)
     """Concurrent sequences assumed when neither metrics nor the backend say."""
     default_max_tokens: int = Field(256, ge=1)
@@ -283,6 +292,14 @@ class KvEventsSection(_Strict):
     idle_check_s: float = Field(5.0, gt=0)
     """A ZeroMQ feed silent this long asks a replay from its last batch: a lost last
     batch would otherwise show only at the next one (vLLM has no heartbeat)."""
+    pending_ttl_s: float | None = Field(2.0, ge=0)
+    """Blocks this router placed on an endpoint count as held there until its engine's
+    ``BlockStored`` confirms them, or this long after the placing request's prefill is
+    over (``scheduling/kvpending.py``). ``null``: no overlay (only confirmed blocks)."""
+    pending_max_age_s: float = Field(600.0, gt=0)
+    """... and never longer than this after the last placement."""
+    pending_max_blocks: int = Field(65536, ge=1)
+    """Pending blocks kept per endpoint (the oldest placed are dropped past it)."""
 
 
 class ModelEntry(_Strict):

@@ -149,7 +149,9 @@ class Exchange:
             req.segments += 1
             rid = req.id if req.segments == 1 else f"{req.id}-{req.segments}"
             headers = [*req.headers, (b"x-request-id", rid.encode())]
-            predicted = s.fleet.believed_cached(e, req.chain, req.prompt, req.view)
+            predicted = req.believed_on(e.id)
+            if predicted is None:
+                predicted = s.fleet.believed_cached(e, req.chain, req.prompt, req.view)
             try:
                 resp = await s.upstream.send(e.url, path, body, headers)
             except UpstreamError as err:

@@ -62,6 +62,13 @@ class Placer:
         return None
 
     def reserve(self, req: Request, e: Endpoint) -> Endpoint:
-        cached, _ = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)
+        cached, source = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)
         req.reserve(e, cached)
+        req.believed = (e.id, cached, source)
+        index = self.fleet.kv_index
+        if req.prompt is not None and index is not None and index.pending is not None:
+            keys = index.place(e.id, req.prompt.keys(e.block_size))
+            if keys:
+                eid = e.id
+                req.pending_settle = lambda: index.settle(eid, keys)
         return e

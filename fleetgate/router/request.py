@@ -53,7 +53,7 @@ from fleetgate.router.scheduling.prefix import (
     render_prompt,
     rendezvous_order,
 )
-from fleetgate.router.scheduling.types import EndpointId, RequestView
+from fleetgate.router.scheduling.types import CacheSource, EndpointId, RequestView
 from fleetgate.router.state import Endpoint
 
 Headers = list[tuple[bytes, bytes]]
@@ -138,6 +138,12 @@ class Request:
     prefill: int = 0
     """Uncached prompt tokens of the current attempt counted in ``holding``'s prefill
     backlog; 0 once its first token came (or the attempt ended)."""
+    believed: tuple[EndpointId, int, CacheSource] | None = None
+    """(endpoint, prompt tokens it was believed to hold, the view that said so) when it
+    was last reserved: before this request's own placement became pending there."""
+    pending_settle: Callable[[], None] | None = None
+    """Ends the current attempt's pending blocks in the exact view (``KvIndex.place``):
+    called once, when its prefill is over (:meth:`prefilled`)."""
     generated: int = 0
     failed: set[str] = dataclasses.field(default_factory=set)
     failures: int = 0
@@ -184,6 +190,12 @@ class Request:
         self.view = dataclasses.replace(self.view, prompt_tokens=len(self.prompt))
         self.kv_tokens = kv_tokens_needed(len(self.prompt), self.view.max_tokens, 1)
 
+    def believed_on(self, endpoint: EndpointId) -> tuple[int, CacheSource] | None:
+        """What :attr:`believed` said of ``endpoint`` (None: reserved elsewhere, or not by
+        the placer)."""
+        b = self.believed
+        return (b[1], b[2]) if b is not None and b[0] == endpoint else None
+
     def reserve(self, e: Endpoint, cached_tokens: int) -> None:
         """Hold ``e`` for the next attempt: in-flight, KV and prefill backlog;
         ``cached_tokens`` of the prompt are believed cached there."""
@@ -198,6 +210,9 @@ class Request:
         if self.prefill and self.holding is not None:
             self.holding.prefilled(self.prefill)
         self.prefill = 0
+        settle, self.pending_settle = self.pending_settle, None
+        if settle is not None:
+            settle()
 
     def release(self) -> None:
         """The attempt is over: give back what :meth:`reserve` took. Idempotent."""

@@ -300,13 +300,18 @@ class Fleet:
         never over-reports, so what it does know is believed, and where it knows
         nothing the approximate view speaks instead. Otherwise such a router would
         never use the exact view until the engine's next restart or cache reset.
+
+        Blocks this router placed on ``e`` that its engine has not confirmed yet count
+        as resident (``KvIndex.pending``, :mod:`~fleetgate.router.scheduling.kvpending`):
+        an engine publishes a block only after prefilling it, and without them a burst
+        for a new prefix would see it nowhere and spread over the fleet.
         """
         if prompt is None or self.kv_index is None:
             return None
         state = e.kv_feed.state
         if state not in ("live", "partial"):
             return None
-        resident = prompt.resident_tokens(self.kv_index, e.id, e.block_size)
+        resident = prompt.resident_tokens(self.kv_index, e.id, e.block_size, pending=True)
         return resident if resident or state == "live" else None
 
     def believed_cached(

@@ -36,8 +36,14 @@ class PromptKeys:
             found = self._keys[block_size] = block_keys(self.tokens, block_size, salt=self.salt)
         return found
 
-    def resident_tokens(self, index: KvIndex, endpoint: EndpointId, block_size: int) -> int:
-        """Leading prompt tokens resident on ``endpoint``: whole blocks x block size."""
+    def resident_tokens(
+        self, index: KvIndex, endpoint: EndpointId, block_size: int, *, pending: bool = False
+    ) -> int:
+        """Leading prompt tokens resident on ``endpoint``: whole blocks x block size;
+        ``pending``: blocks this router placed there and the engine has not confirmed
+        yet count too (:meth:`KvIndex.match_believed`)."""
         if block_size <= 0:
             return 0
-        return index.match(endpoint, self.keys(block_size)) * block_size
+        keys = self.keys(block_size)
+        n = index.match_believed(endpoint, keys) if pending else index.match(endpoint, keys)
+        return n * block_size

@@ -36,6 +36,7 @@ from fleetgate.engines.base import (
     BlockStored,
     KvEventBatch,
 )
+from fleetgate.router.scheduling.kvpending import PendingBlocks
 from fleetgate.router.scheduling.types import EndpointId
 
 _ROOT = b"fg-kv-root"
@@ -108,10 +109,15 @@ class KvIndex:
     Not thread-safe: one router process, its event loop.
     """
 
-    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+    def __init__(
+        self, max_blocks: int = DEFAULT_MAX_BLOCKS, *, pending: PendingBlocks | None = None
+    ) -> None:
         if max_blocks < 1:
             raise ValueError(f"max_blocks must be >= 1, not {max_blocks}")
         self.max_blocks = max_blocks
+        self.pending = pending
+        """The router's own placements not confirmed by an event yet (None: no overlay);
+        :meth:`match_believed` counts them, :meth:`match` never does."""
         self._low_water = max_blocks - max_blocks // 256
         self._touch_from = max_blocks // 2
         self._order: dict[EndpointId, dict[int, BlockHash]] = {}
@@ -173,6 +179,9 @@ class KvIndex:
             hashes[engine_hash] = key
             order[key] = engine_hash
             new_keys.append(key)
+        if self.pending is not None:
+            for k in new_keys:
+                self.pending.confirm(endpoint, k)
         # recency: the deepest block oldest, the parent youngest
         for k in reversed(new_keys[:-1]):
             order[k] = order.pop(k)
@@ -196,6 +205,8 @@ class KvIndex:
     def clear(self, endpoint: EndpointId) -> None:
         """Forget everything ``endpoint`` held (AllBlocksCleared, a restart, it left)."""
         self._by_engine_hash.pop(endpoint, None)
+        if self.pending is not None:
+            self.pending.clear(endpoint)
         order = self._order.pop(endpoint, None)
         if order:
             self._total -= len(order)
@@ -247,6 +258,35 @@ class KvIndex:
                 key = keys[i]
                 order[key] = pop(key)
         return n
+
+    def match_believed(self, endpoint: EndpointId, keys: Sequence[int]) -> int:
+        """Leading blocks of ``keys`` resident on ``endpoint`` OR pending there (placed by
+        this router, not confirmed yet: :class:`PendingBlocks`); a chain of the two."""
+        n = self.match(endpoint, keys)
+        if self.pending is None or n >= len(keys):
+            return n
+        pending = self.pending.pending_on(endpoint)
+        if pending is None:
+            return n
+        order = self._order.get(endpoint, {})
+        for key in keys[n:]:
+            if key not in order and not pending(key):
+                break
+            n += 1
+        return n
+
+    def place(self, endpoint: EndpointId, keys: Sequence[int]) -> tuple[int, ...]:
+        """This router sent a prompt with ``keys`` to ``endpoint``: the ones not resident
+        become pending (:meth:`PendingBlocks.place`). Returns the keys to settle."""
+        if self.pending is None or not keys:
+            return ()
+        order = self._order.get(endpoint, {})
+        return self.pending.place(endpoint, keys, order.__contains__)
+
+    def settle(self, endpoint: EndpointId, keys: Sequence[int]) -> None:
+        """The prefill of a placement (:meth:`place`) is over."""
+        if self.pending is not None and keys:
+            self.pending.settle(endpoint, keys)
 
     def engine_hashes(self, endpoint: EndpointId) -> frozenset[BlockHash]:
         """The engine's own hashes of the blocks ``endpoint`` is known to hold (debugging,

@@ -238,6 +238,8 @@ def default_pipeline(
     prefill_slack: float | None = 0.25,
     prefill_slack_tokens: int = 512,
     bound_tokens: int | None = None,
+    queue_ratio: float | None = 1.5,
+    spill_prefill_weight: float = 1.0,
 ) -> Pipeline:
     """The registered in-tree plugins, in order (one place to read them all).
 
@@ -262,6 +264,8 @@ def default_pipeline(
                     prefill_slack,
                     prefill_slack_tokens,
                     bound_tokens,
+                    queue_ratio,
+                    spill_prefill_weight,
                 ),
                 weights.prefix,
             ),

@@ -81,9 +81,12 @@ def test_uncached_tokens_and_prefill_cost() -> None:
         (0, "warm", "affinity-hit"),
         # 3090 tokens ahead vs recomputing 3000 on an idle engine: within the slack
         (3000, "warm", "affinity-hit"),
-        # limit = 1.25 x 3000 + 512 = 4262 tokens: just under keeps it, just over spills
-        (4172, "warm", "affinity-hit"),
-        (4173, "cold", "spill"),
+        # the cold engine's cost counts its 2910 extra prompt tokens twice (its own
+        # wait, and the work a second copy adds): limit = 1.25 x (3000 + 2910) + 512
+        # = 7899.5 tokens: just under keeps it, just over spills
+        (4173, "warm", "affinity-hit"),
+        (7809, "warm", "affinity-hit"),
+        (7810, "cold", "spill"),
         (12000, "cold", "spill"),
     ],
 )
@@ -186,3 +189,74 @@ def test_a_loaded_engine_keeps_a_long_prefix_but_not_a_short_one(match: int, kee
         req(**DOC), eps, random.Random(0)
     )
     assert (d.pick == EndpointId("warm")) is keeps
+
+
+def test_without_the_spill_work_the_limit_is_the_cold_engine_own_cost() -> None:
+    # spill_prefill_weight 0 (the rule before): limit = 1.25 x 3000 + 512 = 4262
+    for backlog, pick in ((4172, "warm"), (4173, "cold")):
+        eps = [view("warm", match=97, backlog=backlog, rank=0), view("cold", rank=1)]
+        d = default_pipeline(spill_prefill_weight=0.0).schedule(req(**DOC), eps, random.Random(0))
+        assert d.pick == EndpointId(pick)
+
+
+def test_an_even_overload_keeps_every_cached_document_where_it_is() -> None:
+    # four engines, all past a full batch with a deep prefill queue: the holder keeps
+    # the request whatever the small differences (a spill only prefills it twice)
+    for work, backlog in ((1.0, 20000), (1.1, 24000), (1.3, 21000), (1.2, 26000)):
+        eps = [
+            view("holder", match=97, work=work, backlog=backlog, rank=3),
+            view("a", work=1.0, backlog=20000, rank=0),
+            view("b", work=0.95, backlog=18000, rank=1),
+            view("c", work=1.1, backlog=22000, rank=2),
+        ]
+        d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+        assert d.pick == EndpointId("holder") and d.reason == "affinity-hit", (work, backlog)
+
+
+def test_a_markedly_less_loaded_engine_still_takes_the_spill() -> None:
+    # the holder's prefill queue is three times the others' (plus the copy): spill
+    eps = [
+        view("holder", match=97, work=1.0, backlog=40000, rank=3),
+        view("a", work=0.9, backlog=10000, rank=0),
+        view("b", work=0.9, backlog=12000, rank=1),
+    ]
+    d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("a") and d.reason == "spill"
+
+
+@pytest.mark.parametrize(
+    ("other_work", "keeps"),
+    [
+        (0.95, True),  # a free slot, but nearly as loaded: stay
+        (0.7, True),  # 0.7 x 1.5 = 1.05 > 1.0: not markedly emptier
+        (0.66, False),  # at most 1 / 1.5 of the holder's work: queueing is worse
+        (0.2, False),
+    ],
+)
+def test_a_full_batch_gives_up_affinity_only_for_a_markedly_emptier_engine(
+    other_work: float, keeps: bool
+) -> None:
+    scorer = PrefixAffinityScorer(prefill_slack=None, queue_work=1.0, queue_ratio=1.5)
+    eps = [view("full", match=97, work=1.0), view("other", work=other_work)]
+    assert scorer.eligible(req(**DOC), eps)[EndpointId("full")] is keeps
+    # queue_ratio None (the rule before): any free slot elsewhere drops affinity
+    old = PrefixAffinityScorer(prefill_slack=None, queue_work=1.0, queue_ratio=None)
+    assert old.eligible(req(**DOC), eps)[EndpointId("full")] is False
+
+
+def test_the_copy_a_spill_makes_weighs_more_on_a_busy_target() -> None:
+    # the target has 5 documents' worth of prefill queued: its second prefill of the
+    # 2910 extra tokens delays what arrives there before that queue drains, so it
+    # counts (1 + 5) times: limit = 1.25 x (15000 + 3000 + 6 x 2910) + 512 = 44,837
+    # against the holder's backlog + its 90 uncached tokens
+    for backlog, pick in ((30000, "holder"), (44747, "holder"), (44748, "busy")):
+        eps = [
+            view("holder", match=97, backlog=backlog, rank=0),
+            view("busy", backlog=15000, rank=1),
+        ]
+        d = default_pipeline().schedule(req(**DOC), eps, random.Random(0))
+        assert d.pick == EndpointId(pick), backlog
+    # the rule before (spill_prefill_weight 0) moved it at 30000 already
+    eps = [view("holder", match=97, backlog=30000, rank=0), view("busy", backlog=15000, rank=1)]
+    d = default_pipeline(spill_prefill_weight=0.0).schedule(req(**DOC), eps, random.Random(0))
+    assert d.pick == EndpointId("busy")

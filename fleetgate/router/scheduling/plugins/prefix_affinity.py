@@ -100,13 +100,21 @@ class PrefixAffinityScorer:
         conversation whose few hundred history tokens are the only difference
         spills near the mean;
       - no queueing: not a full batch (work >= ``queue_work``) while another
-        endpoint has a free slot;
+        endpoint has a free slot and markedly less work (``queue_ratio``, :meth:`queues`);
       - prefill cost (:func:`prefill_cost`, when ``prefill_slack`` is not None): at
         most ``(1 + prefill_slack) x`` the cheapest endpoint's plus
-        ``prefill_slack_tokens``. A cache hit saves this prompt's prefill; it is
-        worth nothing if the warm engine has more prompt tokens queued than
-        recomputing the whole prompt on an idle engine would cost. The slack
-        keeps the hit (and the copy it avoids) when the two are close.
+        ``prefill_slack_tokens``, where an alternative's cost also counts the prompt
+        tokens it would prefill beyond this endpoint, ``spill_prefill_weight x (1 +
+        prompts of this size queued for prefill there)`` times. A cache hit saves
+        this prompt's prefill; it is worth nothing if the warm engine has more
+        prompt tokens queued than recomputing the prompt elsewhere would cost. But
+        a spill does not only move this request: the second prefill is extra work
+        that delays every request arriving at the target before its queue drains
+        (about as many as are queued there now, under steady load), and under an
+        even overload it is pure loss. Counting it so makes a spill pay only when
+        the target is markedly less loaded: an idle one at once, a busy one only
+        when the holder's queue is several times longer. The slack keeps the hit
+        (and the copy it avoids) when the two are close.
 
     * A prompt with nothing to reuse (shorter than one chunk, and no exact block held
       anywhere): all score 0.
@@ -126,6 +134,13 @@ class PrefixAffinityScorer:
     bound_tokens: int | None = None
     """Saved prompt tokens at which an endpoint gets the full ``load_bound``; fewer
     scale it down linearly (:meth:`bounds`). None: ``load_bound`` everywhere."""
+    queue_ratio: float | None = 1.5
+    """The no-queueing rule needs an endpoint with a free slot AND at most ``1 /
+    queue_ratio`` of the full one's work (:meth:`queues`); None: any free slot."""
+    spill_prefill_weight: float = 1.0
+    """Prefill-cost rule: an alternative endpoint's cost includes this many times the
+    prompt tokens it would prefill beyond the holder (the duplicated work a spill adds
+    to the fleet); 0: its own cost only."""
     name: str = "prefix-affinity"
 
     def score(
@@ -161,17 +176,49 @@ class PrefixAffinityScorer:
         """Which endpoints may get affinity credit (the three rules in the class doc)."""
         mean = sum(e.load.work for e in endpoints) / len(endpoints)
         bounds, slack = self.bounds(request, endpoints), self.slack_requests
-        room = min(e.load.work for e in endpoints) < self.queue_work
         ok = {
-            e.id: not over_bound(e, mean, bounds[e.id], slack)
-            and not (room and e.load.work >= self.queue_work)
+            e.id: not over_bound(e, mean, bounds[e.id], slack) and not self.queues(e, endpoints)
             for e in endpoints
         }
         if self.prefill_slack is not None:
-            costs = {e.id: prefill_cost(request, e) for e in endpoints}
-            limit = (1.0 + self.prefill_slack) * min(costs.values()) + self.prefill_slack_tokens
-            ok = {eid: fine and costs[eid] <= limit for eid, fine in ok.items()}
+            uncached = {
+                e.id: uncached_tokens(request, cached_tokens(request, e)) for e in endpoints
+            }
+            costs = {e.id: max(0, e.pending_prefill_tokens) + uncached[e.id] for e in endpoints}
+            weight = self.spill_prefill_weight
+            prompt = max(1, request.prompt_tokens)
+            # prompts of this size already queued for prefill on each endpoint
+            queued = {e.id: max(0, e.pending_prefill_tokens) / prompt for e in endpoints}
+            for e in endpoints:
+                if not ok[e.id]:
+                    continue
+                # the cheapest place for this request, where each alternative also pays
+                # for the prompt part it would prefill again beyond what ``e`` would:
+                # work added to a queue delays every request that arrives before the
+                # queue drains, about as many as are queued there now when the load
+                # is steady, so that part counts (1 + queued) x ``spill_prefill_weight``
+                own = uncached[e.id]
+                alternative = min(
+                    costs[t.id] + weight * max(0, uncached[t.id] - own) * (1.0 + queued[t.id])
+                    for t in endpoints
+                )
+                limit = (1.0 + self.prefill_slack) * alternative + self.prefill_slack_tokens
+                ok[e.id] = costs[e.id] <= limit
         return ok
+
+    def queues(self, e: EndpointView, endpoints: Sequence[EndpointView]) -> bool:
+        """The no-queueing rule: ``e`` holds a full batch (work >= ``queue_work``) while
+        another endpoint has a free slot and, with ``queue_ratio``, at most
+        ``1 / queue_ratio`` of ``e``'s work. Under an even overload every engine
+        hovers around a full batch and a free slot elsewhere is soon taken: moving a
+        cached prompt there only prefills it twice."""
+        if e.load.work < self.queue_work:
+            return False
+        ratio = self.queue_ratio
+        return any(
+            t.load.work < self.queue_work and (ratio is None or t.load.work * ratio <= e.load.work)
+            for t in endpoints
+        )
 
     def bounds(
         self, request: RequestView, endpoints: Sequence[EndpointView]
