@@ -15,7 +15,7 @@ emulated engine of the pod's kind on each kwok pod's IP after a modelled cold st
 ``maxNumSeqs: 8``):
 
 * ``fleetgate-autoscale``: ``spec.autoscaling`` {minReplicas 0, maxReplicas
-  ``--peak-replicas``, targetInFlightPerReplica 4, scaleToZeroAfterSeconds,
+  ``--peak-replicas``, targetInFlightPerReplica ``--target-in-flight`` (4), scaleToZeroAfterSeconds,
   coldStartSeconds}; it starts at zero replicas;
 * ``static-peak``: ``replicas: --peak-replicas`` (sized for the peak), every engine
   up before the trace starts;
@@ -282,7 +282,7 @@ def inference_services(ns: str, contender: str, args: argparse.Namespace) -> lis
             spec["replicas"] = 0
             spec["autoscaling"] = {
                 "minReplicas": 0, "maxReplicas": args.peak_replicas,
-                "targetInFlightPerReplica": 4,
+                "targetInFlightPerReplica": args.target_in_flight,
                 "scaleDownStabilizationSeconds": max(1, round(10 * args.scale)),
                 "scaleToZeroAfterSeconds": max(1, round(15 * args.scale)),
                 "coldStartSeconds": max(1, round(cold + 1)), "drainTimeoutSeconds": 60,
@@ -562,6 +562,12 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="phase durations x this")
     parser.add_argument("--base-rate", type=float, default=1.0, help="quiet req/s (peak 5x)")
     parser.add_argument("--peak-replicas", type=int, default=3)
+    parser.add_argument(
+        "--target-in-flight",
+        type=int,
+        default=4,
+        help="fleetgate-autoscale: targetInFlightPerReplica (engines have 8 slots)",
+    )
     parser.add_argument("--cold-start", type=float, default=3.0, help="vLLM cold start (s)")
     parser.add_argument(
         "--trtllm-cold-start", type=float, default=None, help="TensorRT-LLM's (default: vLLM's)"
@@ -600,8 +606,15 @@ def main() -> int:
         parser.error(f"unknown contenders {sorted(unknown)}; known: {CONTENDERS}")
     if args.trtllm_cold_start is None:
         args.trtllm_cold_start = args.cold_start
-    if not 0 < args.scale <= 10 or args.base_rate <= 0 or args.peak_replicas < 1:
-        parser.error("want 0 < --scale <= 10, --base-rate > 0, --peak-replicas >= 1")
+    if (
+        not 0 < args.scale <= 10
+        or args.base_rate <= 0
+        or args.peak_replicas < 1
+        or args.target_in_flight < 1
+    ):
+        parser.error(
+            "want 0 < --scale <= 10, --base-rate > 0, --peak-replicas >= 1, --target-in-flight >= 1"
+        )
     if args.hpa_target <= 0 or args.hpa_sync_period <= 0:
         parser.error("want --hpa-target > 0 and --hpa-sync-period > 0")
     if args.pool == "mixed" and args.peak_replicas < 2:
