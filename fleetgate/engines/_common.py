@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
@@ -19,7 +19,11 @@ from pydantic import BaseModel
 from fleetgate.engines.base import (
     LEVEL_MAX,
     LEVEL_MIN,
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
     EngineError,
+    KvEventsDecodeError,
     LaunchSpec,
     MetricsParseError,
 )
@@ -307,3 +311,48 @@ SSE_JSON_STRING = rb'(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*'
 _SSE_INT = rb"(?:0|[1-9][0-9]{0,18})"
 #: A non-empty JSON list of token ids.
 SSE_TOKEN_IDS = rb"\[" + _SSE_INT + rb"(?:," + _SSE_INT + rb")*\]"
+
+
+# --------------------------------------------------------------------------------------
+# KV-event fields shared by the engines' decoders (each checks its own hash type)
+# --------------------------------------------------------------------------------------
+
+
+def kv_opt_int(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise KvEventsDecodeError(f"{what} must be an int, not {value!r}")
+    return value
+
+
+def kv_opt_text(value: Any, what: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise KvEventsDecodeError(f"{what} must be a string, not {value!r}")
+
+
+def kv_hashes(value: Any, one: Callable[[Any, str], BlockHash]) -> tuple[BlockHash, ...]:
+    """``block_hashes``: a list, each item checked by the engine's ``one``."""
+    if not isinstance(value, list):
+        raise KvEventsDecodeError(f"block_hashes must be a list, not {type(value).__name__}")
+    return tuple(one(v, "block_hashes") for v in value)
+
+
+def kv_removed_or_cleared(
+    kind: Any, raw: Mapping[str, Any], one: Callable[[Any, str], BlockHash]
+) -> BlockRemoved | AllBlocksCleared:
+    """The map-shaped ``BlockRemoved`` / ``AllBlocksCleared`` events (the same fields in
+    vLLM's and TensorRT-LLM's streams); anything else is undecodable."""
+    try:
+        if kind == "BlockRemoved":
+            return BlockRemoved(
+                block_hashes=kv_hashes(raw["block_hashes"], one),
+                medium=kv_opt_text(raw.get("medium"), "medium"),
+                group=kv_opt_int(raw.get("group_idx"), "group_idx"),
+            )
+    except KeyError as e:
+        raise KvEventsDecodeError(f"{kind} event without field {e.args[0]!r}") from None
+    if kind == "AllBlocksCleared":
+        return AllBlocksCleared()
+    raise KvEventsDecodeError(f"unknown KV event type {kind!r}")

@@ -57,12 +57,15 @@ from fleetgate.engines._common import (
     decode_pair,
     error_json,
     finite,
+    kv_hashes,
+    kv_opt_int,
+    kv_opt_text,
+    kv_removed_or_cleared,
     require_some,
     text_message,
     validate_launch,
 )
 from fleetgate.engines.base import (
-    AllBlocksCleared,
     BlockHash,
     BlockRemoved,
     BlockStored,
@@ -537,23 +540,7 @@ def _hash(value: Any, what: str) -> BlockHash:
 
 
 def _hashes(value: Any) -> tuple[BlockHash, ...]:
-    if not isinstance(value, list):
-        raise KvEventsDecodeError(f"block_hashes must be a list, not {type(value).__name__}")
-    return tuple(_hash(v, "block_hashes") for v in value)
-
-
-def _opt_int(value: Any, what: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise KvEventsDecodeError(f"{what} must be an int, not {value!r}")
-    return value
-
-
-def _opt_text(value: Any, what: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise KvEventsDecodeError(f"{what} must be a string, not {value!r}")
+    return kv_hashes(value, _hash)
 
 
 _ARRAY_FIELDS = {
@@ -582,7 +569,7 @@ def _vllm_event(raw: Any) -> KvEvent:
                 isinstance(t, int) and not isinstance(t, bool) for t in tokens
             ):
                 raise KvEventsDecodeError("token_ids must be a list of ints")
-            size = _opt_int(raw["block_size"], "block_size")
+            size = kv_opt_int(raw["block_size"], "block_size")
             if size is None or size < 1:
                 raise KvEventsDecodeError(f"block_size must be positive, not {size!r}")
             parent = raw.get("parent_block_hash")
@@ -591,22 +578,14 @@ def _vllm_event(raw: Any) -> KvEvent:
                 parent_hash=None if parent is None else _hash(parent, "parent_block_hash"),
                 token_ids=tuple(tokens),
                 block_size=size,
-                medium=_opt_text(raw.get("medium"), "medium"),
-                lora_name=_opt_text(raw.get("lora_name"), "lora_name"),
-                group=_opt_int(raw.get("group_idx"), "group_idx"),
-                spec_kind=_opt_text(raw.get("kv_cache_spec_kind"), "kv_cache_spec_kind"),
+                medium=kv_opt_text(raw.get("medium"), "medium"),
+                lora_name=kv_opt_text(raw.get("lora_name"), "lora_name"),
+                group=kv_opt_int(raw.get("group_idx"), "group_idx"),
+                spec_kind=kv_opt_text(raw.get("kv_cache_spec_kind"), "kv_cache_spec_kind"),
             )
-        if kind == "BlockRemoved":
-            return BlockRemoved(
-                block_hashes=_hashes(raw["block_hashes"]),
-                medium=_opt_text(raw.get("medium"), "medium"),
-                group=_opt_int(raw.get("group_idx"), "group_idx"),
-            )
-        if kind == "AllBlocksCleared":
-            return AllBlocksCleared()
     except KeyError as e:
         raise KvEventsDecodeError(f"{kind} event without field {e.args[0]!r}") from None
-    raise KvEventsDecodeError(f"unknown KV event type {kind!r}")
+    return kv_removed_or_cleared(kind, raw, _hash)
 
 
 def decode_vllm_kv_events(frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
@@ -635,7 +614,7 @@ def decode_vllm_kv_events(frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
     ts = batch[0]
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
         raise KvEventsDecodeError(f"EventBatch ts must be a number, not {ts!r}")
-    rank = _opt_int(batch[2] if len(batch) > 2 else None, "data_parallel_rank")
+    rank = kv_opt_int(batch[2] if len(batch) > 2 else None, "data_parallel_rank")
     events = tuple(_vllm_event(e) for e in batch[1])
     return (KvEventBatch(seq=seq, events=events, ts=float(ts), data_parallel_rank=rank),)
 

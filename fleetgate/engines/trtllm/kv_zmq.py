@@ -71,8 +71,8 @@ from typing import Any
 
 import msgpack
 
+from fleetgate.engines._common import kv_hashes, kv_opt_int, kv_opt_text, kv_removed_or_cleared
 from fleetgate.engines.base import (
-    AllBlocksCleared,
     BlockHash,
     BlockRemoved,
     BlockStored,
@@ -119,16 +119,6 @@ def _int(value: Any, what: str) -> int:
     return value
 
 
-def _opt_int(value: Any, what: str) -> int | None:
-    return None if value is None else _int(value, what)
-
-
-def _opt_text(value: Any, what: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise KvEventsDecodeError(f"{what} must be a string, not {value!r}")
-
-
 def _hash(value: Any, what: str) -> int:
     h = _int(value, what)
     if not _INT64_MIN <= h <= _UINT64_MAX:
@@ -137,9 +127,7 @@ def _hash(value: Any, what: str) -> int:
 
 
 def _hashes(value: Any) -> tuple[BlockHash, ...]:
-    if not isinstance(value, list):
-        raise KvEventsDecodeError(f"block_hashes must be a list, not {type(value).__name__}")
-    return tuple(_hash(v, "block_hashes") for v in value)
+    return kv_hashes(value, _hash)
 
 
 def _stored(raw: dict[str, Any]) -> BlockStored:
@@ -162,8 +150,8 @@ def _stored(raw: dict[str, Any]) -> BlockStored:
     if mm_keys is not None and not isinstance(mm_keys, list):
         raise KvEventsDecodeError("mm_keys must be a list")
     multimodal = textual or any(bool(keys) for keys in mm_keys or ())
-    lora_name = _opt_text(raw.get("lora_name"), "lora_name")
-    lora_id = _opt_int(raw.get("lora_id"), "lora_id")
+    lora_name = kv_opt_text(raw.get("lora_name"), "lora_name")
+    lora_id = kv_opt_int(raw.get("lora_id"), "lora_id")
     if lora_name is None and lora_id is not None:
         lora_name = f"lora-id:{lora_id}"
     parent = raw.get("parent_block_hash")
@@ -174,13 +162,13 @@ def _stored(raw: dict[str, Any]) -> BlockStored:
         # which makes it a partial block the index never keys
         token_ids=() if multimodal else tuple(ints),
         block_size=size,
-        medium=_opt_text(raw.get("medium"), "medium"),
+        medium=kv_opt_text(raw.get("medium"), "medium"),
         lora_name=lora_name,
-        group=_opt_int(raw.get("group_idx"), "group_idx"),
+        group=kv_opt_int(raw.get("group_idx"), "group_idx"),
         spec_kind=(
             "multimodal"
             if multimodal
-            else _opt_text(raw.get("kv_cache_spec_kind"), "kv_cache_spec_kind")
+            else kv_opt_text(raw.get("kv_cache_spec_kind"), "kv_cache_spec_kind")
         ),
     )
 
@@ -191,20 +179,12 @@ def _event(raw: Any) -> KvEvent:
             f"a TensorRT-LLM KV event must be a map tagged with 'type', not {type(raw).__name__}"
         )
     kind = raw.get("type")
-    try:
-        if kind == "BlockStored":
+    if kind == "BlockStored":
+        try:
             return _stored(raw)
-        if kind == "BlockRemoved":
-            return BlockRemoved(
-                block_hashes=_hashes(raw["block_hashes"]),
-                medium=_opt_text(raw.get("medium"), "medium"),
-                group=_opt_int(raw.get("group_idx"), "group_idx"),
-            )
-        if kind == "AllBlocksCleared":
-            return AllBlocksCleared()
-    except KeyError as e:
-        raise KvEventsDecodeError(f"{kind} event without field {e.args[0]!r}") from None
-    raise KvEventsDecodeError(f"unknown KV event type {kind!r}")
+        except KeyError as e:
+            raise KvEventsDecodeError(f"{kind} event without field {e.args[0]!r}") from None
+    return kv_removed_or_cleared(kind, raw, _hash)
 
 
 def decode_trtllm_zmq(frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
@@ -230,7 +210,7 @@ def decode_trtllm_zmq(frames: Sequence[bytes]) -> tuple[KvEventBatch, ...]:
     ts = batch[0]
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
         raise KvEventsDecodeError(f"batch ts must be a number, not {ts!r}")
-    rank = _opt_int(batch[2] if len(batch) > 2 else None, "data_parallel_rank")
+    rank = kv_opt_int(batch[2] if len(batch) > 2 else None, "data_parallel_rank")
     events = tuple(_event(e) for e in batch[1])
     return (KvEventBatch(seq=seq, events=events, ts=float(ts), data_parallel_rank=rank),)
 
