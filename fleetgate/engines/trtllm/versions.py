@@ -76,15 +76,8 @@ R1_0 = TrtllmRelease(
     json_metrics="drain",
     prometheus_load_gauges=False,
 )
-R1_1 = TrtllmRelease(
-    line="1.1",
-    revision_flag=False,
-    waiting_queue_policy=False,
-    request_priority=False,
-    load_source="iteration-stats",
-    json_metrics="drain",
-    prometheus_load_gauges=False,
-)
+#: 1.1.x and 1.2.x: 1.0's facts (the line differs in what fleetgate does not use).
+R1_1 = dataclasses.replace(R1_0, line="1.1")
 #: 1.3.x: main's request and metrics facts; KV events through the HTTP drain. The
 #: streaming publisher's ``kv_events_config`` is in the 1.3.0rc27 LLM-API reference but
 #: not in every 1.3 pre-release, so this line keeps the drain, which all of them have.
@@ -98,16 +91,8 @@ R1_3 = TrtllmRelease(
     prometheus_load_gauges=True,
     kv_events="http-drain",
 )
-MAIN = TrtllmRelease(
-    line="main",
-    revision_flag=True,
-    waiting_queue_policy=True,
-    request_priority=True,
-    load_source="prometheus",
-    json_metrics="completion-buffer",
-    prometheus_load_gauges=True,
-    kv_events="zmq",
-)
+#: 1.4 and later: 1.3's facts, with the streaming KV-event publisher.
+MAIN = dataclasses.replace(R1_3, line="main", kv_events="zmq")
 
 #: Every supported release line, oldest first.
 LINES: tuple[TrtllmRelease, ...] = (R1_0, R1_1, R1_3, MAIN)
