@@ -36,7 +36,10 @@ emulated engine of the pod's kind on each kwok pod's IP after a modelled cold st
 
 What each HPA setting means for fairness: the in-flight metric (running + waiting per
 pod) is the one signal of vLLM's that grows behind this router, and its target equals
-fleetgate's ``targetInFlightPerReplica``, so both aim at the same load per replica; the
+fleetgate's ``targetInFlightPerReplica``, so both aim at the same load per replica
+(the engine's metric stops at its slots, since the router queues the rest itself,
+so the target must be below ``--max-num-seqs`` or the HPA never scales up; the
+bench refuses such a run); the
 queue alone (what vendors document) never scales here and would only show the HPA
 idle. The 15 s sync period is what a stock cluster runs: the HPA reacts up to 15 s
 (plus Prometheus' 1 s scrape and the adapter's query) after the load moves, where
@@ -670,6 +673,10 @@ def main() -> int:
         )
     if args.hpa_target <= 0 or args.hpa_sync_period <= 0:
         parser.error("want --hpa-target > 0 and --hpa-sync-period > 0")
+    if "hpa-prometheus" in contenders and args.hpa_target >= args.max_num_seqs:
+        # the router fills an engine only up to its slots, so the per-pod in-flight
+        # average never exceeds them and the HPA would never scale up
+        parser.error("want --hpa-target below --max-num-seqs (the router never over-fills)")
     if args.pool == "mixed" and args.peak_replicas < 2:
         parser.error("--pool mixed needs --peak-replicas >= 2 (a pod of each engine)")
     if not (0 <= args.cold_start < 600 and 0 <= args.trtllm_cold_start < 600):
