@@ -15,8 +15,9 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   ``now + coldStart`` over the rate now (least-squares trend of the recent rates,
   only upwards, at most x2): a ramp is met by replicas that are Ready when it
   arrives, not after the queue has built;
-* **held while replicas start** (at zero, or fewer Ready than asked for): the held
-  requests are a backlog that waits for the replicas already starting, not a steady
+* **held while replicas start**: a router holds a request only while no endpoint of
+  the model can serve it, so the held requests are a backlog that waits for the
+  replicas already starting (whatever their pods' Ready condition says), not a steady
   load, so the forecast does not scale them and they count only for what draining
   them within one cold start after those replicas are Ready needs: a replica takes
   ``targetInFlightPerReplica`` of them at once and as many again every service time
@@ -437,7 +438,10 @@ def decide(
     replicas_now = max(current, 1)
     if policy.target_in_flight is not None:
         target = policy.target_in_flight
-        starting = demand.held > 0 and (current == 0 or ready < current)
+        # the router holds a request only while no endpoint of the model can serve it,
+        # so held requests always wait for replicas that are starting, whatever the
+        # pods' Ready condition says (a pod can be Ready before its engine answers)
+        starting = demand.held > 0
         held_note = ""
         if not starting:
             want = math.ceil(demand.load * growth / target - 1e-9)
