@@ -199,6 +199,7 @@ class Demand:
 
     in_flight: float = 0.0
     queued: float = 0.0
+    """Requests in the routers' admission queues, not counting the held ones."""
     held: float = 0.0
     arrival_rate: float | None = None
     """Requests per second since the previous scrape (None on the first scrape)."""
@@ -273,13 +274,19 @@ def demand_for(
         for ep, value in snap.kv_usage.items():
             if ep in eps:
                 kv_by[ep] = max(kv_by.get(ep, 0.0), value)
+        # A router with class queues keeps its held requests in the admission queue
+        # too (fleetgate/router/admission_queue.py: a held request is queued with a
+        # hold bound), so its queue depth includes them; without class queues it
+        # exports no depth. Either way queue - held, per router, is what waits for an
+        # engine that serves; counting both counted every held request twice.
+        h = snap.held.get(model, 0.0)
+        q_all = snap.queued.get(model, 0.0)
         if classes is None:
-            queued += snap.queued.get(model, 0.0)
+            q = q_all
         else:
-            queued += sum(
-                v for (m, c), v in snap.queued_by_class.items() if m == model and classes(c)
-            )
-        held += snap.held.get(model, 0.0)
+            q = sum(v for (m, c), v in snap.queued_by_class.items() if m == model and classes(c))
+        queued += max(0.0, q - h * (q / q_all)) if q_all > 0 else 0.0
+        held += h
         before = (previous or {}).get(router)
         if before is None:
             continue

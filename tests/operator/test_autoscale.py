@@ -63,11 +63,31 @@ def test_router_metrics_parse_into_the_demand_of_one_service() -> None:
         now, prev, 10.0, model=MODEL, endpoints=["ns/p1", "ns/p2"], ttft_class="critical"
     )
     assert d.in_flight == 6  # 3 + 1 + 2: the other model's pod is not ours
-    assert d.queued == 5
+    assert d.queued == 4  # b's 1 queued is one of its 2 held (held requests sit in the queue)
     assert d.held == 2
     assert d.arrival_rate == pytest.approx(4.0)  # (30 + 10) / 10 s, summed over routers
     assert (d.ttft_met, d.ttft_total) == (18, 20)
     assert d.in_flight_by_endpoint == {"ns/p1": 5, "ns/p2": 1}
+
+
+def test_held_requests_in_the_class_queue_are_counted_once() -> None:
+    """A router with class queues queues its held requests too: 6 held of 8 queued are
+    6 held and 2 queued (the run at 1f15897 counted them twice: 1 -> 3 replicas on 6
+    held). A split by class shares the held ones by queue depth."""
+    r = RouterDemand()
+    r.set_queue(MODEL, 6, "standard")
+    r.set_queue(MODEL, 2, "critical")
+    r.set_held(MODEL, 6)
+    snaps = {"r": parse_router_metrics(r.text())}
+    d = demand_for(snaps, None, 0.0, model=MODEL, endpoints=[])
+    assert (d.queued, d.held, d.load) == (2, 6, 8)
+    std = demand_for(snaps, None, 0.0, model=MODEL, endpoints=[], classes=lambda c: c == "standard")
+    assert std.queued == pytest.approx(1.5)  # 6 x (1 - 6/8)
+    only_held = RouterDemand()  # a router without class queues exports no depth
+    only_held.set_held(MODEL, 3)
+    d = demand_for({"r": parse_router_metrics(only_held.text())}, None, 0.0, model=MODEL,
+                   endpoints=[])  # fmt: skip
+    assert (d.queued, d.held) == (0, 3)
 
 
 def test_completions_of_the_services_endpoints_give_the_completion_rate() -> None:
