@@ -15,6 +15,22 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   ``now + coldStart`` over the rate now (least-squares trend of the recent rates,
   only upwards, at most x2): a ramp is met by replicas that are Ready when it
   arrives, not after the queue has built;
+* **held while replicas start**: a router holds a request only while no endpoint of
+  the model can serve it, so the held requests are a backlog that waits for the
+  replicas already starting (whatever their pods' Ready condition says), not a steady
+  load, so the forecast does not scale them and they count only for what draining
+  them within one cold start after those replicas are Ready needs: a replica takes
+  ``targetInFlightPerReplica`` of them at once and as many again every service time
+  ``S``, i.e. ``coldStart / S`` batches in a cold start, and the held requests count
+  as ``held / max(1, coldStart / S)`` in flight. ``S`` is measured by Little's law on
+  the service's own endpoints (in flight over completions per second, smoothed; in
+  memory). Without a measured ``S`` (a service that has not served since the operator
+  started) the held requests keep at most the replicas already asked for
+  (``max(current, 1)``): the backlog's size alone says nothing about how fast it
+  drains, and once the first replica is Ready it shows as in flight + queued, the
+  rule above, within a tick. Why: requests held during a cold start read as demand
+  for several replicas that were Ready only after the first one had drained them,
+  then idled for the scale-down window (bench/results/autoscale-5b165c0-rate3-t8.md);
 * **KV cache**: HPA's ratio, ``ceil(ready * meanKvUsage / target)``;
 * **TTFT attainment**: one more replica while a class misses its attainment over
   the last decision interval (a reaction, so it only ever adds);
@@ -51,6 +67,7 @@ __all__ = [
     "IN_FLIGHT",
     "KV_USAGE",
     "QUEUE_DEPTH",
+    "REQUESTS",
     "TTFT_OBJECTIVE",
     "Decision",
     "Demand",
@@ -71,6 +88,7 @@ IN_FLIGHT = "fleetgate_endpoint_in_flight"  # gauge, {endpoint, engine}
 KV_USAGE = "fleetgate_endpoint_kv_usage"  # gauge, {endpoint, engine}
 QUEUE_DEPTH = "fleetgate_queue_depth"  # gauge, {model, class}
 TTFT_OBJECTIVE = "fleetgate_ttft_objective"  # counter, {model, class, met}
+REQUESTS = "fleetgate_requests"  # counter, {model, engine, endpoint, status}: completions
 DISPATCHES = "fleetgate_dispatches"  # counter, {model, class}: the rate's fallback
 
 #: Idle window with ``minReplicas: 0`` when ``scaleToZeroAfterSeconds`` is unset.
@@ -80,6 +98,8 @@ DEFAULT_IDLE_SECONDS = 300
 MAX_FORECAST_GROWTH = 2.0
 #: Rate samples older than this many seconds (or cold starts, if longer) leave the trend.
 TREND_WINDOW_SECONDS = 60.0
+#: Weight of a new service-time sample in the smoothed estimate.
+SERVICE_TIME_SMOOTHING = 0.5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +127,8 @@ class RouterSnapshot:
     """(model, class) -> cumulative arrivals."""
     dispatches_by_class: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
     """(model, class) -> cumulative dispatches."""
+    completions: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """endpoint id -> cumulative requests this router answered from it (any status)."""
 
 
 def _add(d: dict[str, float], key: str, value: float) -> None:
@@ -130,6 +152,7 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
     queued_c: dict[tuple[str, str], float] = {}
     arrivals_c: dict[tuple[str, str], float] = {}
     dispatches_c: dict[tuple[str, str], float] = {}
+    completions: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels, value = s.labels, float(s.value)
@@ -150,11 +173,23 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
             elif s.name == f"{DISPATCHES}_total" and "model" in labels:
                 _add(dispatches, labels["model"], value)
                 _add_c(dispatches_c, labels, value)
+            elif s.name == f"{REQUESTS}_total" and labels.get("endpoint", "none") != "none":
+                _add(completions, labels["endpoint"], value)
             elif s.name == f"{TTFT_OBJECTIVE}_total" and "model" in labels:
                 key = (labels["model"], labels.get("class", ""), labels.get("met", ""))
                 ttft[key] = ttft.get(key, 0.0) + value
     return RouterSnapshot(
-        in_flight, kv, queued, held, arrivals, ttft, dispatches, queued_c, arrivals_c, dispatches_c
+        in_flight,
+        kv,
+        queued,
+        held,
+        arrivals,
+        ttft,
+        dispatches,
+        queued_c,
+        arrivals_c,
+        dispatches_c,
+        completions,
     )
 
 
@@ -164,6 +199,7 @@ class Demand:
 
     in_flight: float = 0.0
     queued: float = 0.0
+    """Requests in the routers' admission queues, not counting the held ones."""
     held: float = 0.0
     arrival_rate: float | None = None
     """Requests per second since the previous scrape (None on the first scrape)."""
@@ -173,6 +209,9 @@ class Demand:
     ttft_total: float = 0.0
     """The objective class's requests since the previous scrape (met / all)."""
     in_flight_by_endpoint: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    completion_rate: float | None = None
+    """Requests per second the service's endpoints finished since the previous scrape
+    (None on the first scrape)."""
 
     @property
     def load(self) -> float:
@@ -226,7 +265,7 @@ def demand_for(
     eps = set(endpoints)
     in_flight_by: dict[str, float] = {e: 0.0 for e in eps}
     kv_by: dict[str, float] = {}
-    queued = held = arrived = arrived_all = met = total = 0.0
+    queued = held = arrived = arrived_all = met = total = completed = 0.0
     rate_known = previous is not None and elapsed > 0
     for router, snap in now.items():
         for ep, value in snap.in_flight.items():
@@ -235,16 +274,25 @@ def demand_for(
         for ep, value in snap.kv_usage.items():
             if ep in eps:
                 kv_by[ep] = max(kv_by.get(ep, 0.0), value)
+        # A router with class queues keeps its held requests in the admission queue
+        # too (fleetgate/router/admission_queue.py: a held request is queued with a
+        # hold bound), so its queue depth includes them; without class queues it
+        # exports no depth. Either way queue - held, per router, is what waits for an
+        # engine that serves; counting both counted every held request twice.
+        h = snap.held.get(model, 0.0)
+        q_all = snap.queued.get(model, 0.0)
         if classes is None:
-            queued += snap.queued.get(model, 0.0)
+            q = q_all
         else:
-            queued += sum(
-                v for (m, c), v in snap.queued_by_class.items() if m == model and classes(c)
-            )
-        held += snap.held.get(model, 0.0)
+            q = sum(v for (m, c), v in snap.queued_by_class.items() if m == model and classes(c))
+        queued += max(0.0, q - h * (q / q_all)) if q_all > 0 else 0.0
+        held += h
         before = (previous or {}).get(router)
         if before is None:
             continue
+        for ep, value in snap.completions.items():
+            if ep in eps:
+                completed += _delta(value, before.completions.get(ep, 0.0))
         # a series new on a router we saw before started at 0 since then
         if classes is None:
             if model in snap.arrivals:
@@ -279,6 +327,7 @@ def demand_for(
         ttft_met=met,
         ttft_total=total,
         in_flight_by_endpoint=in_flight_by,
+        completion_rate=completed / elapsed if rate_known else None,
     )
 
 
@@ -313,6 +362,9 @@ class State:
     rates: tuple[tuple[float, float], ...] = ()
     """Recent ``(time, arrival rate)`` samples for the trend (memory only: after a
     restart the trend restarts after two scrapes; the windows above do not)."""
+    service_time: float | None = None
+    """Smoothed seconds a request spends on an engine (Little's law: in flight over
+    completions per second); memory only, None until the service has served."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -373,6 +425,16 @@ def decide(
         forecast = rate + max(0.0, _trend(rates)) * policy.cold_start
         growth = min(MAX_FORECAST_GROWTH, forecast / rate)
 
+    # -- the service time, by Little's law on the service's own endpoints
+    service_time = state.service_time
+    if ready > 0 and demand.completion_rate and demand.in_flight > 0:
+        sample = demand.in_flight / demand.completion_rate
+        service_time = (
+            sample
+            if service_time is None
+            else service_time + SERVICE_TIME_SMOOTHING * (sample - service_time)
+        )
+
     # -- idle bookkeeping
     idle_since = (
         (state.idle_since if state.idle_since is not None else now) if demand.idle else None
@@ -382,16 +444,41 @@ def decide(
     candidates: list[tuple[int, str]] = []
     replicas_now = max(current, 1)
     if policy.target_in_flight is not None:
-        load = demand.load * growth
-        want = math.ceil(load / policy.target_in_flight - 1e-9)
+        target = policy.target_in_flight
+        # the router holds a request only while no endpoint of the model can serve it,
+        # so held requests always wait for replicas that are starting, whatever the
+        # pods' Ready condition says (a pod can be Ready before its engine answers)
+        starting = demand.held > 0
+        held_note = ""
+        if not starting:
+            want = math.ceil(demand.load * growth / target - 1e-9)
+        else:
+            # the held requests wait for the replicas already starting: a backlog, not
+            # a rate (no forecast), drained within a cold start (module docstring)
+            engines = (demand.in_flight + demand.queued) * growth
+            if service_time is not None and service_time > 0:
+                batches = max(1.0, policy.cold_start / service_time)
+                want = math.ceil((engines + demand.held / batches) / target - 1e-9)
+                held_note = (
+                    f"; {_fmt(demand.held)} held drain in {_fmt(batches)} batches "
+                    f"of {_fmt(service_time)}s per cold start"
+                )
+            else:
+                want = max(
+                    math.ceil(engines / target - 1e-9),
+                    min(math.ceil(demand.held / target - 1e-9), replicas_now),
+                )
+                held_note = (
+                    f"; {_fmt(demand.held)} held wait for the {replicas_now} "
+                    f"starting (service time not measured yet)"
+                )
         per = demand.load / replicas_now
         trend = f" (arrivals x{growth:.2f} in {_fmt(policy.cold_start)}s)" if growth > 1.005 else ""
         cmp = ">" if want > current else "<" if want < current else "~"
         candidates.append(
             (
                 want,
-                f"in-flight {_fmt(per)}/replica{trend} {cmp} target "
-                f"{_fmt(policy.target_in_flight)}",
+                f"in-flight {_fmt(per)}/replica{trend} {cmp} target {_fmt(target)}{held_note}",
             )
         )
     if policy.target_kv is not None and demand.kv_usage is not None and ready > 0:
@@ -466,6 +553,7 @@ def decide(
             idle_since=idle_since,
             last_scale_time=now if desired != current else state.last_scale_time,
             rates=rates,
+            service_time=service_time,
         ),
     )
 

@@ -175,6 +175,8 @@ class Autoscaler:
         self._previous: dict[str, autoscale.RouterSnapshot] | None = None
         self._previous_at = 0.0
         self._rates: dict[tuple[str, str], tuple[tuple[float, float], ...]] = {}
+        #: (ns, name) -> the measured service time (memory only, like the rates)
+        self._service_times: dict[tuple[str, str], float | None] = {}
         self._test_mode = os.environ.get("FLEETGATE_TEST_MODE") == "1"
         self._long_poll = long_poll
         self._wake = threading.Event()
@@ -473,9 +475,11 @@ class Autoscaler:
             idle_since=_parse_time(old.get("idleSince")),
             last_scale_time=_parse_time(old.get("lastScaleTime")),
             rates=self._rates.get((ns, name), ()),
+            service_time=self._service_times.get((ns, name)),
         )
         decision = autoscale.decide(policy, demand, current, len(ready_pods), now, state)
         self._rates[(ns, name)] = decision.state.rates
+        self._service_times[(ns, name)] = decision.state.service_time
         return _Plan(
             ns=ns,
             name=name,
@@ -625,6 +629,7 @@ class Autoscaler:
             except KubeError as e:
                 log.warning("autoscaling switched off for %s/%s: %s", ns, name, e)
             self._rates.pop((ns, name), None)
+            self._service_times.pop((ns, name), None)
 
     def _mark(self, ns: str, pod: str, *, drain: bool) -> None:
         annotations: dict[str, Any] = (

@@ -29,6 +29,7 @@ class RouterDemand:
         self.held: Gauge = self.classes.held
         assert self.arrivals._name == autoscale.ARRIVALS
         assert self.held._name == autoscale.HELD
+        assert self.metrics.requests._name == autoscale.REQUESTS
 
     def arrive(self, model: str, n: int, cls: str = "standard") -> None:
         self.arrivals.labels(model=model, **{"class": cls}).inc(n)
@@ -42,6 +43,10 @@ class RouterDemand:
     def set_in_flight(self, endpoints: Mapping[str, float], engine: str = "vllm") -> None:
         for ep, n in endpoints.items():
             self.metrics.in_flight.labels(ep, engine).set(n)
+
+    def complete(self, model: str, endpoint: str, n: int, status: str = "200") -> None:
+        """``n`` requests answered from ``endpoint`` ('none': no engine reached)."""
+        self.metrics.requests.labels(model, "vllm", endpoint, status).inc(n)
 
     def ttft(self, model: str, cls: str, met: int, missed: int) -> None:
         self.classes.ttft_objective.labels(model, cls, "true").inc(met)

@@ -63,11 +63,47 @@ def test_router_metrics_parse_into_the_demand_of_one_service() -> None:
         now, prev, 10.0, model=MODEL, endpoints=["ns/p1", "ns/p2"], ttft_class="critical"
     )
     assert d.in_flight == 6  # 3 + 1 + 2: the other model's pod is not ours
-    assert d.queued == 5
+    assert d.queued == 4  # b's 1 queued is one of its 2 held (held requests sit in the queue)
     assert d.held == 2
     assert d.arrival_rate == pytest.approx(4.0)  # (30 + 10) / 10 s, summed over routers
     assert (d.ttft_met, d.ttft_total) == (18, 20)
     assert d.in_flight_by_endpoint == {"ns/p1": 5, "ns/p2": 1}
+
+
+def test_held_requests_in_the_class_queue_are_counted_once() -> None:
+    """A router with class queues queues its held requests too: 6 held of 8 queued are
+    6 held and 2 queued (the run at 1f15897 counted them twice: 1 -> 3 replicas on 6
+    held). A split by class shares the held ones by queue depth."""
+    r = RouterDemand()
+    r.set_queue(MODEL, 6, "standard")
+    r.set_queue(MODEL, 2, "critical")
+    r.set_held(MODEL, 6)
+    snaps = {"r": parse_router_metrics(r.text())}
+    d = demand_for(snaps, None, 0.0, model=MODEL, endpoints=[])
+    assert (d.queued, d.held, d.load) == (2, 6, 8)
+    std = demand_for(snaps, None, 0.0, model=MODEL, endpoints=[], classes=lambda c: c == "standard")
+    assert std.queued == pytest.approx(1.5)  # 6 x (1 - 6/8)
+    only_held = RouterDemand()  # a router without class queues exports no depth
+    only_held.set_held(MODEL, 3)
+    d = demand_for({"r": parse_router_metrics(only_held.text())}, None, 0.0, model=MODEL,
+                   endpoints=[])  # fmt: skip
+    assert (d.queued, d.held) == (0, 3)
+
+
+def test_completions_of_the_services_endpoints_give_the_completion_rate() -> None:
+    a, b = RouterDemand(), RouterDemand()
+    a.complete(MODEL, "ns/p1", 5)
+    prev = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    a.complete(MODEL, "ns/p1", 12)
+    a.complete(MODEL, "ns/p2", 3, status="500")  # an error frees the slot too
+    a.complete(MODEL, "ns/other-model-pod", 100)
+    a.complete(MODEL, "none", 50, status="503")  # never reached an engine
+    b.complete(MODEL, "ns/p1", 5)
+    now = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    d = demand_for(now, prev, 2.0, model=MODEL, endpoints=["ns/p1", "ns/p2"])
+    assert d.completion_rate == pytest.approx(10.0)  # (12 + 3 + 5) / 2 s
+    first = demand_for(now, None, 0.0, model=MODEL, endpoints=["ns/p1"])
+    assert first.completion_rate is None
 
 
 def test_a_router_restart_resets_only_its_own_counters() -> None:
@@ -202,7 +238,72 @@ def test_zero_stays_zero_without_demand_and_held_requests_wake_it_at_once() -> N
     wake = decide(p, Demand(held=1), 0, 0, 1.0, still.state)
     assert (wake.desired, wake.reason) == (1, "ScaledUp: 1 requests held at 0 replicas")
     many = decide(p, Demand(held=13), 0, 0, 1.0, still.state)
-    assert many.desired == 4  # ceil(13 / 4), not stabilised: they are all waiting
+    # not ceil(13 / 4): with no measured service time the backlog waits for the first
+    # replica (see the held-while-starting tests below)
+    assert (many.desired, many.reason) == (1, "ScaledUp: 13 requests held at 0 replicas")
+
+
+# -- held requests while replicas start (the cold-start backlog) ---------------------
+
+
+def test_held_requests_during_a_cold_start_keep_the_starting_replica_only() -> None:
+    """The bench's cold start from zero: arrivals rising, requests piling up held while
+    the first replica starts. Before, 13 held (x the forecast) asked for 4 replicas that
+    came up after the first had drained them; now the backlog waits for the replica
+    already starting while nothing says how fast it drains."""
+    p = policy(min_replicas=0, idle_window=60.0, cold_start=4.0)
+    state, current = State(), 0
+    for i in range(1, 14):
+        d = Demand(held=float(i), arrival_rate=1.0 + 0.5 * i)  # rising: growth > 1
+        dec = decide(p, d, current, 0, float(i), state)  # none Ready yet
+        state, current = dec.state, dec.desired
+        assert current == 1, (i, dec.reason)
+    assert "13 held wait for the 1 starting (service time not measured yet)" in dec.reason
+    assert "arrivals x" in dec.reason  # the forecast is there, it only spares the held
+
+
+def test_held_requests_count_by_the_batches_a_replica_drains_in_a_cold_start() -> None:
+    """Service time 5 s, cold start 30 s: a replica drains 6 batches of 4 in a cold
+    start, so 60 held need 60 / 6 = 10 in flight, 3 replicas (before: ceil(60/4) = 15,
+    capped at 10)."""
+    p = policy(cold_start=30.0)
+    measured = State(service_time=5.0)
+    dec = decide(p, Demand(held=60.0), 1, 0, 0.0, measured)
+    assert dec.desired == 3
+    assert "60 held drain in 6 batches of 5s per cold start" in dec.reason
+    # with the starting replica's engines already busy, those count in full
+    busy = decide(p, Demand(held=60.0, in_flight=4.0, queued=4.0), 2, 1, 0.0, measured)
+    assert busy.desired == 5  # ceil((8 + 10) / 4)
+    # a short service time: the whole backlog fits the starting replica
+    fast = decide(p, Demand(held=60.0), 1, 0, 0.0, State(service_time=0.4))
+    assert fast.desired == 1  # 60 / 75 batches < 1 in flight
+    # a service time longer than the cold start: one batch, every held request counts
+    slow = decide(p, Demand(held=9.0), 1, 0, 0.0, State(service_time=100.0))
+    assert slow.desired == 3  # ceil(9 / 4)
+
+
+def test_held_requests_are_a_backlog_even_when_the_pods_say_ready() -> None:
+    """A pod can be Ready before its engine answers (kwok's are at once; a readiness
+    probe on the port, not the model, does the same): the router still holds, so the
+    held requests still wait for those replicas. The bench's run at 11ac983 went
+    1 -> 3 on 6 held this way."""
+    p = policy(cold_start=4.0)
+    dec = decide(p, Demand(held=6.0, arrival_rate=3.0), 1, 1, 0.0, State())
+    assert dec.desired == 1, dec.reason
+    measured = decide(p, Demand(held=6.0, in_flight=4.0), 2, 2, 0.0, State(service_time=0.5))
+    assert measured.desired == 2  # ceil((4 + 6 / 8) / 4); counted in full: 3
+
+
+def test_service_time_is_measured_by_littles_law_on_ready_replicas() -> None:
+    p = policy()
+    first = decide(p, Demand(in_flight=8.0, completion_rate=16.0), 2, 2, 0.0, State())
+    assert first.state.service_time == pytest.approx(0.5)
+    second = decide(p, Demand(in_flight=8.0, completion_rate=8.0), 2, 2, 1.0, first.state)
+    assert second.state.service_time == pytest.approx(0.75)  # smoothed halfway to 1 s
+    none_ready = decide(p, Demand(in_flight=8.0, completion_rate=1.0), 2, 0, 2.0, second.state)
+    assert none_ready.state.service_time == pytest.approx(0.75)  # no sample without Ready
+    idle = decide(p, Demand(completion_rate=0.0), 2, 2, 3.0, second.state)
+    assert idle.state.service_time == pytest.approx(0.75)  # nor without completions
 
 
 def test_restart_with_state_from_status_keeps_the_down_window() -> None:

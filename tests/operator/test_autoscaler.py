@@ -614,3 +614,27 @@ def test_a_router_without_held_is_polled_on_the_period_only(kube: FakeKube) -> N
     scaler.run_once()  # a finished watcher is not restarted for a router that said 404
     time.sleep(0.1)
     assert len(calls) == 1
+
+
+def test_the_measured_service_time_sizes_a_held_backlog_across_ticks(kube: FakeKube) -> None:
+    """The loop keeps the service time it measured (Little's law on the router's
+    completions) from tick to tick, and a later backlog held while the pod is not Ready
+    counts by the batches one replica drains in a cold start: 200 held, 0.5 s each,
+    30 s cold start -> 60 batches -> 3.3 in flight -> 2 replicas (not the 4 of
+    ceil(200 / 2), capped; not the 1 of an unmeasured service time)."""
+    scaler, router, clock = _setup(kube, 1, coldStartSeconds=30)
+    router.set_in_flight({"ns/svc-0": 2})
+    scaler.run_once()
+    clock.now += 1
+    router.complete("svc", "ns/svc-0", 4)  # 4/s with 2 in flight: 0.5 s each
+    scaler.run_once()
+    assert _svc(kube)["spec"]["replicas"] == 1
+    pod = kube.objects[("Pod", "ns", "svc-0")]
+    pod["status"]["conditions"][0]["status"] = "False"  # restarting: not Ready
+    router.set_in_flight({"ns/svc-0": 0})
+    router.set_held("svc", 200)
+    clock.now += 1
+    scaler.run_once()
+    assert _svc(kube)["spec"]["replicas"] == 2
+    reason = _svc(kube)["status"]["autoscaling"]["reason"]
+    assert "200 held drain in 60 batches of 0.5s per cold start" in reason, reason

@@ -125,7 +125,9 @@ def test_demand_splits_by_class_queue_arrivals_and_held() -> None:
         now, before, 10.0, model=MODEL, endpoints=["ns/vllm-0"], classes=roles.accepts(THROUGHPUT)
     )
     whole = demand_for(now, before, 10.0, model=MODEL, endpoints=["ns/trt-0"])
-    assert (lat.queued, thr.queued, whole.queued) == (6, 6, 12)
+    # the 4 held requests sit in the class queues (12 deep) too: each side's queue
+    # loses its depth's share of them, so none is counted twice
+    assert (lat.queued, thr.queued, whole.queued) == (4, 4, 8)
     assert lat.arrival_rate == pytest.approx(3.0)
     assert thr.arrival_rate == pytest.approx(1.0)
     assert whole.arrival_rate == pytest.approx(4.0)
@@ -272,6 +274,7 @@ def test_the_split_sums_over_routers_and_shares_held_by_all_their_arrivals() -> 
     thr = demand_for(
         now, before, 10.0, model=MODEL, endpoints=[], classes=roles.accepts(THROUGHPUT)
     )
-    assert (lat.queued, thr.queued) == (5, 7)
+    # held requests sit in their router's queue: a 3 - 2; b 2 - 6 x 2/9 and 7 - 6 x 7/9
+    assert (lat.queued, thr.queued) == (pytest.approx(5 / 3), pytest.approx(7 / 3))
     assert (lat.arrival_rate, thr.arrival_rate) == (pytest.approx(1.0), pytest.approx(3.0))
     assert (lat.held, thr.held) == (pytest.approx(2.0), pytest.approx(6.0))  # 8 x 1/4, 8 x 3/4
