@@ -14,7 +14,13 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   ``load_forecast`` scales ``load`` by the arrival rate forecast at
   ``now + coldStart`` over the rate now (least-squares trend of the recent rates,
   only upwards, at most x2): a ramp is met by replicas that are Ready when it
-  arrives, not after the queue has built;
+  arrives, not after the queue has built. Once the service time ``S`` is measured
+  (below), ``load`` is the mean by Little's law instead of one sample: the arrival
+  rate averaged over the last :data:`STEADY_WINDOW_SECONDS` x ``S``, plus the
+  router queue as a backlog drained within a cold start (``queued / max(1,
+  coldStart / S)``). One sample of a Poisson stream's in-flight count follows every
+  burst, and the scale-down window then kept each burst's peak (2-3 replicas where 1
+  served, bench/results/autoscale-4f8d830-heavy.md);
 * **held while replicas start**: a router holds a request only while no endpoint of
   the model can serve it, so the held requests are a backlog that waits for the
   replicas already starting (whatever their pods' Ready condition says), not a steady
@@ -410,6 +416,24 @@ def _fmt(x: float) -> str:
     return f"{x:.1f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
 
 
+#: Arrival-rate samples averaged for the Little's-law in-flight estimate (seconds).
+STEADY_WINDOW_SECONDS = 5.0
+
+
+def _steady_in_flight(
+    rates: Sequence[tuple[float, float]], now: float, service_time: float | None
+) -> float | None:
+    """Mean requests in flight by Little's law: the mean arrival rate of the last
+    :data:`STEADY_WINDOW_SECONDS` x the measured service time; None while either is
+    unknown."""
+    if not service_time or service_time <= 0:
+        return None
+    recent = [r for t, r in rates if t >= now - STEADY_WINDOW_SECONDS]
+    if not recent:
+        return None
+    return sum(recent) / len(recent) * service_time
+
+
 def decide(
     policy: Policy, demand: Demand, current: int, ready: int, now: float, state: State
 ) -> Decision:
@@ -450,7 +474,17 @@ def decide(
         # pods' Ready condition says (a pod can be Ready before its engine answers)
         starting = demand.held > 0
         held_note = ""
-        if not starting:
+        steady = _steady_in_flight(rates, now, service_time)
+        if not starting and steady is not None and service_time:
+            # Little's law: the arrival rate (averaged over a few scrapes) x the time a
+            # request spends on an engine is the mean concurrency; one sample of the
+            # in-flight count follows every burst of a Poisson stream, and the
+            # scale-down window then keeps each burst's peak. The queue beyond it is a
+            # backlog drained within a cold start, like held requests below.
+            batches = max(1.0, policy.cold_start / service_time)
+            want = math.ceil((steady * growth + demand.queued / batches) / target - 1e-9)
+            held_note = f"; {_fmt(steady)} mean in flight (arrivals x {_fmt(service_time)}s)"
+        elif not starting:
             want = math.ceil(demand.load * growth / target - 1e-9)
         else:
             # the held requests wait for the replicas already starting: a backlog, not

@@ -306,6 +306,38 @@ def test_service_time_is_measured_by_littles_law_on_ready_replicas() -> None:
     assert idle.state.service_time == pytest.approx(0.75)  # nor without completions
 
 
+def test_in_flight_rule_uses_littles_law_once_the_service_time_is_measured() -> None:
+    """Arrivals 4/s x 1 s on an engine = 4 in flight on average: one replica at target 4,
+    even on a tick whose in-flight sample caught a burst of 11 (the sample alone asked
+    for 3, and the scale-down window then kept them). A sustained rise of the rate
+    still scales up, and a queue beyond the engines counts as a backlog drained within
+    a cold start."""
+    p = policy(cold_start=4.0, target_in_flight=4.0)
+    state = State(service_time=1.0)
+    current = 1
+    for t in range(5):
+        dec = decide(p, Demand(arrival_rate=4.0, in_flight=3.0), current, current, t, state)
+        state, current = dec.state, dec.desired
+    assert current == 1
+    burst = decide(p, Demand(arrival_rate=4.0, in_flight=11.0), 1, 1, 5.0, state)
+    assert burst.desired == 1, burst.reason
+    assert "4 mean in flight (arrivals x 1s)" in burst.reason
+    # without a measured service time the sample decides, as before
+    unmeasured = decide(p, Demand(arrival_rate=4.0, in_flight=11.0), 1, 1, 5.0, State())
+    assert unmeasured.desired == 3
+    # the rate steps up to 12/s and stays: the window's mean follows within a tick
+    # (ceil(12 x 1 / 4) = 3 at least; the rising trend's forecast may ask for more)
+    dec = decide(p, Demand(arrival_rate=12.0, in_flight=8.0), 1, 1, 6.0, state)
+    assert dec.desired >= 2, dec.reason
+    for t in range(7, 12):
+        dec = decide(p, Demand(arrival_rate=12.0, in_flight=8.0), current, current, t, state)
+        state, current = dec.state, dec.desired
+    assert current >= 3, dec.reason
+    # 16 queued beyond the engines at 1 s per request and a 4 s cold start: 4 batches
+    queued = decide(p, Demand(arrival_rate=4.0, queued=16.0), 1, 1, 0.0, State(service_time=1.0))
+    assert queued.desired == 2  # ceil((4 + 16 / 4) / 4)
+
+
 def test_restart_with_state_from_status_keeps_the_down_window() -> None:
     """A new operator that reads the recommendations from status does not scale down
     inside the window that the old one had started."""
