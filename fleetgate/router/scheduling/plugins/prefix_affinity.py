@@ -206,6 +206,7 @@ class PrefixAffinityScorer:
             for e in endpoints
         }
         if self.prefill_slack is not None:
+            load_ok = dict(ok)
             uncached = {
                 e.id: uncached_tokens(request, cached_tokens(request, e)) for e in endpoints
             }
@@ -222,10 +223,14 @@ class PrefixAffinityScorer:
                 # work added to a queue delays every request that arrives before the
                 # queue drains, about as many as are queued there now when the load
                 # is steady, so that part counts (1 + queued) x ``spill_prefill_weight``
+                # Only an endpoint the load rules let take the request is an
+                # alternative: one over its bound (or queueing) would not get it, and
+                # the spill would land on a third endpoint that may cost more than ``e``.
                 own = uncached[e.id]
                 alternative = min(
                     costs[t.id] + weight * max(0, uncached[t.id] - own) * (1.0 + queued[t.id])
                     for t in endpoints
+                    if load_ok[t.id]
                 )
                 limit = (1.0 + self.prefill_slack) * alternative + self.prefill_slack_tokens
                 ok[e.id] = costs[e.id] <= limit
