@@ -342,12 +342,14 @@ async def _reload_keys(keys: KeyFile, every_s: float) -> None:
 def decision_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:
     """A diagnostic: append every placement and upstream usage the router records as
     one JSON line to ``path`` (env ``FLEETGATE_DECISION_TRACE``; the pid is appended
-    so router replicas do not share a file). None or empty: no trace."""
+    so router replicas do not share a file). None or empty: no trace. The file is
+    opened per record (a diagnostic's cost, and nothing left open at shutdown)."""
     if not path:
         return None
-    out = open(f"{path}.{os.getpid()}", "a", buffering=1)
+    target = f"{path}.{os.getpid()}"
 
     def write(record: dict[str, Any]) -> None:
-        out.write(json.dumps(record, separators=(",", ":")) + "\n")
+        with open(target, "a") as out:
+            out.write(json.dumps(record, separators=(",", ":")) + "\n")
 
     return write
