@@ -20,8 +20,7 @@ Reasons: ``affinity-hit`` (the pick holds the longest believed prefix, in tokens
 the exact view where an endpoint's KV-event feed is live, the approximate one
 elsewhere; ``Decision.cache_source`` says which applied to the pick),
 ``cold`` (no endpoint holds any of it; the pick is one of the first
-``cold_choices`` rendezvous candidates, or the endpoint this router last placed the
-prefix on when the exact view says it was evicted everywhere), ``spill`` (the affinity target or
+``cold_choices`` rendezvous candidates), ``spill`` (the affinity target or
 every rendezvous candidate was passed over, normally for the load bound),
 ``fallback`` (nothing to reuse: the prompt is shorter than one chunk and no exact
 block is held anywhere; load alone decided),
@@ -55,7 +54,6 @@ from fleetgate.router.scheduling.plugins.prefix_affinity import (
     PrefixAffinityScorer,
     cache_source,
     cached_tokens,
-    last_home,
     may_reuse,
 )
 from fleetgate.router.scheduling.plugins.round_robin import RoundRobinPicker
@@ -196,9 +194,7 @@ def _reason(
     best = max(cached.values())
     if best > 0:
         return "affinity-hit" if cached[pick.id] == best else "spill"
-    if cold_choices is None or pick.id == last_home(
-        request, candidates, dict.fromkeys(cached, True)
-    ):
+    if cold_choices is None:
         return "cold"
     first = sorted(candidates, key=lambda e: e.rendezvous_rank)[: max(1, cold_choices)]
     return "cold" if any(pick.id == e.id for e in first) else "spill"

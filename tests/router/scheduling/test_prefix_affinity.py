@@ -20,7 +20,6 @@ from fleetgate.router.scheduling.pipeline import default_pipeline
 from fleetgate.router.scheduling.plugins.prefix_affinity import (
     PrefixAffinityScorer,
     approximate_cached,
-    last_home,
     prefill_cost,
     uncached_tokens,
 )
@@ -266,41 +265,6 @@ def test_the_copy_a_spill_makes_weighs_more_on_a_busy_target() -> None:
 
 def _exact(v: EndpointView, tokens: int | None) -> EndpointView:
     return dataclasses.replace(v, exact_cached_tokens=tokens)
-
-
-def test_a_document_evicted_everywhere_goes_back_to_its_last_engine() -> None:
-    # the exact view: no engine holds any block of it; the router's own record
-    # (approximate view) says it last went to b, which is busier than the idle a
-    r = req(**DOC)
-    a = _exact(view("a", rank=0, work=0.0), 0)
-    b = _exact(view("b", rank=1, work=0.2, match=100), 0)
-    for cold_choices in (None, 1):
-        d = default_pipeline(cold_choices=cold_choices).schedule(r, [a, b], random.Random(0))
-        assert d.pick == EndpointId("b") and d.reason == "cold"
-        assert d.cache_source == "events" and d.predicted_cached_tokens == 0
-    # without that record the least loaded (cold_choices None) or the rendezvous
-    # target (1) takes it
-    b0 = dataclasses.replace(b, prefix_match=0)
-    assert default_pipeline(cold_choices=None).schedule(r, [a, b0], random.Random(0)).pick == "a"
-    # the last engine is a cold placement like any other: the prefill-cost rule applies
-    # (more than prefill_slack_tokens queued beyond the least: not there)
-    busy = dataclasses.replace(b, pending_prefill_tokens=600)
-    d = default_pipeline(cold_choices=None).schedule(r, [a, busy], random.Random(0))
-    assert d.pick == EndpointId("a") and d.reason == "cold"
-
-
-def test_the_last_engine_rule_needs_the_exact_view() -> None:
-    # an endpoint without a live feed is scored by the approximate view: its record IS
-    # its cached prefix (an affinity hit), not a tie-break among cold endpoints
-    r = req(**DOC)
-    a = _exact(view("a", rank=0), 0)
-    b = view("b", rank=1, work=0.2, match=100)
-    d = default_pipeline(cold_choices=None).schedule(r, [a, b], random.Random(0))
-    assert d.pick == EndpointId("b") and d.reason == "affinity-hit"
-    assert d.cache_source == "approximate"
-    s = PrefixAffinityScorer(cold_choices=None)
-    assert last_home(r, [a, b], {a.id: True, b.id: True}) is None
-    assert s.score(r, [a, b])[b.id] == pytest.approx(1.0)
 
 
 def test_an_endpoint_the_load_bound_excludes_is_no_alternative_for_the_prefill_rule() -> None:

@@ -45,27 +45,6 @@ def cache_source(e: EndpointView) -> CacheSource:
     return "approximate" if e.exact_cached_tokens is None else "events"
 
 
-def last_home(
-    request: RequestView, endpoints: Sequence[EndpointView], ok: dict[EndpointId, bool]
-) -> EndpointId | None:
-    """Where this router placed the prompt's prefix before, for a prefix the exact view
-    says no endpoint holds any more: the eligible endpoint (``ok``) with the longest
-    approximate match among those the exact view speaks for (rendezvous order breaks
-    ties); None when there is none. The approximate view is kept whatever view scores,
-    so a document evicted everywhere goes back to its last engine instead of to the
-    least loaded one, and its next requests find it where the others went."""
-    best: EndpointView | None = None
-    for e in endpoints:
-        if not ok[e.id] or e.exact_cached_tokens is None or e.prefix_match <= 0:
-            continue
-        if best is None or (e.prefix_match, -e.rendezvous_rank) > (
-            best.prefix_match,
-            -best.rendezvous_rank,
-        ):
-            best = e
-    return None if best is None else best.id
-
-
 def uncached_tokens(request: RequestView, cached: int) -> int:
     """Prompt tokens to prefill where ``cached`` leading prompt tokens are cached."""
     return max(0, request.prompt_tokens - max(0, cached))
@@ -179,10 +158,6 @@ class PrefixAffinityScorer:
             near = min(costs.values()) + self.prefill_slack_tokens
             ok = {eid: eid in costs and costs[eid] <= near for eid in ok}
         scores = {e.id: 0.0 for e in endpoints}
-        home = last_home(request, endpoints, ok)
-        if home is not None:
-            scores[home] = 1.0
-            return scores
         chosen = 0
         limit = len(endpoints) if self.cold_choices is None else self.cold_choices
         for e in sorted(endpoints, key=lambda v: v.rendezvous_rank):
