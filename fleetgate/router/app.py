@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -164,6 +167,7 @@ def build_router(
     )
     metrics = RouterMetrics()
     metrics.watch_fleet(fleet, clock)
+    metrics.trace = decision_trace(os.environ.get("FLEETGATE_DECISION_TRACE"))
     t = config.timeouts
     upstream: Upstream
     if transport is not None:
@@ -333,3 +337,19 @@ async def _reload_keys(keys: KeyFile, every_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
         await asyncio.to_thread(keys.poll)
+
+
+def decision_trace(path: str | None) -> Callable[[dict[str, Any]], None] | None:
+    """A diagnostic: append every placement and upstream usage the router records as
+    one JSON line to ``path`` (env ``FLEETGATE_DECISION_TRACE``; the pid is appended
+    so router replicas do not share a file). None or empty: no trace. The file is
+    opened per record (a diagnostic's cost, and nothing left open at shutdown)."""
+    if not path:
+        return None
+    target = f"{path}.{os.getpid()}"
+
+    def write(record: dict[str, Any]) -> None:
+        with open(target, "a") as out:
+            out.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    return write

@@ -259,7 +259,7 @@ class Exchange:
             await send_bytes(send, resp.status, data, content_type=ctype, headers=headers)
             self.first_token(req, e)
             self._e2e(req, e)
-            self._usage(e, data, predicted)
+            self._usage(e, data, predicted, req.id)
             return Result(Outcome.ANSWERED)
         chunks = resp.chunks()
         try:
@@ -304,7 +304,7 @@ class Exchange:
         self._e2e(req, e)
         for line in usage_chunk.split(b"\n"):
             if line.startswith(b"data:") and b'"usage"' in line:
-                self._usage(e, line[5:], predicted)
+                self._usage(e, line[5:], predicted, req.id)
         return Result(Outcome.ANSWERED)
 
     def _headers(
@@ -359,7 +359,7 @@ class Exchange:
         finally:
             watch.stop()
         if sp.upstream_usage is not None:
-            s.metrics.record_usage(e.id, e.engine, sp.upstream_usage, *predicted)
+            s.metrics.record_usage(e.id, e.engine, sp.upstream_usage, *predicted, rid=req.id)
         if sp.finished:
             return Result(Outcome.COMPLETE)
         return self._failed(e, "stream_broken")
@@ -430,7 +430,9 @@ class Exchange:
         if e is not None:
             self._e2e(req, e)
 
-    def _usage(self, e: Endpoint, data: bytes, predicted: tuple[int, CacheSource]) -> None:
+    def _usage(
+        self, e: Endpoint, data: bytes, predicted: tuple[int, CacheSource], rid: str
+    ) -> None:
         """Closed loop: predicted versus actual cached prompt tokens, per endpoint."""
         if b'"usage"' not in data:
             return
@@ -439,4 +441,4 @@ class Exchange:
         except (ValueError, AttributeError):
             return
         if isinstance(usage, dict):
-            self.s.metrics.record_usage(e.id, e.engine, usage, *predicted)
+            self.s.metrics.record_usage(e.id, e.engine, usage, *predicted, rid=rid)

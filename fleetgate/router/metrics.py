@@ -35,6 +35,9 @@ class RouterMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self.trace: Callable[[dict[str, Any]], None] | None = None
+        """Diagnostic decision trace (``FLEETGATE_DECISION_TRACE``, app.py): one record
+        per placement and per upstream usage; None (the default) records nothing."""
         ep = ["endpoint", "engine"]
         self.requests = Counter(
             "fleetgate_requests",
@@ -196,6 +199,8 @@ class RouterMetrics:
         usage: Mapping[str, Any],
         predicted: int,
         source: str,
+        *,
+        rid: str | None = None,
     ) -> None:
         """Count one upstream ``usage`` for the cache closed loop: prompt tokens, the
         router's predicted cached tokens (by ``source``, the view that predicted them:
@@ -210,6 +215,11 @@ class RouterMetrics:
         self.child(self.predicted_cached, *lv, source).inc(predicted)
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if self.trace is not None:
+            self.trace(
+                {"usage": rid, "ep": endpoint, "pred": predicted, "src": source,
+                 "cached": cached, "prompt": prompt}
+            )  # fmt: skip
         if isinstance(cached, int):
             self.child(self.actual_cached, *lv, source).inc(cached)
             if isinstance(prompt, int) and prompt > 0:

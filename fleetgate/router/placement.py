@@ -9,11 +9,14 @@ reserve the pick (``Request.reserve``).
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.request import Request
 from fleetgate.router.scheduling.pipeline import NoEndpointError, Pipeline
+from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached
+from fleetgate.router.scheduling.types import Decision, EndpointView
 from fleetgate.router.state import Endpoint, Fleet
 
 
@@ -56,6 +59,8 @@ class Placer:
             decision.decided_by,
             decision.cache_source,
         ).inc()
+        if self.metrics.trace is not None:
+            self.metrics.trace(_trace_record(req, views, decision, now))
         for eid in decision.ranking:
             if eid in allowed:
                 return self.fleet.endpoints[eid]
@@ -72,3 +77,31 @@ class Placer:
                 eid = e.id
                 req.pending_settle = lambda: index.settle(eid, keys)
         return e
+
+
+def _trace_record(
+    req: Request, views: Sequence[EndpointView], decision: Decision, now: float
+) -> dict[str, Any]:
+    """One placement for the diagnostic trace: per endpoint [exact-view tokens (None:
+    the view does not speak), approximate-view tokens, work, queued prefill, the
+    prefix-affinity score]."""
+    affinity = {s.id: dict(s.scores).get("prefix-affinity") for s in decision.scored}
+    return {
+        "t": round(now, 4),
+        "id": req.id,
+        "doc": req.chain[0] if req.chain else None,
+        "n": req.view.prompt_tokens,
+        "pick": decision.ranking[0],
+        "reason": decision.reason,
+        "by": decision.decided_by,
+        "eps": {
+            v.id: [
+                v.exact_cached_tokens,
+                approximate_cached(req.view, v.prefix_match),
+                round(v.load.work, 3),
+                v.pending_prefill_tokens,
+                affinity.get(v.id),
+            ]
+            for v in views
+        },
+    }

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import httpx
 import pytest
 from routerkit import router_config
 
 from fleetgate.engines.base import BlockRemoved, BlockStored, KvEventBatch
-from fleetgate.router.app import build_router
+from fleetgate.router.app import build_router, decision_trace
 from fleetgate.router.config import TokenizerSpec
 from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.kvindex import KvIndex
@@ -317,3 +318,35 @@ def test_a_partial_feed_speaks_only_where_it_knows_blocks() -> None:
     assert views[b.id].exact_cached_tokens == 0  # a live feed saying "nothing" is believed
     b.kv_feed.set("broken", 0.0)
     assert {v.id: v for v in r.s.fleet.views((), [], 0.0, keys)}[b.id].exact_cached_tokens is None
+
+
+async def test_the_decision_trace_records_each_placement_and_its_usage() -> None:
+    r = Router()
+    records: list[dict[str, object]] = []
+    r.s.metrics.trace = records.append
+    a = r.eps[0]
+    r.apply(a, stored(shared_tokens(), 1000))
+    assert await r.ask("where is order 7?") == a.id
+    placement, usage = records
+    assert placement["pick"] == a.id and placement["reason"] == "affinity-hit"
+    eps = placement["eps"]
+    assert isinstance(eps, dict)
+    exact, approximate, _work, backlog, affinity = eps[a.id]
+    assert exact == len(shared_tokens()) // BS * BS and approximate == 0 and backlog == 0
+    assert affinity and affinity > 0.5
+    assert eps[r.eps[1].id][0] == 0  # a live feed that knows nothing: 0, not null
+    assert usage["usage"] == placement["id"] and usage["ep"] == a.id
+    assert usage["pred"] == exact and usage["src"] == "events" and usage["cached"] == 0
+
+
+def test_the_decision_trace_is_off_unless_a_path_is_given(tmp_path: Path) -> None:
+    assert decision_trace(None) is None and decision_trace("") is None
+    write = decision_trace(str(tmp_path / "trace"))
+    assert write is not None
+    write({"a": 1})
+    write({"b": [1, None]})
+    (out,) = tmp_path.iterdir()
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"a": 1},
+        {"b": [1, None]},
+    ]

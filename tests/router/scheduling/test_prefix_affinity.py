@@ -11,6 +11,7 @@ We test these aspects:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -22,7 +23,7 @@ from fleetgate.router.scheduling.plugins.prefix_affinity import (
     prefill_cost,
     uncached_tokens,
 )
-from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.router.scheduling.types import EndpointId, EndpointView
 
 from .views import DOC, req, view
 
@@ -260,3 +261,31 @@ def test_the_copy_a_spill_makes_weighs_more_on_a_busy_target() -> None:
     eps = [view("holder", match=97, backlog=30000, rank=0), view("busy", backlog=15000, rank=1)]
     d = default_pipeline(spill_prefill_weight=0.0).schedule(req(**DOC), eps, random.Random(0))
     assert d.pick == EndpointId("busy")
+
+
+def _exact(v: EndpointView, tokens: int | None) -> EndpointView:
+    return dataclasses.replace(v, exact_cached_tokens=tokens)
+
+
+def test_an_endpoint_the_load_bound_excludes_is_no_alternative_for_the_prefill_rule() -> None:
+    # measured on shared-prefix with events (decision trace, docs/router.md): the holder
+    # lost affinity to an idle engine that was itself past its load bound, and the
+    # request then went to a third engine whose own cost would not have justified the
+    # spill. Holder: 13.6k prompt tokens queued, the whole document cached.
+    def fleet(idle_work: float) -> list[EndpointView]:
+        return [
+            _exact(view("holder", work=0.45, backlog=13600, rank=0), 2992),
+            _exact(view("idle", work=idle_work, backlog=0, rank=1), 0),
+            _exact(view("third", work=0.44, backlog=3700, rank=2), 0),
+        ]
+
+    r = req(chunks=100, prompt_tokens=3100)
+    pipeline = default_pipeline(load_bound=1.0, cold_choices=None, bound_tokens=1640)
+    # the idle engine is within its bound (a new prefix may go there): the spill pays
+    d = pipeline.schedule(r, fleet(idle_work=0.30), random.Random(0))
+    assert d.pick == EndpointId("idle") and d.reason == "spill"
+    # past its bound (0.9 against a mean of 0.6 + 2 requests of 8 slack; it holds none
+    # of the prompt, so its bound is 0): it cannot take the request, so the holder is
+    # compared with the third engine only, and keeps it
+    d = pipeline.schedule(r, fleet(idle_work=0.90), random.Random(0))
+    assert d.pick == EndpointId("holder") and d.reason == "affinity-hit"

@@ -103,7 +103,9 @@ class PrefixAffinityScorer:
         endpoint has a free slot and markedly less work (``queue_ratio``, :meth:`queues`);
       - prefill cost (:func:`prefill_cost`, when ``prefill_slack`` is not None): at
         most ``(1 + prefill_slack) x`` the cheapest endpoint's plus
-        ``prefill_slack_tokens``, where an alternative's cost also counts the prompt
+        ``prefill_slack_tokens``, the cheapest among the endpoints the two rules above
+        let take the request (one past its own bound would not get it, and the spill
+        would land on a third endpoint), where an alternative's cost also counts the prompt
         tokens it would prefill beyond this endpoint, ``spill_prefill_weight x (1 +
         prompts of this size queued for prefill there)`` times. A cache hit saves
         this prompt's prefill; it is worth nothing if the warm engine has more
@@ -181,6 +183,7 @@ class PrefixAffinityScorer:
             for e in endpoints
         }
         if self.prefill_slack is not None:
+            load_ok = dict(ok)
             uncached = {
                 e.id: uncached_tokens(request, cached_tokens(request, e)) for e in endpoints
             }
@@ -196,11 +199,14 @@ class PrefixAffinityScorer:
                 # for the prompt part it would prefill again beyond what ``e`` would:
                 # work added to a queue delays every request that arrives before the
                 # queue drains, about as many as are queued there now when the load
-                # is steady, so that part counts (1 + queued) x ``spill_prefill_weight``
+                # is steady, so that part counts (1 + queued) x ``spill_prefill_weight``.
+                # Alternatives are the endpoints the load rules let take the request
+                # (``e`` is one): an idle engine past its own bound would not get it.
                 own = uncached[e.id]
                 alternative = min(
                     costs[t.id] + weight * max(0, uncached[t.id] - own) * (1.0 + queued[t.id])
                     for t in endpoints
+                    if load_ok[t.id]
                 )
                 limit = (1.0 + self.prefill_slack) * alternative + self.prefill_slack_tokens
                 ok[e.id] = costs[e.id] <= limit
