@@ -29,8 +29,9 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   ``targetInFlightPerReplica`` of them at once and as many again every service time
   ``S``, i.e. ``coldStart / S`` batches in a cold start, and the held requests count
   as ``held / max(1, coldStart / S)`` in flight. ``S`` is measured by Little's law on
-  the service's own endpoints (in flight over completions per second, smoothed; in
-  memory). Without a measured ``S`` (a service that has not served since the operator
+  the service's own endpoints (the mean in flight over the mean completion rate of
+  the last :data:`SERVICE_WINDOW_SECONDS`; in memory). The router queue counts as the
+  same backlog while requests are held. Without a measured ``S`` (a service that has not served since the operator
   started) the held requests keep at most the replicas already asked for
   (``max(current, 1)``): the backlog's size alone says nothing about how fast it
   drains, and once the first replica is Ready it shows as in flight + queued, the
@@ -104,8 +105,8 @@ DEFAULT_IDLE_SECONDS = 300
 MAX_FORECAST_GROWTH = 2.0
 #: Rate samples older than this many seconds (or cold starts, if longer) leave the trend.
 TREND_WINDOW_SECONDS = 60.0
-#: Weight of a new service-time sample in the smoothed estimate.
-SERVICE_TIME_SMOOTHING = 0.5
+#: Seconds of (in flight, completion rate) samples the service time is measured over.
+SERVICE_WINDOW_SECONDS = 15.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -371,6 +372,9 @@ class State:
     service_time: float | None = None
     """Smoothed seconds a request spends on an engine (Little's law: in flight over
     completions per second); memory only, None until the service has served."""
+    service_samples: tuple[tuple[float, float, float], ...] = ()
+    """Recent ``(time, in flight, completions per s)`` samples the service time is
+    measured over (:data:`SERVICE_WINDOW_SECONDS`); memory only."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -449,15 +453,17 @@ def decide(
         forecast = rate + max(0.0, _trend(rates)) * policy.cold_start
         growth = min(MAX_FORECAST_GROWTH, forecast / rate)
 
-    # -- the service time, by Little's law on the service's own endpoints
+    # -- the service time, by Little's law on the service's own endpoints: the ratio of
+    # the sums over a window (mean in flight / mean completion rate). A ratio per tick
+    # is biased and jumpy when a tick sees one or two completions (1 in flight over 1
+    # completion per s reads 1 s, over 0.33 reads 3 s), and lower traffic is noisier.
+    samples = tuple(x for x in state.service_samples if x[0] >= now - SERVICE_WINDOW_SECONDS)
+    if ready > 0 and demand.completion_rate is not None:
+        samples = (*samples, (now, demand.in_flight, demand.completion_rate))
     service_time = state.service_time
-    if ready > 0 and demand.completion_rate and demand.in_flight > 0:
-        sample = demand.in_flight / demand.completion_rate
-        service_time = (
-            sample
-            if service_time is None
-            else service_time + SERVICE_TIME_SMOOTHING * (sample - service_time)
-        )
+    completed = sum(c for _, _, c in samples)
+    if completed > 0:
+        service_time = sum(f for _, f, _ in samples) / completed
 
     # -- idle bookkeeping
     idle_since = (
@@ -492,7 +498,11 @@ def decide(
             engines = (demand.in_flight + demand.queued) * growth
             if service_time is not None and service_time > 0:
                 batches = max(1.0, policy.cold_start / service_time)
-                want = math.ceil((engines + demand.held / batches) / target - 1e-9)
+                # the router queue is the same backlog (requests released by the first
+                # Ready replica wait there): drained like the held ones, not forecast
+                backlog = demand.held + demand.queued
+                engines = demand.in_flight * growth
+                want = math.ceil((engines + backlog / batches) / target - 1e-9)
                 held_note = (
                     f"; {_fmt(demand.held)} held drain in {_fmt(batches)} batches "
                     f"of {_fmt(service_time)}s per cold start"
@@ -588,6 +598,7 @@ def decide(
             last_scale_time=now if desired != current else state.last_scale_time,
             rates=rates,
             service_time=service_time,
+            service_samples=samples,
         ),
     )
 

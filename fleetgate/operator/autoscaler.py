@@ -177,6 +177,7 @@ class Autoscaler:
         self._rates: dict[tuple[str, str], tuple[tuple[float, float], ...]] = {}
         #: (ns, name) -> the measured service time (memory only, like the rates)
         self._service_times: dict[tuple[str, str], float | None] = {}
+        self._service_samples: dict[tuple[str, str], tuple[tuple[float, float, float], ...]] = {}
         self._test_mode = os.environ.get("FLEETGATE_TEST_MODE") == "1"
         self._long_poll = long_poll
         self._wake = threading.Event()
@@ -476,10 +477,12 @@ class Autoscaler:
             last_scale_time=_parse_time(old.get("lastScaleTime")),
             rates=self._rates.get((ns, name), ()),
             service_time=self._service_times.get((ns, name)),
+            service_samples=self._service_samples.get((ns, name), ()),
         )
         decision = autoscale.decide(policy, demand, current, len(ready_pods), now, state)
         self._rates[(ns, name)] = decision.state.rates
         self._service_times[(ns, name)] = decision.state.service_time
+        self._service_samples[(ns, name)] = decision.state.service_samples
         return _Plan(
             ns=ns,
             name=name,
@@ -630,6 +633,7 @@ class Autoscaler:
                 log.warning("autoscaling switched off for %s/%s: %s", ns, name, e)
             self._rates.pop((ns, name), None)
             self._service_times.pop((ns, name), None)
+            self._service_samples.pop((ns, name), None)
 
     def _mark(self, ns: str, pod: str, *, drain: bool) -> None:
         annotations: dict[str, Any] = (

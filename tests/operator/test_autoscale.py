@@ -273,7 +273,8 @@ def test_held_requests_count_by_the_batches_a_replica_drains_in_a_cold_start() -
     assert "60 held drain in 6 batches of 5s per cold start" in dec.reason
     # with the starting replica's engines already busy, those count in full
     busy = decide(p, Demand(held=60.0, in_flight=4.0, queued=4.0), 2, 1, 0.0, measured)
-    assert busy.desired == 5  # ceil((8 + 10) / 4)
+    # (the 4 queued are backlog too: ceil((4 + (60 + 4) / 6) / 4))
+    assert busy.desired == 4
     # a short service time: the whole backlog fits the starting replica
     fast = decide(p, Demand(held=60.0), 1, 0, 0.0, State(service_time=0.4))
     assert fast.desired == 1  # 60 / 75 batches < 1 in flight
@@ -299,11 +300,20 @@ def test_service_time_is_measured_by_littles_law_on_ready_replicas() -> None:
     first = decide(p, Demand(in_flight=8.0, completion_rate=16.0), 2, 2, 0.0, State())
     assert first.state.service_time == pytest.approx(0.5)
     second = decide(p, Demand(in_flight=8.0, completion_rate=8.0), 2, 2, 1.0, first.state)
-    assert second.state.service_time == pytest.approx(0.75)  # smoothed halfway to 1 s
+    # the ratio of the sums over the window: (8 + 8) / (16 + 8), not the mean of ratios
+    assert second.state.service_time == pytest.approx(2 / 3)
     none_ready = decide(p, Demand(in_flight=8.0, completion_rate=1.0), 2, 0, 2.0, second.state)
-    assert none_ready.state.service_time == pytest.approx(0.75)  # no sample without Ready
+    assert none_ready.state.service_time == pytest.approx(2 / 3)  # no sample without Ready
     idle = decide(p, Demand(completion_rate=0.0), 2, 2, 3.0, second.state)
-    assert idle.state.service_time == pytest.approx(0.75)  # nor without completions
+    assert idle.state.service_time == pytest.approx(2 / 3)  # an empty tick adds nothing
+    # ticks with one completion each do not make it jump: 1 in flight at 1/s, then at
+    # 1/3 s, reads 2 / 1.33 = 1.5 s, where the per-tick ratios read 1 s and 3 s
+    sparse = decide(p, Demand(in_flight=1.0, completion_rate=1.0), 1, 1, 0.0, State())
+    sparse = decide(p, Demand(in_flight=1.0, completion_rate=1 / 3), 1, 1, 1.0, sparse.state)
+    assert sparse.state.service_time == pytest.approx(1.5)
+    # samples older than the window leave it
+    later = decide(p, Demand(in_flight=2.0, completion_rate=4.0), 1, 1, 100.0, sparse.state)
+    assert later.state.service_time == pytest.approx(0.5)
 
 
 def test_in_flight_rule_uses_littles_law_once_the_service_time_is_measured() -> None:
