@@ -29,15 +29,15 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   ``targetInFlightPerReplica`` of them at once and as many again every service time
   ``S``, i.e. ``coldStart / S`` batches in a cold start, and the held requests count
   as ``held / max(1, coldStart / S)`` in flight. ``S`` is measured by Little's law on
-  the service's own endpoints (the mean in flight over the mean completion rate of
-  the last :data:`SERVICE_WINDOW_SECONDS`; in memory). The router queue counts as the
-  same backlog while requests are held. Without a measured ``S`` (a service that has not served since the operator
-  started) the held requests keep at most the replicas already asked for
-  (``max(current, 1)``): the backlog's size alone says nothing about how fast it
-  drains, and once the first replica is Ready it shows as in flight + queued, the
-  rule above, within a tick. Why: requests held during a cold start read as demand
-  for several replicas that were Ready only after the first one had drained them,
-  then idled for the scale-down window (bench/results/autoscale-5b165c0-rate3-t8.md);
+  the service's own endpoints (the mean in flight over the mean completion rate of the
+  last :data:`SERVICE_WINDOW_SECONDS`; in memory). The router queue counts as the same
+  backlog while requests are held. Without a measured ``S`` (a service that has not
+  served since the operator started) the held requests keep at most the replicas already
+  asked for (``max(current, 1)``): the backlog's size alone says nothing about how fast
+  it drains, and once the first replica is Ready it shows as in flight + queued, the
+  rule above, within a tick. Why: requests held during a cold start read as demand for
+  several replicas that were Ready only after the first one had drained them, then idled
+  for the scale-down window (bench/results/autoscale-5b165c0-rate3-t8.md);
 * **KV cache**: HPA's ratio, ``ceil(ready * meanKvUsage / target)``;
 * **TTFT attainment**: one more replica while a class misses its attainment over
   the last decision interval (a reaction, so it only ever adds);
