@@ -479,50 +479,47 @@ def decide(
         # so held requests always wait for replicas that are starting, whatever the
         # pods' Ready condition says (a pod can be Ready before its engine answers)
         starting = demand.held > 0
-        held_note = ""
-        steady = _steady_in_flight(rates, now, service_time)
-        if not starting and steady is not None and service_time:
-            # Little's law: the arrival rate (averaged over a few scrapes) x the time a
-            # request spends on an engine is the mean concurrency; one sample of the
-            # in-flight count follows every burst of a Poisson stream, and the
-            # scale-down window then keeps each burst's peak. The queue beyond it is a
-            # backlog drained within a cold start, like held requests below.
+        note = ""
+        steady = None if starting else _steady_in_flight(rates, now, service_time)
+        if service_time and (starting or steady is not None):
+            # With a measured service time S: what runs on the engines, plus the router
+            # queue and the held requests as a backlog drained within a cold start
+            # (coldStart / S batches; module docstring). What runs is Little's mean
+            # (arrival rate x S) when nothing is held: one sample of a Poisson stream's
+            # in-flight count follows every burst, and the scale-down window then keeps
+            # each burst's peak. While requests are held it is the sample: the engines
+            # of the replicas already up, and the rest is backlog, not forecast.
             batches = max(1.0, policy.cold_start / service_time)
-            want = math.ceil((steady * growth + demand.queued / batches) / target - 1e-9)
-            held_note = f"; {_fmt(steady)} mean in flight (arrivals x {_fmt(service_time)}s)"
-        elif not starting:
-            want = math.ceil(demand.load * growth / target - 1e-9)
-        else:
-            # the held requests wait for the replicas already starting: a backlog, not
-            # a rate (no forecast), drained within a cold start (module docstring)
-            engines = (demand.in_flight + demand.queued) * growth
-            if service_time is not None and service_time > 0:
-                batches = max(1.0, policy.cold_start / service_time)
-                # the router queue is the same backlog (requests released by the first
-                # Ready replica wait there): drained like the held ones, not forecast
-                backlog = demand.held + demand.queued
-                engines = demand.in_flight * growth
-                want = math.ceil((engines + backlog / batches) / target - 1e-9)
-                held_note = (
+            running = demand.in_flight if steady is None else steady
+            backlog = demand.queued + demand.held
+            want = math.ceil((running * growth + backlog / batches) / target - 1e-9)
+            if starting:
+                note = (
                     f"; {_fmt(demand.held)} held drain in {_fmt(batches)} batches "
                     f"of {_fmt(service_time)}s per cold start"
                 )
             else:
-                want = max(
-                    math.ceil(engines / target - 1e-9),
-                    min(math.ceil(demand.held / target - 1e-9), replicas_now),
-                )
-                held_note = (
-                    f"; {_fmt(demand.held)} held wait for the {replicas_now} "
-                    f"starting (service time not measured yet)"
-                )
+                note = f"; {_fmt(running)} mean in flight (arrivals x {_fmt(service_time)}s)"
+        elif not starting:
+            want = math.ceil(demand.load * growth / target - 1e-9)
+        else:
+            # not measured yet: the held requests keep at most the replicas asked for
+            engines = (demand.in_flight + demand.queued) * growth
+            want = max(
+                math.ceil(engines / target - 1e-9),
+                min(math.ceil(demand.held / target - 1e-9), replicas_now),
+            )
+            note = (
+                f"; {_fmt(demand.held)} held wait for the {replicas_now} "
+                f"starting (service time not measured yet)"
+            )
         per = demand.load / replicas_now
         trend = f" (arrivals x{growth:.2f} in {_fmt(policy.cold_start)}s)" if growth > 1.005 else ""
         cmp = ">" if want > current else "<" if want < current else "~"
         candidates.append(
             (
                 want,
-                f"in-flight {_fmt(per)}/replica{trend} {cmp} target {_fmt(target)}{held_note}",
+                f"in-flight {_fmt(per)}/replica{trend} {cmp} target {_fmt(target)}{note}",
             )
         )
     if policy.target_kv is not None and demand.kv_usage is not None and ready > 0:
