@@ -12,6 +12,9 @@ user turn with numbers, sized with the tokenizer itself), times on one core:
   on the event loop sees while one request is tokenized inline / through
   ``asyncio.to_thread`` (what other requests wait);
 * ``emulator``: the emulator's shipped tokenizer files through the same hf code path;
+* ``encode_chat_ms`` tokenizes the whole prompt every call (prefix cache off);
+  ``shared_system_prompt_ms`` is a request with the same system prompt and a new
+  short user turn each call, through the prefix token cache (``tokencache.py``);
 * ``keys``: ``block_keys`` of the token ids at block size 16 (the per-block-size cost
   the router pays once per request and block size);
 * ``approx``: the approximate view's ``chunk_prompt`` of the rendered request.
@@ -33,7 +36,7 @@ from typing import Any
 from fleetgate.router.config import TokenizerSpec
 from fleetgate.router.scheduling.kvindex import block_keys
 from fleetgate.router.scheduling.prefix import chunk_prompt, render_prompt
-from fleetgate.router.scheduling.tokenize import Tokenizer
+from fleetgate.router.scheduling.tokenize import HfTokenizer, Tokenizer
 from fleetgate.router.tokenizer_files import load_tokenizer
 
 PROSE = (
@@ -96,15 +99,27 @@ async def stall(tok: Tokenizer, msgs: list[dict[str, str]], threaded: bool) -> f
     return statistics.median(gaps) * 1000
 
 
-def time_one(name: str, tok: Tokenizer, target: int, repeats: int) -> dict[str, Any]:
+def time_one(name: str, make: Callable[[], Tokenizer], target: int, repeats: int) -> dict[str, Any]:
+    tok = make()
+    if isinstance(tok, HfTokenizer):
+        tok.prefix_cache = None  # every call tokenizes the whole prompt
     msgs = messages_for(tok, target)
     ids = tok.encode_chat(msgs)
     body = {"model": "m", "messages": msgs}
+    # the prefix token cache: the same system prompt, a new user turn every call
+    cached = make()
+    turn = iter(range(10**9))
+
+    def next_question() -> list[int]:
+        question = f"Question {next(turn)}: {NUMBERS}"
+        return cached.encode_chat([msgs[0], {"role": "user", "content": question}])
+
     return {
         "kind": name,
         "target": target,
         "tokens": len(ids),
         "encode_chat_ms": round(median_ms(lambda: tok.encode_chat(msgs), repeats), 3),
+        "shared_system_prompt_ms": round(median_ms(next_question, repeats), 3),
         "keys16_ms": round(median_ms(lambda: block_keys(ids, 16), repeats), 3),
         "approx_ms": round(median_ms(lambda: chunk_prompt(render_prompt(body), 32), repeats), 3),
         "loop_stall_inline_ms": round(asyncio.run(stall(tok, msgs, False)), 3),
@@ -117,13 +132,13 @@ def main() -> None:
     ap.add_argument("--model-dir", default=str(Path.home() / ".cache/fleetgate/models/tiny-llama"))
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
-    kinds: dict[str, Tokenizer] = {
-        "hf": load_tokenizer("m", TokenizerSpec(kind="hf", path=args.model_dir)),
-        "emulator": load_tokenizer("m", TokenizerSpec(kind="emulator")),
+    kinds: dict[str, Callable[[], Tokenizer]] = {
+        "hf": lambda: load_tokenizer("m", TokenizerSpec(kind="hf", path=args.model_dir)),
+        "emulator": lambda: load_tokenizer("m", TokenizerSpec(kind="emulator")),
     }
     for target in (1024, 4096, 16384):
-        for name, tok in kinds.items():
-            print(json.dumps(time_one(name, tok, target, args.repeats)), flush=True)
+        for name, make in kinds.items():
+            print(json.dumps(time_one(name, make, target, args.repeats)), flush=True)
 
 
 if __name__ == "__main__":

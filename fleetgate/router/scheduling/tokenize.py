@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from fleetgate.router.scheduling.tokencache import Encoded, PrefixTokenCache
+
 Messages = Sequence[Mapping[str, Any]]
 
 
@@ -153,12 +155,20 @@ class HfTokenizer:
         chat_template: str | None,
         *,
         now: Callable[[], datetime] = datetime.now,
+        prefix_cache: bool = True,
     ) -> None:
         import jinja2
         import jinja2.sandbox
         from tokenizers import Tokenizer as _HfTok
 
         self._tok = _HfTok.from_str(tokenizer_json)
+        # Prompts share long prefixes: reuse their ids (tokencache.py). Not with
+        # truncation or padding configured in the file: they act on the whole text.
+        self.prefix_cache: PrefixTokenCache | None = None
+        self._around: tuple[list[int], list[int]] | None = None
+        if prefix_cache and self._tok.truncation is None and self._tok.padding is None:
+            self.prefix_cache = PrefixTokenCache(self._encode_plain)
+            self._around = self._specials_around()
         self.specials = {
             k: t
             for k in ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -188,10 +198,35 @@ class HfTokenizer:
             except jinja2.TemplateError as e:
                 raise ValueError(f"the chat template does not parse: {e}") from None
 
-    def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    def _encode(self, text: str, add_special_tokens: bool) -> Any:
         # encode_batch releases the GIL while it encodes (encode does not), so a large
         # prompt tokenized in a thread leaves the event loop running
-        return list(self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+
+    def _encode_plain(self, text: str) -> Encoded:
+        enc = self._encode(text, False)
+        return enc.ids, enc.offsets, enc.word_ids
+
+    def _specials_around(self) -> tuple[list[int], list[int]] | None:
+        """The ids the post-processor puts before and after a prompt's own ids when
+        special tokens are added (e.g. BOS), or None when it does more than that."""
+        probe = "fleet gate"
+        plain = list(self._encode(probe, False).ids)
+        full = list(self._encode(probe, True).ids)
+        for i in range(len(full) - len(plain) + 1):
+            if full[i : i + len(plain)] == plain:
+                return full[:i], full[i + len(plain) :]
+        return None
+
+    def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        cache = self.prefix_cache
+        if cache is None or (add_special_tokens and self._around is None):
+            return list(self._encode(text, add_special_tokens).ids)
+        ids = cache.encode(text)
+        if add_special_tokens and self._around is not None:
+            before, after = self._around
+            return [*before, *ids, *after]
+        return ids
 
     def render_chat(
         self,

@@ -6,6 +6,7 @@ real vLLM recordings."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -146,9 +147,7 @@ def test_config_section_is_typed() -> None:
 # ------------------------------------------- hf on the REAL tiny model + vLLM
 
 
-TINY = Path.home() / ".cache" / "fleetgate" / "models" / "tiny-llama"
-
-
+@pytest.mark.realvllm
 def test_hf_kind_has_the_template_skeleton_of_the_real_vllm_recordings() -> None:
     """The recordings were made with an earlier build of the tiny model (its BPE
     merges and BOS/EOS ids differ from today's ``~/.cache`` build: vLLM counted 9
@@ -156,8 +155,9 @@ def test_hf_kind_has_the_template_skeleton_of_the_real_vllm_recordings() -> None
     compared one to one. What must agree is the template around the content: BOS,
     the role marker (id 5 in both builds), a newline, the content, EOS, newline, the
     generation prompt marker (id 6 in both) and a newline."""
-    if not (TINY / "tokenizer.json").is_file():
-        pytest.fail(f"{TINY} is missing: run hack/make-tiny-model.py (tests/realvllm.py)")
+    from realvllm import ensure_model, ensure_venv
+
+    tiny = ensure_model(ensure_venv())  # built on first use, like the real-vLLM tests
     rec = json.loads((VLLM_032 / "chat_return_token_ids.json").read_text())
     body = json.loads(rec["request"]["body"])
     vllm_ids = rec["response"]["body_json"]["prompt_token_ids"]
@@ -165,7 +165,7 @@ def test_hf_kind_has_the_template_skeleton_of_the_real_vllm_recordings() -> None
     tokenize = json.loads((VLLM_032 / "tokenize_messages.json").read_text())
     assert tokenize["response"]["body_json"]["tokens"] == vllm_ids
 
-    tok = load_tokenizer("tiny-llama", TokenizerSpec(kind="hf", path=str(TINY)))
+    tok = load_tokenizer("tiny-llama", TokenizerSpec(kind="hf", path=str(tiny)))
     ours = prompt_token_ids(body, tok)
     assert ours is not None
     content = tok.encode_text(body["messages"][0]["content"], add_special_tokens=False)
@@ -279,3 +279,34 @@ def test_hf_kind_continue_final_message_ends_at_the_last_content(tmp_path: Path)
     assert text == "<s><|user|>\nhi</s>\n<|assistant|>\nhello wor"
     body = {"messages": msgs, "continue_final_message": True, "add_generation_prompt": False}
     assert prompt_token_ids(body, tok) == tok.encode_text(text, add_special_tokens=False)
+
+
+@pytest.mark.realvllm
+@pytest.mark.slow
+def test_prefix_token_cache_equals_transformers_on_the_tiny_model() -> None:
+    """Long prompts sharing a document, and a conversation growing by a turn, through
+    the prefix token cache (tokencache.py): still transformers' ids one to one."""
+    rng = random.Random(11)
+    words = "the engine holds blocks of cache 10234 shipped 4512.75 über 東京 🙂 ref".split()
+
+    def prose(n: int) -> str:
+        return " ".join(
+            rng.choice(words) + rng.choice(["", "", ",", ".\n", "\n\n"]) for _ in range(n)
+        )
+
+    doc = prose(500)
+    convs: list[list[dict[str, Any]]] = [
+        [{"role": "user", "content": f"{doc}\n\nQuestion: {prose(rng.randint(5, 30))}"}]
+        for _ in range(6)
+    ]
+    history: list[dict[str, Any]] = [{"role": "system", "content": prose(300)}]
+    for _ in range(4):
+        history = [*history, {"role": "user", "content": prose(80)}]
+        convs.append(history)
+        history = [*history, {"role": "assistant", "content": prose(40)}]
+    model, want = _transformers_ids(convs)
+    tok = load_tokenizer("tiny-llama", TokenizerSpec(kind="hf", path=str(model)))
+    assert isinstance(tok, HfTokenizer) and tok.prefix_cache is not None
+    got = [prompt_token_ids({"messages": c}, tok) for c in convs]
+    assert got == want
+    assert tok.prefix_cache.hits >= 6 and tok.prefix_cache.mismatches == 0
