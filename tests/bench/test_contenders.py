@@ -263,5 +263,10 @@ def test_router_timeouts_follow_the_time_scale() -> None:
     assert t["stream_idle_s"] == {"vllm": 375.0, "trtllm": 250.0}
     assert (t["first_byte_s"], t["idle_s"], t["total_s"]) == (7500.0, 3000.0, 45000.0)
     assert "connect_s" not in t
-    assert "timeouts" not in cmod.fleetgate_config(c, BACKENDS, 3)
-    parse_config(cfg)  # the router takes it
+    # a /metrics or /health answer late by the emulator's wall clock is not a sick engine
+    assert cfg["scrape"] == {"timeout_s": 25.0} and cfg["health"] == {"timeout_s": 25.0}
+    unscaled = cmod.fleetgate_config(c, BACKENDS, 3)
+    assert "timeouts" not in unscaled and "scrape" not in unscaled and "health" not in unscaled
+    parsed = parse_config(cfg)  # the router takes it
+    assert parsed.scrape.timeout_s == 25.0 and parsed.scrape.interval_s == 0.2
+    assert parsed.health.timeout_s == 25.0 and parsed.health.interval_s == 1.0

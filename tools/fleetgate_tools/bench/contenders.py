@@ -76,7 +76,7 @@ from typing import Any, Literal
 from fleetgate.engines.trtllm.kv_events import KV_EVENTS_PATH, TRTLLM_KV_EVENTS_FORMAT
 from fleetgate.engines.trtllm.kv_zmq import TRTLLM_ZMQ_FORMAT
 from fleetgate.engines.vllm import KV_EVENTS_TOPIC, VLLM_KV_EVENTS_FORMAT
-from fleetgate.router.config import ConfigError, Timeouts, parse_config
+from fleetgate.router.config import ConfigError, Health, Scrape, Timeouts, parse_config
 from fleetgate.router.priority.config import DEFAULT_CLASSES, PriorityClass
 
 ContenderKind = Literal["fleetgate", "vllm-router", "sglang-router"]
@@ -335,6 +335,8 @@ def fleetgate_config(
     }
     if time_scale != 1.0:
         config["timeouts"] = scaled_timeouts(time_scale)
+        config["scrape"] = {"timeout_s": Scrape().timeout_s * time_scale}
+        config["health"] = {"timeout_s": Health().timeout_s * time_scale}
     if (priority_classes and contender.classes) or contender.admission:
         priority: dict[str, Any] = {} if contender.preemption else {"preemption_enabled": False}
         if time_scale != 1.0:
@@ -420,7 +422,13 @@ def scaled_timeouts(time_scale: float) -> dict[str, Any]:
     the unscaled 15 s ``stream_idle_s`` is 0.6 modelled seconds, so the router would
     fail over streams an engine is still serving, and eject the engine after three
     (measured: shared-prefix at 16 engines, scale 25, 1889 of 1995 requests failed).
-    Connect and client-side limits are network time and stay as they are.
+    Connect and client-side limits are network time and stay as they are. The
+    ``/metrics`` and ``/health`` timeouts are scaled the same way by the caller: the
+    emulator is one process for the whole fleet, and during a burst (flash-crowd:
+    200 prompts of 6000 words) it answered a scrape later than the 1 s wall timeout,
+    so each router replica marked every engine unhealthy and answered 503 "no
+    healthy endpoint" (22 requests, docs/bench.md); the peers do not eject on a slow
+    ``/metrics``. Scrape and probe intervals stay as configured.
     """
     t = Timeouts()
     return {
