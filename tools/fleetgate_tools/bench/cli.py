@@ -36,6 +36,7 @@ from typing import Any
 from fleetgate.cli import CliError
 from fleetgate_tools.bench import compare, infperf_run, peers, report, runner, scenarios
 from fleetgate_tools.bench import contenders as cmod
+from fleetgate_tools.bench.ceiling import hit_ceiling
 from fleetgate_tools.bench.summary import RunRecord, RunSummary, aggregate, summarise_run
 from fleetgate_tools.paths import cache_dir
 
@@ -468,6 +469,7 @@ def notes_for(
                 f"(modelled, first seconds, no warm-up left out): "
                 f"{c.get('calibration_ttft_p90') or float('nan'):.3f} s."
             )
+    out += ceiling_notes(settings, scales)
     out += [
         f"{settings.repeats} seed(s) ({', '.join(str(s) for s in settings.seeds)}); a fresh "
         "fleet per run; tables show the median over seeds with (min-max).",
@@ -484,6 +486,43 @@ def notes_for(
             "TCP front (per connection); router CPU is their sum."
         )
     return out + [f"not available: {k} ({v})." for k, v in cmod.UNAVAILABLE.items()]
+
+
+def ceiling_notes(settings: Settings, scales: dict[str, float]) -> list[str]:
+    """The hit-rate ceiling of each single-request workload (``ceiling.py``) over the
+    run's seeds and load factors."""
+    from fleetgate.router.config import TokenizerSpec
+    from fleetgate.router.tokenizer_files import load_tokenizer
+
+    tok = load_tokenizer("emulator", TokenizerSpec(kind="emulator"))
+    out = []
+    for w in settings.workloads:
+        if w not in scales:
+            continue
+        m = settings.modelled_s(scales[w])
+        values = [
+            hit_ceiling(
+                scenarios.make(
+                    w, engines=settings.engines, time_scale=scales[w], seed=seed,
+                    modelled_s=m, load_factor=lf, mixed=settings.mixed,
+                ).sessions(),
+                settings.warmup_s(m),
+                tok,
+            )
+            for lf in settings.load_factors
+            for seed in settings.seeds
+        ]  # fmt: skip
+        found = [v for v in values if v is not None]
+        if not found:
+            continue
+        lo, hi = min(found), max(found)
+        span = f"{lo:.1%}" if hi - lo < 0.0005 else f"{lo:.1%}-{hi:.1%}"
+        out.append(
+            f"{w}: hit-rate ceiling {span} (one engine with an unbounded cache holding every "
+            "earlier prompt's 16-token blocks; no router can beat it, evictions and a prefix "
+            "placed on several engines lose to it)."
+        )
+    return out
 
 
 def command_line(args: argparse.Namespace, settings: Settings) -> str:
