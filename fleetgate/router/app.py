@@ -196,6 +196,7 @@ def build_router(
         new_id=new_id,
         tokenizers=load_tokenizers(sched.tokenizers),
     )
+    metrics.watch_tokenizers(services.tokenizers)
     services.classes.precreate(sorted(fleet.standby))  # series before any endpoint joins
     placer = Placer(fleet, pipeline, metrics, services.rng)
     admission: Admission

@@ -232,6 +232,47 @@ class RouterMetrics:
         """Export per-endpoint state computed at scrape time (health, ages, engine counters)."""
         self.registry.register(_FleetCollector(fleet, clock))
 
+    def watch_tokenizers(self, tokenizers: Mapping[str, object]) -> None:
+        """Export each model's prefix token cache counters (scheduling/tokencache.py)."""
+        self.registry.register(_TokenCacheCollector(tokenizers))
+
+
+class _TokenCacheCollector(Collector):
+    def __init__(self, tokenizers: Mapping[str, object]) -> None:
+        self.tokenizers = tokenizers
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        lookups = CounterMetricFamily(
+            "fleetgate_token_cache_lookups",
+            "Prompts tokenized through the prefix token cache: hit (the shared prefix's ids "
+            "reused), miss (nothing to reuse: tokenized whole), mismatch (the self-check "
+            "found a difference and turned the cache off). Prompts under 512 characters "
+            "skip the cache and are not counted.",
+            labels=["model", "result"],
+        )
+        reused = CounterMetricFamily(
+            "fleetgate_token_cache_reused_tokens",
+            "Token ids taken from the prefix token cache instead of tokenizing again.",
+            labels=["model"],
+        )
+        enabled = GaugeMetricFamily(
+            "fleetgate_token_cache_enabled",
+            "1 while the model's prefix token cache is on (0 after a self-check mismatch).",
+            labels=["model"],
+        )
+        for model, tok in sorted(self.tokenizers.items()):
+            cache = getattr(tok, "prefix_cache", None)
+            if cache is None:
+                continue
+            lookups.add_metric([model, "hit"], cache.hits)
+            lookups.add_metric([model, "miss"], cache.misses)
+            lookups.add_metric([model, "mismatch"], cache.mismatches)
+            reused.add_metric([model], cache.reused_ids)
+            enabled.add_metric([model], 0.0 if cache.disabled else 1.0)
+        yield lookups
+        yield reused
+        yield enabled
+
 
 class _FleetCollector(Collector):
     def __init__(self, fleet: Fleet, clock: Callable[[], float]) -> None:

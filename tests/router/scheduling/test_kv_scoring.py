@@ -22,6 +22,7 @@ from fleetgate.router.config import TokenizerSpec
 from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.kvindex import KvIndex
 from fleetgate.router.scheduling.pipeline import default_pipeline
+from fleetgate.router.scheduling.tokenize import HfTokenizer
 from fleetgate.router.scheduling.types import EndpointId, EndpointView, RequestView
 from fleetgate.router.services import Services
 from fleetgate.router.state import Endpoint
@@ -350,3 +351,23 @@ def test_the_decision_trace_is_off_unless_a_path_is_given(tmp_path: Path) -> Non
         {"a": 1},
         {"b": [1, None]},
     ]
+
+
+async def test_the_router_reuses_the_shared_prefix_tokens_of_its_requests() -> None:
+    """The request path tokenizes through the prefix token cache: the second question
+    on the same system prompt reuses its ids, and the exact view scores it the same as
+    tokenizing it whole would."""
+    r = Router()
+    tok = r.s.tokenizers[MODEL]
+    assert isinstance(tok, HfTokenizer) and tok.prefix_cache is not None
+    shared = shared_tokens()
+    r.apply(r.eps[1], stored(shared, 500))
+    assert await r.ask("first?") == r.eps[1].id
+    hits = tok.prefix_cache.hits
+    assert await r.ask("second, on the same document!") == r.eps[1].id
+    assert tok.prefix_cache.hits == hits + 1 and tok.prefix_cache.reused_ids > 0
+    assert tok.prefix_cache.mismatches == 0
+    # and says so on /metrics
+    assert r.sample("fleetgate_token_cache_lookups_total", model=MODEL, result="hit") == hits + 1
+    assert r.sample("fleetgate_token_cache_reused_tokens_total", model=MODEL) > 0
+    assert r.sample("fleetgate_token_cache_enabled", model=MODEL) == 1.0
