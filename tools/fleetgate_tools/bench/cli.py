@@ -36,7 +36,7 @@ from typing import Any
 from fleetgate.cli import CliError
 from fleetgate_tools.bench import compare, infperf_run, peers, report, runner, scenarios
 from fleetgate_tools.bench import contenders as cmod
-from fleetgate_tools.bench.ceiling import hit_ceiling
+from fleetgate_tools.bench.ceiling import hit_ceiling, pooled_lru_hit_rate
 from fleetgate_tools.bench.summary import RunRecord, RunSummary, aggregate, summarise_run
 from fleetgate_tools.paths import cache_dir
 
@@ -489,38 +489,45 @@ def notes_for(
 
 
 def ceiling_notes(settings: Settings, scales: dict[str, float]) -> list[str]:
-    """The hit-rate ceiling of each single-request workload (``ceiling.py``) over the
-    run's seeds and load factors."""
+    """The hit-rate ceiling and the pooled-LRU reference of each single-request
+    workload (``ceiling.py``) over the run's seeds and load factors."""
     from fleetgate.router.config import TokenizerSpec
     from fleetgate.router.tokenizer_files import load_tokenizer
 
     tok = load_tokenizer("emulator", TokenizerSpec(kind="emulator"))
+
+    def span(values: list[float | None]) -> str | None:
+        found = [v for v in values if v is not None]
+        if not found:
+            return None
+        lo, hi = min(found), max(found)
+        return f"{lo:.1%}" if hi - lo < 0.0005 else f"{lo:.1%}-{hi:.1%}"
+
     out = []
     for w in settings.workloads:
         if w not in scales:
             continue
         m = settings.modelled_s(scales[w])
-        values = [
-            hit_ceiling(
-                scenarios.make(
-                    w, engines=settings.engines, time_scale=scales[w], seed=seed,
-                    modelled_s=m, load_factor=lf, mixed=settings.mixed,
-                ).sessions(),
-                settings.warmup_s(m),
-                tok,
+        runs = [
+            scenarios.make(
+                w, engines=settings.engines, time_scale=scales[w], seed=seed,
+                modelled_s=m, load_factor=lf, mixed=settings.mixed,
             )
             for lf in settings.load_factors
             for seed in settings.seeds
         ]  # fmt: skip
-        found = [v for v in values if v is not None]
-        if not found:
+        warm = settings.warmup_s(m)
+        ceiling = span([hit_ceiling(sc.sessions(), warm, tok) for sc in runs])
+        if ceiling is None:
             continue
-        lo, hi = min(found), max(found)
-        span = f"{lo:.1%}" if hi - lo < 0.0005 else f"{lo:.1%}-{hi:.1%}"
+        pooled = span(
+            [pooled_lru_hit_rate(sc.sessions(), warm, tok, sc.cache_tokens() // 16) for sc in runs]
+        )
         out.append(
-            f"{w}: hit-rate ceiling {span} (one engine with an unbounded cache holding every "
-            "earlier prompt's 16-token blocks; no router can beat it, evictions and a prefix "
-            "placed on several engines lose to it)."
+            f"{w}: hit-rate ceiling {ceiling} (one unbounded cache holding every earlier "
+            f"prompt's 16-token blocks: no router beats it); one LRU cache the size of the "
+            f"whole fleet's KV cache {pooled} (about what a perfect split of the prefixes "
+            "over the engines would give)."
         )
     return out
 
