@@ -587,7 +587,7 @@ def decide(
             running = demand.in_flight if steady is None else steady * growth
             backlog = demand.queued + demand.held
             want = math.ceil((running + backlog / batches) / target - 1e-9)
-            if starting:
+            if steady is None:  # requests held
                 note = (
                     f"; {_fmt(demand.held)} held drain in {_fmt(batches)} batches "
                     f"of {_fmt(service_time)}s per cold start"
