@@ -28,9 +28,11 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   :data:`STEADY_WINDOW_SECONDS`, cut where it changed (walking back from the newest
   tick, a tick whose count is more than :data:`CHANGE_SIGNIFICANCE` standard
   deviations from its share of it and the newer ticks' under one rate ends the
-  window), so a stream that stops reads 0 at once. One sample of a Poisson stream's
-  in-flight count follows every burst, and the scale-down window then kept each
-  burst's peak (2-3 replicas where 1 served, bench/results/autoscale-4f8d830-heavy.md);
+  window), so a stream that stops reads 0 at once; a mean within :data:`TOLERANCE` of
+  ``target x current`` keeps ``current`` (the HPA's rule). One sample of a Poisson
+  stream's in-flight count follows every burst, and the scale-down window then kept
+  each burst's peak (2-3 replicas where 1 served,
+  bench/results/autoscale-4f8d830-heavy.md);
 * **held while replicas start**: a router holds a request only while no endpoint of
   the model can serve it, so the held requests are a backlog that waits for the
   replicas already starting (whatever their pods' Ready condition says), not a steady
@@ -471,8 +473,16 @@ def _fmt(x: float) -> str:
     return f"{x:.1f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
 
 
-#: Arrival-rate samples averaged for the Little's-law in-flight estimate (seconds).
-STEADY_WINDOW_SECONDS = 5.0
+#: Arrival-rate samples averaged for the Little's-law in-flight estimate (seconds, cut
+#: where the rate changed): at 3 req/s a 5 s mean is +-26% (one standard deviation), so
+#: a mean of 1.6 in flight often read above a target of 2 (the heavy trace at 2e7a267).
+#: The lag it adds on a ramp (half the window x the slope) is what the forecast adds
+#: back over a cold start.
+STEADY_WINDOW_SECONDS = 10.0
+#: Little's mean within this fraction of ``target x current`` keeps ``current`` (the
+#: HPA's default ``--horizontal-pod-autoscaler-tolerance``): a mean estimated from a
+#: few seconds of a Poisson stream is that uncertain.
+TOLERANCE = 0.1
 
 
 #: A tick's arrivals differ from the newer ticks' (a change of rate, not noise) when
@@ -586,7 +596,14 @@ def decide(
             batches = max(1.0, policy.cold_start / service_time)
             running = demand.in_flight if steady is None else steady * growth
             backlog = demand.queued + demand.held
-            want = math.ceil((running + backlog / batches) / target - 1e-9)
+            need = running + backlog / batches
+            want = math.ceil(need / target - 1e-9)
+            if (
+                steady is not None
+                and current > 0
+                and abs(need / (target * current) - 1) <= TOLERANCE
+            ):
+                want = current  # within the tolerance of what runs: noise (the HPA's rule)
             if steady is None:  # requests held
                 note = (
                     f"; {_fmt(demand.held)} held drain in {_fmt(batches)} batches "

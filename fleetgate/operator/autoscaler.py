@@ -559,8 +559,9 @@ class Autoscaler:
                 API_VERSION, KIND, ns, name, {"spec": {"replicas": new_replicas}}, "scale"
             )
             log.info(
-                "autoscaling %s/%s: %d -> %d replicas (%d held; decided in %.3fs)",
+                "autoscaling %s/%s: %d -> %d replicas (%d held; decided in %.3fs): %s",
                 ns, name, current, new_replicas, round(demand.held), self._clock() - now,
+                reason,
             )  # fmt: skip
             kind = "ScaledUp" if new_replicas > current else "ScaledDown"
             if not reason.startswith(kind) and not (

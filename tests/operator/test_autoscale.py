@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from routerdemand import RouterDemand
 
@@ -449,6 +451,27 @@ def test_littles_mean_follows_a_stream_that_stops_and_not_its_noise() -> None:
                   service_time=0.4)  # fmt: skip
     dec = decide(p, Demand(in_flight=1.0, arrival_rate=6.0), 1, 1, 5.0, quiet)
     assert "1.4 mean in flight" in dec.reason  # (2 + 5 + 1 + 4 + 6) / 5 x 0.4
+
+
+def test_littles_mean_is_over_10_s_and_within_the_tolerance_keeps_the_replicas() -> None:
+    """At 3 req/s x 0.54 s (the heavy trace's quiet phase) the mean is 1.6 in flight, one
+    replica at target 2; a 5 s mean of the arrivals is +-26% and its Poisson highs
+    read above 2 and added a replica (2e7a267: 1 -> 2 at 9.7 s and 22.9 s). Over 10 s,
+    and with the HPA's 10% tolerance around what runs, they do not; a real rise does."""
+    p = policy(cold_start=4.0, target_in_flight=2.0, down_window=0.0)
+    ticks = [3.0, 2.0, 4.0, 3.0, 2.0, 3.0, 4.0, 5.0, 4.0, 4.0]  # the last 5 s: 4.0 req/s
+    quiet = State(rates=tuple((float(t), r) for t, r in enumerate(ticks)), service_time=0.54)
+    dec = decide(p, Demand(in_flight=2.0, arrival_rate=4.0), 1, 1, 10.0, quiet)
+    assert "1.9 mean in flight" in dec.reason  # 10 s of 3.5 req/s x 0.54 (5 s: 4.2 x 0.54 = 2.3)
+    assert dec.desired == 1, dec.reason
+    # within 10% of one replica's target: noise, kept
+    edge = State(rates=tuple((float(t), 4.0) for t in range(10)), service_time=0.54)
+    dec = decide(p, Demand(in_flight=2.0, arrival_rate=4.0), 1, 1, 10.0, edge)
+    assert (dec.desired, "2.2 mean in flight" in dec.reason) == (1, True), dec.reason
+    # beyond it: scaled
+    rising = dataclasses.replace(edge, rates=tuple((float(t), 4.5) for t in range(10)))
+    dec = decide(p, Demand(in_flight=2.0, arrival_rate=4.5), 1, 1, 10.0, rising)
+    assert dec.desired == 2, dec.reason
 
 
 def test_restart_with_state_from_status_keeps_the_down_window() -> None:
