@@ -11,16 +11,28 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
 
 * **in flight**: ``load = in flight on the engines + queued + held in the routers``
   for this model; ``ceil(load_forecast / targetInFlightPerReplica)``, where
-  ``load_forecast`` scales ``load`` by the arrival rate forecast at
-  ``now + coldStart`` over the rate now (least-squares trend of the recent rates,
-  only upwards, at most x2): a ramp is met by replicas that are Ready when it
-  arrives, not after the queue has built. Once the service time ``S`` is measured
-  (below), ``load`` is the mean by Little's law instead of one sample: the arrival
-  rate averaged over the last :data:`STEADY_WINDOW_SECONDS` x ``S``, plus the
-  router queue as a backlog drained within a cold start (``queued / max(1,
-  coldStart / S)``). One sample of a Poisson stream's in-flight count follows every
-  burst, and the scale-down window then kept each burst's peak (2-3 replicas where 1
-  served, bench/results/autoscale-4f8d830-heavy.md);
+  ``load_forecast`` scales what runs on the engines (never a backlog: queued or held
+  requests) by the arrival rate forecast at ``now + coldStart`` over the rate now
+  (least-squares trend of the recent rates, only upwards, at most x2): a ramp is met
+  by replicas that are Ready when it arrives, not after the queue has built. A trend
+  counts only over rate samples spanning max(coldStart, :data:`MIN_TREND_SPAN_SECONDS`)
+  whose slope exceeds :data:`TREND_SIGNIFICANCE` standard errors (the larger of the
+  residuals' and a Poisson rate's noise), and the history of a service at zero
+  replicas with nothing arriving is empty: the run at aacdde1 woke from zero, read the
+  step 0 -> 3 req/s over a few ticks as a slope, doubled the released backlog and went
+  to 3 replicas 1.3 s after the first was Ready, and a trend through the zeros kept
+  inflating the quiet phase after. Once the service time ``S`` is measured (below),
+  ``load`` is the mean by Little's law instead of one sample: the recent arrival rate
+  x ``S``, plus the router queue as a backlog drained within a cold start (``queued /
+  max(1, coldStart / S)``). The recent rate is the mean of the last
+  :data:`STEADY_WINDOW_SECONDS`, cut where it changed (walking back from the newest
+  tick, a tick whose count is more than :data:`CHANGE_SIGNIFICANCE` standard
+  deviations from its share of it and the newer ticks' under one rate ends the
+  window), so a stream that stops reads 0 at once; a mean within :data:`TOLERANCE` of
+  ``target x current`` keeps ``current`` (the HPA's rule). One sample of a Poisson
+  stream's in-flight count follows every burst, and the scale-down window then kept
+  each burst's peak (2-3 replicas where 1 served,
+  bench/results/autoscale-4f8d830-heavy.md);
 * **held while replicas start**: a router holds a request only while no endpoint of
   the model can serve it, so the held requests are a backlog that waits for the
   replicas already starting (whatever their pods' Ready condition says), not a steady
@@ -29,13 +41,20 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   ``targetInFlightPerReplica`` of them at once and as many again every service time
   ``S``, i.e. ``coldStart / S`` batches in a cold start, and the held requests count
   as ``held / max(1, coldStart / S)`` in flight. ``S`` is measured by Little's law on
-  the service's own endpoints (the mean in flight over the mean completion rate of the
-  last :data:`SERVICE_WINDOW_SECONDS`; in memory). The router queue counts as the same
-  backlog while requests are held. Without a measured ``S`` (a service that has not
-  served since the operator started) the held requests keep at most the replicas already
-  asked for (``max(current, 1)``): the backlog's size alone says nothing about how fast
-  it drains, and once the first replica is Ready it shows as in flight + queued, the
-  rule above, within a tick. Why: requests held during a cold start read as demand for
+  the service's own endpoints: in-flight seconds (the mean of a tick's two in-flight
+  samples x its span) over completions, summed over the most recent ticks holding
+  :data:`SERVICE_COMPLETIONS` completions (at most :data:`SERVICE_WINDOW_SECONDS`),
+  and only once they hold :data:`MIN_SERVICE_COMPLETIONS` (in memory): the first tick
+  after a cold start pairs a full engine with the few completions of part of a tick,
+  and at a few requests per second 15 s of ticks are too few in-flight samples (at 3
+  req/s x 0.4 s, ~1.2 in flight: one standard deviation of a 15-sample mean is ~23%,
+  and the Little's-mean rule flapped a replica on it). The router queue
+  counts as the same backlog while requests are held. Without a measured ``S`` (a
+  service that has not served since the operator started) the held requests keep at
+  most the replicas already asked for (``max(current, 1)``): the backlog's size alone
+  says nothing about how fast it drains; so do the in-flight and queued requests of a
+  service started from zero until ``S`` is measured (the backlog its first replica
+  released, not a rate). Why: requests held during a cold start read as demand for
   several replicas that were Ready only after the first one had drained them, then idled
   for the scale-down window (bench/results/autoscale-5b165c0-rate3-t8.md);
 * **KV cache**: HPA's ratio, ``ceil(ready * meanKvUsage / target)``;
@@ -105,8 +124,23 @@ DEFAULT_IDLE_SECONDS = 300
 MAX_FORECAST_GROWTH = 2.0
 #: Rate samples older than this many seconds (or cold starts, if longer) leave the trend.
 TREND_WINDOW_SECONDS = 60.0
-#: Seconds of (in flight, completion rate) samples the service time is measured over.
-SERVICE_WINDOW_SECONDS = 15.0
+#: A trend counts only over rate samples spanning at least this many seconds (or a cold
+#: start, if longer): over a few ticks a step (a service woken from zero: 0 -> r) reads
+#: as a steep slope.
+MIN_TREND_SPAN_SECONDS = 10.0
+#: A trend counts only when its slope exceeds this many standard errors (one-sided,
+#: ~2.3% of flat Poisson streams pass by chance).
+TREND_SIGNIFICANCE = 2.0
+#: The service time is measured over the most recent ticks that hold this many
+#: completions (fewer when the window below holds fewer): at a few requests per second
+#: 15 s of ticks are too few in-flight samples (one a tick) for a steady reading.
+SERVICE_COMPLETIONS = 100.0
+#: Ticks older than this many seconds leave the service-time window.
+SERVICE_WINDOW_SECONDS = 60.0
+#: Completions the service-time window must hold before the service time counts as
+#: measured: the first tick after a cold start pairs a full engine with the few
+#: completions of part of a tick and reads twice the real time.
+MIN_SERVICE_COMPLETIONS = 10.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -373,8 +407,17 @@ class State:
     """Smoothed seconds a request spends on an engine (Little's law: in flight over
     completions per second); memory only, None until the service has served."""
     service_samples: tuple[tuple[float, float, float], ...] = ()
-    """Recent ``(time, in flight, completions per s)`` samples the service time is
+    """Recent ``(time, in-flight x seconds, completions)`` per tick, the service time is
     measured over (:data:`SERVICE_WINDOW_SECONDS`); memory only."""
+    woken: bool = False
+    """Scaled up from zero with the service time not measured yet (cleared once it is):
+    until then what its engines run and queue is the backlog released by the first
+    replica, not a rate. Memory only."""
+    last_tick: float | None = None
+    """When the previous decision ran (memory only): the span of this tick's samples."""
+    last_in_flight: float = 0.0
+    """The requests in flight at the previous decision (memory only): a tick's mean in
+    flight is taken as the mean of its two ends."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -392,17 +435,27 @@ class Decision:
         return self.reason.startswith(("ScaledUp", "ScaledDown"))
 
 
-def _trend(rates: Sequence[tuple[float, float]]) -> float:
-    """Least-squares slope (requests/s per s) of the rate samples; 0 with < 3."""
-    if len(rates) < 3:
-        return 0.0
+def _trend(rates: Sequence[tuple[float, float]], min_span: float) -> float:
+    """Least-squares slope (requests/s per s) of the rate samples, or 0 when it is not
+    evidence of a trend: fewer than 3 samples, spanning less than ``min_span`` seconds,
+    or a slope within :data:`TREND_SIGNIFICANCE` standard errors of 0. The standard
+    error takes the larger of the residuals' variance and a Poisson rate's (the mean
+    rate over the mean tick), so a short flat stream's chance wiggle is no trend."""
     n = len(rates)
+    if n < 3 or rates[-1][0] - rates[0][0] < min_span:
+        return 0.0
     mt = sum(t for t, _ in rates) / n
     mr = sum(r for _, r in rates) / n
     var = sum((t - mt) ** 2 for t, _ in rates)
     if var == 0:
         return 0.0
-    return sum((t - mt) * (r - mr) for t, r in rates) / var
+    slope = sum((t - mt) * (r - mr) for t, r in rates) / var
+    residual = sum((r - mr - slope * (t - mt)) ** 2 for t, r in rates) / (n - 2)
+    tick = (rates[-1][0] - rates[0][0]) / (n - 1)
+    noise = max(residual, mr / tick)
+    if slope <= TREND_SIGNIFICANCE * math.sqrt(noise / var):
+        return 0.0
+    return slope
 
 
 def _window(recs: Sequence[tuple[float, int]], now: float, window: float) -> list[int]:
@@ -420,22 +473,59 @@ def _fmt(x: float) -> str:
     return f"{x:.1f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
 
 
-#: Arrival-rate samples averaged for the Little's-law in-flight estimate (seconds).
-STEADY_WINDOW_SECONDS = 5.0
+#: Arrival-rate samples averaged for the Little's-law in-flight estimate (seconds, cut
+#: where the rate changed): at 3 req/s a 5 s mean is +-26% (one standard deviation), so
+#: a mean of 1.6 in flight often read above a target of 2 (the heavy trace at 2e7a267).
+#: The lag it adds on a ramp (half the window x the slope) is what the forecast adds
+#: back over a cold start.
+STEADY_WINDOW_SECONDS = 10.0
+#: Little's mean within this fraction of ``target x current`` keeps ``current`` (the
+#: HPA's default ``--horizontal-pod-autoscaler-tolerance``): a mean estimated from a
+#: few seconds of a Poisson stream is that uncertain.
+TOLERANCE = 0.1
+
+
+#: A tick's arrivals differ from the newer ticks' (a change of rate, not noise) when
+#: its count is this many standard deviations from its share of both under one rate.
+CHANGE_SIGNIFICANCE = 3.0
+
+
+def _recent_rate(rates: Sequence[tuple[float, float]], now: float) -> float | None:
+    """The arrival rate over the last :data:`STEADY_WINDOW_SECONDS`, cut where it
+    changed: walking back from the newest tick, a tick whose count is more than
+    :data:`CHANGE_SIGNIFICANCE` standard deviations from its share of its own and the
+    newer ticks' arrivals (binomial, by duration, under one rate) ends the window. A
+    stream that stops (the end of a peak) reads 0 within a tick instead of fading over
+    the window. None without samples."""
+    count = span = 0.0
+    for k in range(len(rates) - 1, -1, -1):
+        t, r = rates[k]
+        if t < now - STEADY_WINDOW_SECONDS:
+            break
+        dt = t - rates[k - 1][0] if k > 0 else 0.0
+        if dt <= 0:
+            if span == 0:
+                return r  # one sample: its rate
+            break
+        c = r * dt
+        if span > 0:
+            n, p = count + c, dt / (span + dt)
+            sd = math.sqrt(n * p * (1 - p))
+            if abs(c - n * p) > CHANGE_SIGNIFICANCE * sd:
+                break
+        count, span = count + c, span + dt
+    return count / span if span > 0 else None
 
 
 def _steady_in_flight(
     rates: Sequence[tuple[float, float]], now: float, service_time: float | None
 ) -> float | None:
-    """Mean requests in flight by Little's law: the mean arrival rate of the last
-    :data:`STEADY_WINDOW_SECONDS` x the measured service time; None while either is
-    unknown."""
+    """Mean requests in flight by Little's law: the recent arrival rate
+    (:func:`_recent_rate`) x the measured service time; None while either is unknown."""
     if not service_time or service_time <= 0:
         return None
-    recent = [r for t, r in rates if t >= now - STEADY_WINDOW_SECONDS]
-    if not recent:
-        return None
-    return sum(recent) / len(recent) * service_time
+    rate = _recent_rate(rates, now)
+    return None if rate is None else rate * service_time
 
 
 def decide(
@@ -445,25 +535,38 @@ def decide(
     # -- the trend of arrivals, over max(cold start, a minute)
     keep = max(policy.cold_start, TREND_WINDOW_SECONDS)
     rates = tuple((t, r) for t, r in state.rates if t >= now - keep)
-    if demand.arrival_rate is not None:
+    if current == 0 and demand.idle:
+        # a service at zero with nothing arriving has no history: the stream that wakes
+        # it is a step (0 -> r req/s), and over the ticks that follow a least-squares
+        # line through the zeros before it reads a steep ramp
+        rates = ()
+    elif demand.arrival_rate is not None:
         rates = (*rates, (now, demand.arrival_rate))
     rate = demand.arrival_rate
     growth = 1.0
     if rate and rate > 0:
-        forecast = rate + max(0.0, _trend(rates)) * policy.cold_start
-        growth = min(MAX_FORECAST_GROWTH, forecast / rate)
+        slope = _trend(rates, max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
+        growth = min(MAX_FORECAST_GROWTH, (rate + slope * policy.cold_start) / rate)
 
-    # -- the service time, by Little's law on the service's own endpoints: the ratio of
-    # the sums over a window (mean in flight / mean completion rate). A ratio per tick
-    # is biased and jumpy when a tick sees one or two completions (1 in flight over 1
-    # completion per s reads 1 s, over 0.33 reads 3 s), and lower traffic is noisier.
+    # -- the service time, by Little's law on the service's own endpoints: in-flight
+    # seconds over completions, summed over a window. A ratio per tick is biased and
+    # jumpy when a tick sees one or two completions (1 in flight over 1 completion per
+    # s reads 1 s, over 0.33 reads 3 s), and lower traffic is noisier.
     samples = tuple(x for x in state.service_samples if x[0] >= now - SERVICE_WINDOW_SECONDS)
-    if ready > 0 and demand.completion_rate is not None:
-        samples = (*samples, (now, demand.in_flight, demand.completion_rate))
+    if ready > 0 and demand.completion_rate is not None and state.last_tick is not None:
+        dt = now - state.last_tick
+        if dt > 0:
+            mean = (state.last_in_flight + demand.in_flight) / 2
+            samples = (*samples, (now, mean * dt, demand.completion_rate * dt))
     service_time = state.service_time
-    completed = sum(c for _, _, c in samples)
-    if completed > 0:
-        service_time = sum(f for _, f, _ in samples) / completed
+    busy = completed = 0.0
+    for _, f, c in reversed(samples):
+        if completed >= SERVICE_COMPLETIONS:
+            break
+        busy, completed = busy + f, completed + c
+    if completed >= MIN_SERVICE_COMPLETIONS:
+        service_time = busy / completed
+    woken = state.woken and service_time is None
 
     # -- idle bookkeeping
     idle_since = (
@@ -485,34 +588,41 @@ def decide(
             # With a measured service time S: what runs on the engines, plus the router
             # queue and the held requests as a backlog drained within a cold start
             # (coldStart / S batches; module docstring). What runs is Little's mean
-            # (arrival rate x S) when nothing is held: one sample of a Poisson stream's
-            # in-flight count follows every burst, and the scale-down window then keeps
-            # each burst's peak. While requests are held it is the sample: the engines
-            # of the replicas already up, and the rest is backlog, not forecast.
+            # (arrival rate x S, times the arrival forecast) when nothing is held: one
+            # sample of a Poisson stream's in-flight count follows every burst, and the
+            # scale-down window then keeps each burst's peak. While requests are held it
+            # is the sample, unforecast: the engines of the replicas already up, and the
+            # rest is backlog, not a rate.
             batches = max(1.0, policy.cold_start / service_time)
-            running = demand.in_flight if steady is None else steady
+            running = demand.in_flight if steady is None else steady * growth
             backlog = demand.queued + demand.held
-            want = math.ceil((running * growth + backlog / batches) / target - 1e-9)
-            if starting:
+            need = running + backlog / batches
+            want = math.ceil(need / target - 1e-9)
+            if (
+                steady is not None
+                and current > 0
+                and abs(need / (target * current) - 1) <= TOLERANCE
+            ):
+                want = current  # within the tolerance of what runs: noise (the HPA's rule)
+            if steady is None:  # requests held
                 note = (
                     f"; {_fmt(demand.held)} held drain in {_fmt(batches)} batches "
                     f"of {_fmt(service_time)}s per cold start"
                 )
             else:
-                note = f"; {_fmt(running)} mean in flight (arrivals x {_fmt(service_time)}s)"
-        elif not starting:
+                note = f"; {_fmt(steady)} mean in flight (arrivals x {_fmt(service_time)}s)"
+        elif not starting and not woken:
             want = math.ceil(demand.load * growth / target - 1e-9)
         else:
-            # not measured yet: the held requests keep at most the replicas asked for
-            engines = (demand.in_flight + demand.queued) * growth
-            want = max(
-                math.ceil(engines / target - 1e-9),
-                min(math.ceil(demand.held / target - 1e-9), replicas_now),
-            )
-            note = (
-                f"; {_fmt(demand.held)} held wait for the {replicas_now} "
-                f"starting (service time not measured yet)"
-            )
+            # not measured yet, and requests held, or released by the replicas started
+            # from zero: a backlog, whose size alone says nothing about how fast it
+            # drains; it keeps at most the replicas asked for (no forecast either)
+            want = min(math.ceil(demand.load / target - 1e-9), replicas_now)
+            if starting:
+                note = f"; {_fmt(demand.held)} held wait for the {replicas_now} starting"
+            else:
+                note = f"; the backlog released to the {replicas_now} started from zero"
+            note += " (service time not measured yet)"
         per = demand.load / replicas_now
         trend = f" (arrivals x{growth:.2f} in {_fmt(policy.cold_start)}s)" if growth > 1.005 else ""
         cmp = ">" if want > current else "<" if want < current else "~"
@@ -596,6 +706,9 @@ def decide(
             rates=rates,
             service_time=service_time,
             service_samples=samples,
+            woken=woken or (current == 0 and desired > 0 and service_time is None),
+            last_tick=now,
+            last_in_flight=demand.in_flight,
         ),
     )
 

@@ -174,10 +174,10 @@ class Autoscaler:
         self._clock = clock
         self._previous: dict[str, autoscale.RouterSnapshot] | None = None
         self._previous_at = 0.0
-        self._rates: dict[tuple[str, str], tuple[tuple[float, float], ...]] = {}
-        #: (ns, name) -> the measured service time (memory only, like the rates)
-        self._service_times: dict[tuple[str, str], float | None] = {}
-        self._service_samples: dict[tuple[str, str], tuple[tuple[float, float, float], ...]] = {}
+        #: (ns, name) -> the last decision's state; its memory-only part (the arrival
+        #: rates, the service time and its samples, ...) carries to the next tick, the
+        #: rest is read from status.autoscaling every tick
+        self._memory: dict[tuple[str, str], autoscale.State] = {}
         self._test_mode = os.environ.get("FLEETGATE_TEST_MODE") == "1"
         self._long_poll = long_poll
         self._wake = threading.Event()
@@ -467,7 +467,8 @@ class Autoscaler:
             ttft_class=policy.ttft_class,
             classes=classes.accepts(role) if role is not None else None,
         )
-        state = autoscale.State(
+        state = dataclasses.replace(
+            self._memory.get((ns, name), autoscale.State()),
             recommendations=tuple(
                 (t, int(r["replicas"]))
                 for r in old.get("recommendations") or ()
@@ -475,14 +476,9 @@ class Autoscaler:
             ),
             idle_since=_parse_time(old.get("idleSince")),
             last_scale_time=_parse_time(old.get("lastScaleTime")),
-            rates=self._rates.get((ns, name), ()),
-            service_time=self._service_times.get((ns, name)),
-            service_samples=self._service_samples.get((ns, name), ()),
         )
         decision = autoscale.decide(policy, demand, current, len(ready_pods), now, state)
-        self._rates[(ns, name)] = decision.state.rates
-        self._service_times[(ns, name)] = decision.state.service_time
-        self._service_samples[(ns, name)] = decision.state.service_samples
+        self._memory[(ns, name)] = decision.state
         return _Plan(
             ns=ns,
             name=name,
@@ -563,8 +559,9 @@ class Autoscaler:
                 API_VERSION, KIND, ns, name, {"spec": {"replicas": new_replicas}}, "scale"
             )
             log.info(
-                "autoscaling %s/%s: %d -> %d replicas (%d held; decided in %.3fs)",
+                "autoscaling %s/%s: %d -> %d replicas (%d held; decided in %.3fs): %s",
                 ns, name, current, new_replicas, round(demand.held), self._clock() - now,
+                reason,
             )  # fmt: skip
             kind = "ScaledUp" if new_replicas > current else "ScaledDown"
             if not reason.startswith(kind) and not (
@@ -631,9 +628,7 @@ class Autoscaler:
                 )
             except KubeError as e:
                 log.warning("autoscaling switched off for %s/%s: %s", ns, name, e)
-            self._rates.pop((ns, name), None)
-            self._service_times.pop((ns, name), None)
-            self._service_samples.pop((ns, name), None)
+            self._memory.pop((ns, name), None)
 
     def _mark(self, ns: str, pod: str, *, drain: bool) -> None:
         annotations: dict[str, Any] = (

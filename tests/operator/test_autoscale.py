@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from routerdemand import RouterDemand
 
@@ -175,10 +177,35 @@ def test_a_ramp_scales_up_before_the_load_arrives() -> None:
 
 
 def test_forecast_growth_is_capped() -> None:
-    p = policy(cold_start=3600.0)
-    state = State(rates=((0.0, 1.0), (10.0, 2.0)))
-    dec = decide(p, Demand(in_flight=8, arrival_rate=3.0), 2, 2, 20.0, state)
+    """A steep, steady rise (0 -> 10 req/s over 100 s, 100 s cold start) forecasts x11;
+    the forecast at most doubles the load."""
+    p = policy(cold_start=100.0)
+    state = State(rates=tuple((10.0 * i, float(i)) for i in range(10)))
+    dec = decide(p, Demand(in_flight=8, arrival_rate=10.0), 2, 2, 100.0, state)
     assert dec.desired == 4  # at most x2: ceil(16 / 4)
+    assert "arrivals x2.00 in 100s" in dec.reason
+
+
+def test_no_trend_from_a_short_history_or_from_noise() -> None:
+    """The run at aacdde1 woke from zero and read the step 0 -> 3 req/s over three
+    ticks as a slope that doubled the load (2 -> 3 replicas 1.3 s after the first was
+    Ready). A trend now needs a history spanning max(cold start, 10 s) and a slope
+    beyond two standard errors of a Poisson rate's noise."""
+    p = policy(cold_start=4.0, target_in_flight=2.0)
+    step = State(rates=((0.0, 0.0), (1.0, 0.0), (2.0, 3.0)))
+    dec = decide(p, Demand(in_flight=4.0, arrival_rate=3.0), 1, 1, 3.0, step)
+    assert dec.desired == 2, dec.reason  # ceil(4 / 2); the old slope 1.2/s: x2, 8 -> 4 (3)
+    assert "arrivals x" not in dec.reason
+    # 20 s of a flat 3 req/s stream as Poisson draws (least-squares slope +0.06/s, within
+    # two standard errors of 0.06): no forecast (before: x1.05, 2.1 in flight -> 2)
+    counts = [3, 2, 4, 1, 3, 5, 2, 3, 2, 4, 3, 1, 4, 3, 2, 5, 3, 4, 2, 4]
+    flat = State(rates=tuple((float(t), float(c)) for t, c in enumerate(counts)))
+    dec = decide(p, Demand(in_flight=2.0, arrival_rate=5.0), 1, 1, 20.0, flat)
+    assert (dec.desired, "arrivals x" in dec.reason) == (1, False), dec.reason
+    # the same span rising 3 -> 13 req/s is a trend
+    rising = State(rates=tuple((float(t), 3.0 + t / 2) for t in range(20)))
+    dec = decide(p, Demand(in_flight=2.0, arrival_rate=13.0), 1, 1, 20.0, rising)
+    assert "arrivals x1.15 in 4s" in dec.reason  # (13 + 0.5 x 4) / 13
 
 
 def test_spike_shorter_than_the_down_window_does_not_flap() -> None:
@@ -262,6 +289,36 @@ def test_held_requests_during_a_cold_start_keep_the_starting_replica_only() -> N
     assert "arrivals x" in dec.reason  # the forecast is there, it only spares the held
 
 
+def test_the_backlog_released_after_a_start_from_zero_is_no_rate() -> None:
+    """The bench's start from zero at aacdde1: 11 held while the first replica starts,
+    then released to it (4 running, 7 queued) before any completion measured the service
+    time. Read as load (x the start-up forecast) it asked for 3 replicas 1.3 s after
+    Ready that idled for the scale-down window; it keeps the one replica asked for until
+    the service time is measured, then Little's mean decides."""
+    p = policy(min_replicas=0, idle_window=15.0, cold_start=4.0, target_in_flight=2.0)
+    state = State()
+    for t in (-3.0, -2.0, -1.0):  # the router up, nothing arriving yet
+        state = decide(p, Demand(arrival_rate=0.0), 0, 0, t, state).state
+    dec = decide(p, Demand(held=1.0, arrival_rate=1.7), 0, 0, 0.6, state)  # woken at once
+    assert dec.desired == 1
+    current = dec.desired
+    for t, held in ((1.6, 4.0), (2.6, 7.0), (3.6, 11.0)):
+        dec = decide(p, Demand(held=held, arrival_rate=3.0), current, 1, t, dec.state)
+        assert dec.desired == 1, dec.reason
+    released = Demand(in_flight=4.0, queued=7.0, arrival_rate=4.0, completion_rate=4.0)
+    dec = decide(p, released, 1, 1, 4.6, dec.state)
+    assert dec.desired == 1, dec.reason
+    assert "backlog released to the 1 started from zero" in dec.reason
+    # the next tick measures it: (0 + 4) / 2 + (4 + 3) / 2 in-flight seconds over 4 + 10
+    # completions, 0.39 s; then Little's mean (3 req/s x 0.39 s) decides
+    dec = decide(p, Demand(in_flight=3.0, arrival_rate=3.0, completion_rate=10.0), 1, 1,
+                 5.6, dec.state)  # fmt: skip
+    assert dec.state.service_time == pytest.approx((2.0 + 3.5) / 14)
+    assert dec.desired == 1, dec.reason
+    assert "mean in flight" in dec.reason
+    assert not dec.state.woken
+
+
 def test_held_requests_count_by_the_batches_a_replica_drains_in_a_cold_start() -> None:
     """Service time 5 s, cold start 30 s: a replica drains 6 batches of 4 in a cold
     start, so 60 held need 60 / 6 = 10 in flight, 3 replicas (before: ceil(60/4) = 15,
@@ -296,24 +353,37 @@ def test_held_requests_are_a_backlog_even_when_the_pods_say_ready() -> None:
 
 
 def test_service_time_is_measured_by_littles_law_on_ready_replicas() -> None:
+    """In-flight seconds (the mean of a tick's two ends x its span) over completions,
+    summed over the last 100 completions (at most 60 s), once there are 10."""
     p = policy()
-    first = decide(p, Demand(in_flight=8.0, completion_rate=16.0), 2, 2, 0.0, State())
-    assert first.state.service_time == pytest.approx(0.5)
-    second = decide(p, Demand(in_flight=8.0, completion_rate=8.0), 2, 2, 1.0, first.state)
-    # the ratio of the sums over the window: (8 + 8) / (16 + 8), not the mean of ratios
-    assert second.state.service_time == pytest.approx(2 / 3)
-    none_ready = decide(p, Demand(in_flight=8.0, completion_rate=1.0), 2, 0, 2.0, second.state)
-    assert none_ready.state.service_time == pytest.approx(2 / 3)  # no sample without Ready
-    idle = decide(p, Demand(completion_rate=0.0), 2, 2, 3.0, second.state)
-    assert idle.state.service_time == pytest.approx(2 / 3)  # an empty tick adds nothing
-    # ticks with one completion each do not make it jump: 1 in flight at 1/s, then at
-    # 1/3 s, reads 2 / 1.33 = 1.5 s, where the per-tick ratios read 1 s and 3 s
-    sparse = decide(p, Demand(in_flight=1.0, completion_rate=1.0), 1, 1, 0.0, State())
-    sparse = decide(p, Demand(in_flight=1.0, completion_rate=1 / 3), 1, 1, 1.0, sparse.state)
-    assert sparse.state.service_time == pytest.approx(1.5)
-    # samples older than the window leave it
-    later = decide(p, Demand(in_flight=2.0, completion_rate=4.0), 1, 1, 100.0, sparse.state)
-    assert later.state.service_time == pytest.approx(0.5)
+    first = decide(p, Demand(in_flight=8.0), 2, 2, 0.0, State())  # no rate yet
+    second = decide(p, Demand(in_flight=8.0, completion_rate=16.0), 2, 2, 1.0, first.state)
+    assert second.state.service_time == pytest.approx(0.5)  # 8 x 1 s / 16
+    third = decide(p, Demand(in_flight=4.0, completion_rate=8.0), 2, 2, 2.0, second.state)
+    # the ratio of the sums, not the mean of ratios: (8 + 6) / (16 + 8)
+    assert third.state.service_time == pytest.approx(14 / 24)
+    none_ready = decide(p, Demand(in_flight=8.0, completion_rate=1.0), 2, 0, 3.0, third.state)
+    assert none_ready.state.service_time == pytest.approx(14 / 24)  # no sample without Ready
+    # a tick that starts from a full engine and an empty one reads the mean of both ends:
+    # the first tick after a cold start (0 -> 4 running, 4 completions in the part of
+    # the tick the replica served) reads 0.5 s, not 1 s
+    woke = decide(p, Demand(in_flight=0.0), 1, 0, 0.0, State())
+    woke = decide(p, Demand(in_flight=4.0, completion_rate=4.0), 1, 1, 1.0, woke.state)
+    assert woke.state.service_samples == ((1.0, 2.0, 4.0),)
+    assert woke.state.service_time is None  # 4 completions: not measured yet
+    woke = decide(p, Demand(in_flight=4.0, completion_rate=6.0), 1, 1, 2.0, woke.state)
+    assert woke.state.service_time == pytest.approx(6 / 10)
+    # at a few requests per second the window reaches back to 100 completions (here
+    # 25 s of ticks, older than the 15 s it was), beyond them the older ticks leave it
+    slow = State(last_tick=0.0, last_in_flight=1.0)
+    for t in range(1, 41):
+        slow = decide(p, Demand(in_flight=1.0, completion_rate=4.0), 1, 1, float(t), slow).state
+    assert slow.service_time == pytest.approx(0.25)
+    slow = decide(p, Demand(in_flight=9.0, completion_rate=4.0), 1, 1, 41.0, slow).state
+    assert slow.service_time == pytest.approx((24 * 1.0 + 5.0) / 100)  # 25 ticks x 4
+    # ticks older than 60 s leave it whatever they hold
+    later = decide(p, Demand(in_flight=1.0, completion_rate=20.0), 1, 1, 120.0, slow)
+    assert later.state.service_samples == ((120.0, (9.0 + 1.0) / 2 * 79.0, 20.0 * 79.0),)
 
 
 def test_in_flight_rule_uses_littles_law_once_the_service_time_is_measured() -> None:
@@ -346,6 +416,62 @@ def test_in_flight_rule_uses_littles_law_once_the_service_time_is_measured() -> 
     # 16 queued beyond the engines at 1 s per request and a 4 s cold start: 4 batches
     queued = decide(p, Demand(arrival_rate=4.0, queued=16.0), 1, 1, 0.0, State(service_time=1.0))
     assert queued.desired == 2  # ceil((4 + 16 / 4) / 4)
+
+
+def test_the_arrival_history_of_a_service_at_zero_starts_at_its_wake() -> None:
+    """Idle ticks at zero replicas (before the bench's trace starts) are no history: with
+    them, the stream of 3 req/s that woke the service read, once 10 s were spanned, as a
+    significant slope through the zeros (x2 at 8 s after the wake in the model of the
+    bench: 1 -> 2 replicas)."""
+    p = policy(min_replicas=0, idle_window=15.0, cold_start=4.0, target_in_flight=2.0)
+    state, current = State(), 0
+    for t in range(-5, 0):
+        dec = decide(p, Demand(arrival_rate=0.0), current, current, float(t), state)
+        state, current = dec.state, dec.desired
+    assert state.rates == ()
+    for t in range(12):
+        d = Demand(in_flight=1.0, arrival_rate=3.0 + (t % 3) - 1, held=0.0 if t else 1.0)
+        dec = decide(p, d, current, current, float(t), state)
+        state, current = dec.state, dec.desired
+        assert "arrivals x" not in dec.reason, (t, dec.reason)
+    assert current == 1 and len(state.rates) == 12
+
+
+def test_littles_mean_follows_a_stream_that_stops_and_not_its_noise() -> None:
+    """The recent rate is the last 5 s of arrivals cut where they changed: when a peak of
+    15 req/s stops, Little's mean reads 0 on the next tick (the 5 s mean read 12 x 0.4 s
+    = 4.8 in flight, 3 replicas, and the scale-down window kept them 4 s longer); the
+    ticks of a steady Poisson stream are not cut."""
+    p = policy(cold_start=4.0, target_in_flight=2.0, down_window=0.0)
+    peak = State(rates=tuple((float(t), 15.0) for t in range(10)), service_time=0.4)
+    dec = decide(p, Demand(in_flight=6.0, arrival_rate=0.0), 3, 3, 10.0, peak)
+    assert dec.recommendation == 1, dec.reason
+    assert "0 mean in flight" in dec.reason
+    quiet = State(rates=((0.0, 3.0), (1.0, 2.0), (2.0, 5.0), (3.0, 1.0), (4.0, 4.0)),
+                  service_time=0.4)  # fmt: skip
+    dec = decide(p, Demand(in_flight=1.0, arrival_rate=6.0), 1, 1, 5.0, quiet)
+    assert "1.4 mean in flight" in dec.reason  # (2 + 5 + 1 + 4 + 6) / 5 x 0.4
+
+
+def test_littles_mean_is_over_10_s_and_within_the_tolerance_keeps_the_replicas() -> None:
+    """At 3 req/s x 0.54 s (the heavy trace's quiet phase) the mean is 1.6 in flight, one
+    replica at target 2; a 5 s mean of the arrivals is +-26% and its Poisson highs
+    read above 2 and added a replica (2e7a267: 1 -> 2 at 9.7 s and 22.9 s). Over 10 s,
+    and with the HPA's 10% tolerance around what runs, they do not; a real rise does."""
+    p = policy(cold_start=4.0, target_in_flight=2.0, down_window=0.0)
+    ticks = [3.0, 2.0, 4.0, 3.0, 2.0, 3.0, 4.0, 5.0, 4.0, 4.0]  # the last 5 s: 4.0 req/s
+    quiet = State(rates=tuple((float(t), r) for t, r in enumerate(ticks)), service_time=0.54)
+    dec = decide(p, Demand(in_flight=2.0, arrival_rate=4.0), 1, 1, 10.0, quiet)
+    assert "1.9 mean in flight" in dec.reason  # 10 s of 3.5 req/s x 0.54 (5 s: 4.2 x 0.54 = 2.3)
+    assert dec.desired == 1, dec.reason
+    # within 10% of one replica's target: noise, kept
+    edge = State(rates=tuple((float(t), 4.0) for t in range(10)), service_time=0.54)
+    dec = decide(p, Demand(in_flight=2.0, arrival_rate=4.0), 1, 1, 10.0, edge)
+    assert (dec.desired, "2.2 mean in flight" in dec.reason) == (1, True), dec.reason
+    # beyond it: scaled
+    rising = dataclasses.replace(edge, rates=tuple((float(t), 4.5) for t in range(10)))
+    dec = decide(p, Demand(in_flight=2.0, arrival_rate=4.5), 1, 1, 10.0, rising)
+    assert dec.desired == 2, dec.reason
 
 
 def test_restart_with_state_from_status_keeps_the_down_window() -> None:

@@ -628,6 +628,12 @@ def test_the_measured_service_time_sizes_a_held_backlog_across_ticks(kube: FakeK
     clock.now += 1
     router.complete("svc", "ns/svc-0", 4)  # 4/s with 2 in flight: 0.5 s each
     scaler.run_once()
+    clock.now += 1
+    router.complete("svc", "ns/svc-0", 4)  # 8 completions: not measured yet
+    scaler.run_once()
+    clock.now += 1
+    router.complete("svc", "ns/svc-0", 4)  # 12: measured
+    scaler.run_once()
     assert _svc(kube)["spec"]["replicas"] == 1
     pod = kube.objects[("Pod", "ns", "svc-0")]
     pod["status"]["conditions"][0]["status"] = "False"  # restarting: not Ready
