@@ -47,8 +47,9 @@ def _root(block_size: int, salt: str | None) -> bytes:
     return hashlib.blake2b(seed, digest_size=8).digest()
 
 
-def _step(parent: bytes, tokens: Sequence[int]) -> bytes:
-    return hashlib.blake2b(parent + array.array("Q", tokens).tobytes(), digest_size=8).digest()
+def _step(parent: bytes, tokens: bytes) -> bytes:
+    """The next chain key from the parent's and one block's token ids (uint64 bytes)."""
+    return hashlib.blake2b(parent + tokens, digest_size=8).digest()
 
 
 def block_keys(
@@ -65,9 +66,8 @@ def block_keys(
     # as _step's per-block array: 30% less CPU at 16k tokens)
     data = array.array("Q", token_ids).tobytes()
     width = block_size * 8
-    blake2b = hashlib.blake2b
     for start in range(0, len(token_ids) // block_size * width, width):
-        prev = blake2b(prev + data[start : start + width], digest_size=8).digest()
+        prev = _step(prev, data[start : start + width])
         out.append(int.from_bytes(prev, "big"))
     return tuple(out)
 
@@ -76,7 +76,7 @@ def _next_key(
     parent_key: int | None, tokens: Sequence[int], block_size: int, salt: str | None
 ) -> int:
     parent = _root(block_size, salt) if parent_key is None else parent_key.to_bytes(8, "big")
-    return int.from_bytes(_step(parent, tokens), "big")
+    return int.from_bytes(_step(parent, array.array("Q", tokens).tobytes()), "big")
 
 
 DEFAULT_MAX_BLOCKS = 2_000_000

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
+from fleetgate.router.scheduling.kvindex import block_keys
 from fleetgate.router.scheduling.tokenize import Tokenizer, prompt_token_ids
 from fleetgate_tools.bench.workloads import Session
 
@@ -43,12 +44,7 @@ def _requests(
         ids = prompt_token_ids({"messages": s.messages_for(0, [])}, tokenizer)
         if ids is None:
             return None
-        keys: list[int] = []
-        h = 0
-        for i in range(len(ids) // block):
-            h = hash((h, tuple(ids[i * block : (i + 1) * block])))
-            keys.append(h)
-        out.append((s.start_s, len(ids), keys))
+        out.append((s.start_s, len(ids), list(block_keys(ids, block))))
     return iter(out)
 
 
