@@ -133,9 +133,12 @@ def refs_of(pids: dict[str, int]) -> list[ProcRef]:
 def test_cli_foreground_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     proc, pids, _ = start_foreground(tmp_path / "kc.yaml")
     refs = refs_of(pids)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)  # at once after "running": no window where it escapes
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)  # an impatient second Ctrl-C must not abort the stop
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
+    assert "stopping" in out
     assert "stopped: kwok terminated" in out
     assert [r for r in refs if is_running(r)] == []
 

@@ -135,17 +135,21 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _foreground(cluster: DevCluster) -> int:
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+    # The handler only sets a flag: an exception raised from a signal handler can land
+    # anywhere, e.g. between the "running" line and the try block (the test that sends
+    # SIGINT right after that line saw exit 130 and nothing stopped). A second Ctrl-C
+    # while stopping is ignored, so the stop always finishes.
+    signals: list[int] = []
 
-    # SIGINT too: a shell starts background jobs with SIGINT ignored, and then Python
-    # never installs its KeyboardInterrupt handler
-    previous = {sig: signal.signal(sig, on_term) for sig in (signal.SIGTERM, signal.SIGINT)}
-    print("running; Ctrl-C to stop")
-    sys.stdout.flush()
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        signals.append(signum)
+
+    # SIGINT too: a shell starts background jobs with SIGINT ignored
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = 0
     try:
-        while True:
+        print("running; Ctrl-C to stop", flush=True)
+        while not signals:
             dead = cluster.dead_components()
             if dead:
                 print(
@@ -153,14 +157,15 @@ def _foreground(cluster: DevCluster) -> int:
                 )
                 code = 1
                 break
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        print("stopping")
+            time.sleep(0.2)
+        if signals:
+            print("stopping", flush=True)
+        outcome = cluster.stop()
+        print("stopped: " + ", ".join(f"{k} {v}" for k, v in outcome.items()), flush=True)
     finally:
+        cluster.stop()  # idempotent: a no-op after the stop above
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        outcome = cluster.stop()
-        print("stopped: " + ", ".join(f"{k} {v}" for k, v in outcome.items()))
     return code
 
 
