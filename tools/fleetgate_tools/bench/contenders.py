@@ -47,6 +47,8 @@ fleetgate ablations are configuration variations of the same router
   its ``kv_events`` endpoint and ``scheduling.tokenizers`` maps the model to the
   emulator's tokenizer (``{kind: emulator}``). Needs a router that takes those
   keys (issue 13 section 3); :func:`events_support_error` says when it does not.
+* ``fleetgate-events-lb1``   ``fleetgate-events`` with ``scheduling.load_bound: 1.0``
+  whatever ``router_replicas`` says (the replicas' shared view is the engines' events)
 * ``fleetgate-approx``       the same as ``fleetgate`` (the approximate prefix
   view, no events), under the name the issue's comparisons use
 * ``round-robin-no-classes`` the ``fleetgate demo`` baseline: what a plain load
@@ -216,6 +218,14 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             kv_events=True,
             description="default weights, exact prefix view from the engines' KV events",
+        ),
+        Contender(
+            "fleetgate-events-lb1",
+            "fleetgate",
+            kv_events=True,
+            load_bound=1.0,
+            description="exact prefix view, affinity spills only above 2x the mean load "
+            "(also with router replicas)",
         ),
         Contender(
             "fleetgate-approx",
