@@ -49,6 +49,9 @@ fleetgate ablations are configuration variations of the same router
   keys (issue 13 section 3); :func:`events_support_error` says when it does not.
 * ``fleetgate-events-lb1``   ``fleetgate-events`` with ``scheduling.load_bound: 1.0``
   whatever ``router_replicas`` says (the replicas' shared view is the engines' events)
+* ``fleetgate-events-no-prefill-cost`` ``fleetgate-events`` with ``prefill_slack: null``:
+  the prefill-cost rule weighs the router's OWN backlog, which router replicas do not
+  share, so two replicas may place one new prefix on two engines
 * ``fleetgate-approx``       the same as ``fleetgate`` (the approximate prefix
   view, no events), under the name the issue's comparisons use
 * ``round-robin-no-classes`` the ``fleetgate demo`` baseline: what a plain load
@@ -226,6 +229,13 @@ CONTENDERS: dict[str, Contender] = {
             load_bound=1.0,
             description="exact prefix view, affinity spills only above 2x the mean load "
             "(also with router replicas)",
+        ),
+        Contender(
+            "fleetgate-events-no-prefill-cost",
+            "fleetgate",
+            kv_events=True,
+            scheduling=(("prefill_slack", None),),
+            description="exact prefix view, the prefill-cost rule off (load bound alone)",
         ),
         Contender(
             "fleetgate-approx",
