@@ -52,6 +52,7 @@ fleetgate ablations are configuration variations of the same router
 * ``fleetgate-events-no-prefill-cost`` ``fleetgate-events`` with ``prefill_slack: null``:
   the prefill-cost rule weighs the router's OWN backlog, which router replicas do not
   share, so two replicas may place one new prefix on two engines
+* ``fleetgate-events-no-prefill-cost-lb1`` the same with ``load_bound: 1.0``
 * ``fleetgate-approx``       the same as ``fleetgate`` (the approximate prefix
   view, no events), under the name the issue's comparisons use
 * ``round-robin-no-classes`` the ``fleetgate demo`` baseline: what a plain load
@@ -236,6 +237,14 @@ CONTENDERS: dict[str, Contender] = {
             kv_events=True,
             scheduling=(("prefill_slack", None),),
             description="exact prefix view, the prefill-cost rule off (load bound alone)",
+        ),
+        Contender(
+            "fleetgate-events-no-prefill-cost-lb1",
+            "fleetgate",
+            kv_events=True,
+            load_bound=1.0,
+            scheduling=(("prefill_slack", None),),
+            description="exact prefix view, the prefill-cost rule off, load bound 1.0",
         ),
         Contender(
             "fleetgate-approx",
