@@ -130,7 +130,7 @@ def pipeline_for(sched: Scheduling) -> Pipeline:
         queue_work=sched.queue_work,
         picker=sched.picker,
         cold_choices=sched.effective_cold_choices(),
-        prefill_slack=sched.prefill_slack,
+        prefill_slack=sched.effective_prefill_slack(),
         prefill_slack_tokens=sched.prefill_slack_tokens,
         bound_tokens=sched.load_bound_tokens,
         queue_ratio=sched.queue_ratio,

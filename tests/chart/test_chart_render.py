@@ -138,6 +138,8 @@ def test_router_replicas_reach_the_router_config_and_its_checksum() -> None:
     single = render("--set", "router.replicas=1")
     assert parse_config(_router_config(single)).scheduling.effective_cold_choices() is None
     assert parse_config(_router_config(single)).scheduling.effective_load_bound() == 1.0
+    assert parse_config(_router_config(default)).scheduling.effective_prefill_slack() is None
+    assert parse_config(_router_config(single)).scheduling.effective_prefill_slack() == 0.25
     checksum = "checksum/config"
     pod = one(default, "Deployment", "router")["spec"]["template"]["metadata"]["annotations"]
     pod1 = one(single, "Deployment", "router")["spec"]["template"]["metadata"]["annotations"]

@@ -184,6 +184,23 @@ def test_load_bound_follows_the_router_replica_count(
     assert config.scheduling.effective_load_bound() == effective
 
 
+@pytest.mark.parametrize(
+    ("scheduling", "effective"),
+    [
+        ({}, 0.25),  # one router knows every prefill it queued
+        ({"router_replicas": 2}, None),  # replicas each see their own: rendezvous instead
+        ({"router_replicas": 2, "prefill_slack": 0.5}, 0.5),
+        ({"router_replicas": 2, "prefill_slack": 0.25}, 0.25),  # explicit = the default
+        ({"prefill_slack": None}, None),  # an explicit null still turns it off
+    ],
+)
+def test_prefill_slack_follows_the_router_replica_count(
+    scheduling: dict[str, object], effective: float | None
+) -> None:
+    config = parse_config({"pools": [], "scheduling": scheduling})
+    assert config.scheduling.effective_prefill_slack() == effective
+
+
 def test_load_bound_rejects_negative() -> None:
     with pytest.raises(ValueError, match="load_bound"):
         parse_config({"pools": [], "scheduling": {"load_bound": -0.1}})
@@ -198,8 +215,10 @@ def test_the_router_builds_its_affinity_scorer_from_the_scheduling_section() -> 
 
     default = scorer({})
     assert (default.load_bound, default.bound_tokens, default.cold_choices) == (1.0, 1640, None)
+    assert default.prefill_slack == 0.25
     replicas = scorer({"router_replicas": 2, "load_bound_tokens": None})
     assert (replicas.load_bound, replicas.bound_tokens, replicas.cold_choices) == (0.25, None, 1)
+    assert replicas.prefill_slack is None
 
 
 def test_load_bound_tokens_default_null_and_bad_values() -> None:
