@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Count where router replicas copied a document: a decision-trace analysis.
+
+Reads every ``PREFIX.<pid>`` file the router wrote with ``FLEETGATE_DECISION_TRACE=PREFIX``
+(one per replica), merges the placements by time (the trace's ``t`` is the monotonic
+clock, shared by processes on one machine) and groups them by document (the prompt's
+first approximate chunk). A *new-engine placement* is a request for a document sent to
+an engine no earlier request for it went to: a full prefill and a second copy.
+
+    python hack/decision_trace_placements.py /tmp/trace/t
+
+Prints the placements by reason, then the new-engine placements by (reason, whether
+this replica's view held the document anywhere, whether an earlier placement was made
+by the same replica), with the uncached prompt tokens the engines reported for them.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import sys
+from typing import Any
+
+
+def load(prefix: str) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    placements: list[dict[str, Any]] = []
+    usage: dict[str, dict[str, Any]] = {}
+    for path in glob.glob(prefix + ".*"):
+        replica = path.rsplit(".", 1)[1]
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                if "usage" in record:
+                    usage[record["usage"]] = record
+                else:
+                    record["replica"] = replica
+                    placements.append(record)
+    placements.sort(key=lambda r: r["t"])
+    return placements, usage
+
+
+def new_engine_placements(
+    placements: list[dict[str, Any]], usage: dict[str, dict[str, Any]]
+) -> tuple[collections.Counter[tuple[str, str, str]], collections.Counter[tuple[str, str, str]]]:
+    count: collections.Counter[tuple[str, str, str]] = collections.Counter()
+    tokens: collections.Counter[tuple[str, str, str]] = collections.Counter()
+    by_doc: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+    for r in placements:
+        by_doc[r["doc"]].append(r)
+    for records in by_doc.values():
+        seen: dict[str, str] = {}  # engine -> replica that first placed the document there
+        for r in records:
+            pick = r["pick"]
+            if seen and pick not in seen:
+                # eps: endpoint -> [exact tokens, approximate tokens, work, backlog, score]
+                held = any(v[0] or v[1] for v in r["eps"].values())
+                same = r["replica"] in seen.values()
+                key = (
+                    r["reason"],
+                    "held somewhere" if held else "held nowhere",
+                    "same replica before" if same else "other replica before",
+                )
+                count[key] += 1
+                u = usage.get(r["id"])
+                if u is not None:
+                    tokens[key] += u["prompt"] - u["cached"]
+            seen.setdefault(pick, r["replica"])
+    return count, tokens
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    placements, usage = load(argv[1])
+    if not placements:
+        print(f"no trace files {argv[1]}.*", file=sys.stderr)
+        return 2
+    print(
+        f"placements: {len(placements)}", dict(collections.Counter(r["reason"] for r in placements))
+    )
+    count, tokens = new_engine_placements(placements, usage)
+    print(f"new-engine placements: {sum(count.values())}, uncached tokens {sum(tokens.values())}")
+    for key, n in count.most_common():
+        print(f"  {' / '.join(key)}: {n} ({tokens[key]} tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
