@@ -356,3 +356,26 @@ def test_tool_process_gets_only_the_offline_environment(
     assert not any(
         line.startswith(("OTEL_EXPORTER", "HTTPS_PROXY=", "PYTHONPATH=")) for line in lines
     )
+
+
+@pytest.mark.parametrize(("name", "events"), [("fleetgate-events", True), ("fleetgate", False)])
+def test_the_fleet_publishes_kv_events_when_the_contender_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, events: bool
+) -> None:
+    """An events contender needs the engines' sockets: inference-perf's fleet is started
+    as ``bench run`` starts it (it was started without events, and the router failed)."""
+    from fleetgate_tools.bench import contenders, runner
+
+    asked: list[object] = []
+
+    def start_fleet(*args: object, **kwargs: object) -> runner.Fleet:
+        asked.append(kwargs.get("kv_events"))
+        raise OSError("no fleet in this test")
+
+    monkeypatch.setattr(runner, "start_fleet", start_fleet)
+    scenario = scenarios.make("shared-prefix", engines=2, duration_s=4, time_scale=2, seed=0)
+    figs = infperf_run.run_infperf(
+        scenario, contenders.CONTENDERS[name], tmp_path, tmp_path, tmp_path, 1.0, None
+    )
+    assert asked == [events]
+    assert figs.error is not None and "no fleet in this test" in figs.error

@@ -222,7 +222,7 @@ def run_infperf(
     router: procs.Proc | None = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        fleet = runner.start_fleet(scenario, run_dir, env=env)
+        fleet = runner.start_fleet(scenario, run_dir, env=env, kv_events=contender.kv_events)
         router, url = runner.start_contender(
             contender, fleet, run_dir, scenario, peers_root, env=env
         )
