@@ -14,9 +14,10 @@ emulated engine of the pod's kind on each kwok pod's IP after a modelled cold st
 ``--pool vllm`` (the default), one InferenceService (model ``llama-3.1-8b``,
 ``maxNumSeqs: --max-num-seqs``, 8 by default):
 
-* ``fleetgate-autoscale``: ``spec.autoscaling`` {minReplicas 0, maxReplicas
-  ``--peak-replicas``, targetInFlightPerReplica ``--target-in-flight`` (4), scaleToZeroAfterSeconds,
-  coldStartSeconds}; it starts at zero replicas;
+* ``fleetgate-autoscale``: ``spec.autoscaling`` {minReplicas ``--min-replicas`` (0),
+  maxReplicas ``--peak-replicas``, targetInFlightPerReplica ``--target-in-flight`` (4),
+  scaleToZeroAfterSeconds, coldStartSeconds}; it starts at minReplicas (with 0, the
+  trace's cold request waits for zero; with 1, as the HPA, it meets a warm replica);
 * ``static-peak``: ``replicas: --peak-replicas`` (sized for the peak), every engine
   up before the trace starts;
 * ``hpa-prometheus``: the setup the ecosystem documents today. No ``spec.autoscaling``:
@@ -306,9 +307,9 @@ def inference_services(ns: str, contender: str, args: argparse.Namespace) -> lis
         }
         cold = args.cold_start if kind == "vllm" else args.trtllm_cold_start
         if contender == "fleetgate-autoscale":
-            spec["replicas"] = 0
+            spec["replicas"] = args.min_replicas
             spec["autoscaling"] = {
-                "minReplicas": 0, "maxReplicas": args.peak_replicas,
+                "minReplicas": args.min_replicas, "maxReplicas": args.peak_replicas,
                 "targetInFlightPerReplica": args.target_in_flight,
                 "scaleDownStabilizationSeconds": max(1, round(10 * args.scale)),
                 "scaleToZeroAfterSeconds": max(1, round(15 * args.scale)),
@@ -442,7 +443,7 @@ async def run_contender(
             end = sum(p.seconds for p in trace(args.scale, args.base_rate))
             await asyncio.sleep(max(0.0, t0 + end - time.monotonic()))
             # the cold request: at zero replicas for fleetgate (it must have got there)
-            if contender == "fleetgate-autoscale":
+            if contender == "fleetgate-autoscale" and args.min_replicas == 0:
                 with contextlib.suppress(TimeoutError):
                     await wait_until(
                         lambda: asyncio.to_thread(lambda: setup.live_pods()[0] == 0), 60, "zero"
@@ -622,6 +623,12 @@ def main() -> int:
         default=8,
         help="sequences per engine batch (vLLM maxNumSeqs, TensorRT-LLM maxBatchSize)",
     )
+    parser.add_argument(
+        "--min-replicas",
+        type=int,
+        default=0,
+        help="fleetgate-autoscale: minReplicas (0: scale to zero; 1: as the HPA, no cold start)",
+    )
     parser.add_argument("--cold-start", type=float, default=3.0, help="vLLM cold start (s)")
     parser.add_argument(
         "--trtllm-cold-start", type=float, default=None, help="TensorRT-LLM's (default: vLLM's)"
@@ -666,10 +673,11 @@ def main() -> int:
         or args.peak_replicas < 1
         or args.target_in_flight < 1
         or args.max_num_seqs < 1
+        or not 0 <= args.min_replicas <= args.peak_replicas
     ):
         parser.error(
             "want 0 < --scale <= 10, --base-rate > 0, --peak-replicas >= 1, "
-            "--target-in-flight >= 1, --max-num-seqs >= 1"
+            "--target-in-flight >= 1, --max-num-seqs >= 1, 0 <= --min-replicas <= --peak-replicas"
         )
     if args.hpa_target <= 0 or args.hpa_sync_period <= 0:
         parser.error("want --hpa-target > 0 and --hpa-sync-period > 0")
