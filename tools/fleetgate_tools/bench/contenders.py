@@ -53,6 +53,7 @@ fleetgate ablations are configuration variations of the same router
   the prefill-cost rule weighs the router's OWN backlog, which router replicas do not
   share, so two replicas may place one new prefix on two engines
 * ``fleetgate-events-no-prefill-cost-lb1`` the same with ``load_bound: 1.0``
+* ``fleetgate-events-flat-bound`` ``fleetgate-events`` with ``load_bound_tokens: null``
 * ``fleetgate-approx``       the same as ``fleetgate`` (the approximate prefix
   view, no events), under the name the issue's comparisons use
 * ``round-robin-no-classes`` the ``fleetgate demo`` baseline: what a plain load
@@ -245,6 +246,13 @@ CONTENDERS: dict[str, Contender] = {
             load_bound=1.0,
             scheduling=(("prefill_slack", None),),
             description="exact prefix view, the prefill-cost rule off, load bound 1.0",
+        ),
+        Contender(
+            "fleetgate-events-flat-bound",
+            "fleetgate",
+            kv_events=True,
+            scheduling=(("load_bound_tokens", None),),
+            description="exact prefix view, one load bound for every prefix (not hit-weighted)",
         ),
         Contender(
             "fleetgate-approx",
