@@ -315,6 +315,8 @@ def inference_services(ns: str, contender: str, args: argparse.Namespace) -> lis
                 "scaleToZeroAfterSeconds": max(1, round(15 * args.scale)),
                 "coldStartSeconds": max(1, round(cold + 1)), "drainTimeoutSeconds": 60,
             }  # fmt: skip
+            if args.min_replicas > 0:  # the CRD refuses scale-to-zero settings then
+                del spec["autoscaling"]["scaleToZeroAfterSeconds"]
         elif contender == "hpa-prometheus":
             spec["replicas"] = 1  # the HPA's minReplicas; it owns spec.replicas from then on
         else:
