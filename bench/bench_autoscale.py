@@ -413,11 +413,14 @@ async def run_contender(
                 return False
 
             statics = service_replicas(args.pool, args.peak_replicas).values()
-            want = {"fleetgate-autoscale": 0, "hpa-prometheus": 1}.get(
+            # every contender starts the trace with its starting replicas healthy (the
+            # router holds requests only for a service scaling from zero)
+            floor = args.min_replicas * len(list(statics))
+            want = {"fleetgate-autoscale": floor, "hpa-prometheus": 1}.get(
                 contender, sum(n for _, n in statics)
             )
             if want:
-                await wait_until(lambda: healthy(want), 120, "static replicas healthy")
+                await wait_until(lambda: healthy(want), 120, "starting replicas healthy")
             else:
                 await wait_until(lambda: healthy(0), 60, "router up")
             t0 = time.monotonic()
