@@ -54,9 +54,12 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   most the replicas already asked for (``max(current, 1)``): the backlog's size alone
   says nothing about how fast it drains; so do the in-flight and queued requests of a
   service started from zero until ``S`` is measured (the backlog its first replica
-  released, not a rate). Why: requests held during a cold start read as demand for
-  several replicas that were Ready only after the first one had drained them, then idled
-  for the scale-down window (bench/results/autoscale-5b165c0-rate3-t8.md);
+  released, not a rate) or a cold start has passed since its release (what still
+  runs then is demand: requests too long for 10 completions in a cold start kept a
+  woken service at one replica through a burst). Why: requests held during a cold
+  start read as demand for several replicas that were Ready only after the first one
+  had drained them, then idled for the scale-down window
+  (bench/results/autoscale-5b165c0-rate3-t8.md);
 * **KV cache**: HPA's ratio, ``ceil(ready * meanKvUsage / target)``;
 * **TTFT attainment**: one more replica while a class misses its attainment over
   the last decision interval (a reaction, so it only ever adds);
@@ -410,9 +413,12 @@ class State:
     """Recent ``(time, in-flight x seconds, completions)`` per tick, the service time is
     measured over (:data:`SERVICE_WINDOW_SECONDS`); memory only."""
     woken: bool = False
-    """Scaled up from zero with the service time not measured yet (cleared once it is):
-    until then what its engines run and queue is the backlog released by the first
-    replica, not a rate. Memory only."""
+    """Scaled up from zero with the service time not measured yet (cleared once it is,
+    or a cold start after the backlog was released): until then what its engines run
+    and queue is the backlog released by the first replica, not a rate. Memory only."""
+    released_at: float | None = None
+    """While woken: when the held backlog was released (the first tick with a Ready
+    replica and nothing held). Memory only."""
     last_tick: float | None = None
     """When the previous decision ran (memory only): the span of this tick's samples."""
     last_in_flight: float = 0.0
@@ -567,6 +573,15 @@ def decide(
     if completed >= MIN_SERVICE_COMPLETIONS:
         service_time = busy / completed
     woken = state.woken and service_time is None
+    # The released backlog drains within a cold start (the premise of the held rule
+    # below); what still runs and queues a cold start after its release is demand,
+    # even when requests so long that 10 have not completed leave S unmeasured (the
+    # e2e burst of 8 s streams at 6e2017a stayed at 1 replica for its 15 s).
+    released_at = state.released_at if woken else None
+    if woken and released_at is None and ready > 0 and demand.held == 0:
+        released_at = now
+    if released_at is not None and now - released_at >= policy.cold_start:
+        woken, released_at = False, None
 
     # -- idle bookkeeping
     idle_since = (
@@ -707,6 +722,7 @@ def decide(
             service_time=service_time,
             service_samples=samples,
             woken=woken or (current == 0 and desired > 0 and service_time is None),
+            released_at=released_at,
             last_tick=now,
             last_in_flight=demand.in_flight,
         ),

@@ -319,6 +319,37 @@ def test_the_backlog_released_after_a_start_from_zero_is_no_rate() -> None:
     assert not dec.state.woken
 
 
+def test_a_woken_service_scales_on_what_still_runs_a_cold_start_after_the_release() -> None:
+    """The e2e burst at e70fedb: woken from zero by one request, then 12 streams of 8 s
+    requests on one replica (8 running, 4 queued). Ten completions take 8 s there, so
+    the service time stayed unmeasured and the released-backlog rule kept 1 replica
+    through the whole 15 s burst. A released backlog drains within a cold start (the
+    held rule's premise); what still runs a cold start after the release is demand."""
+    p = policy(min_replicas=0, max_replicas=3, idle_window=4.0, cold_start=4.0,
+               target_in_flight=3.0)  # fmt: skip
+    dec = decide(p, Demand(held=1.0, arrival_rate=1.0), 0, 0, 0.0, State())
+    assert dec.desired == 1
+    # the pod is Ready at once (kwok) while its engine starts: still held, not released
+    dec = decide(p, Demand(held=1.0, arrival_rate=0.0), 1, 1, 0.5, dec.state)
+    assert dec.state.woken and dec.state.released_at is None
+    # the engine answers: released; the burst runs with no completion
+    busy = Demand(in_flight=8.0, queued=4.0, arrival_rate=0.0, completion_rate=0.0)
+    dec = decide(p, Demand(in_flight=1.0, arrival_rate=0.0, completion_rate=0.0), 1, 1, 3.5,
+                 dec.state)  # fmt: skip
+    assert dec.state.released_at == 3.5
+    for t in (4.0, 5.0, 6.0, 7.0):
+        dec = decide(p, busy, 1, 1, t, dec.state)
+        assert dec.desired == 1, (t, dec.reason)
+        assert "backlog released to the 1 started from zero" in dec.reason
+    before = dec.state
+    dec = decide(p, busy, 1, 1, 7.5, before)  # a cold start after the release
+    assert dec.desired == 3, dec.reason  # ceil(12 / 3) = 4, capped at 3
+    assert not dec.state.woken and dec.state.service_time is None
+    # had the backlog drained within the cold start, nothing would have changed
+    drained = Demand(in_flight=1.0, arrival_rate=0.3, completion_rate=1.0)
+    assert decide(p, drained, 1, 1, 7.5, before).desired == 1
+
+
 def test_held_requests_count_by_the_batches_a_replica_drains_in_a_cold_start() -> None:
     """Service time 5 s, cold start 30 s: a replica drains 6 batches of 4 in a cold
     start, so 60 held need 60 / 6 = 10 in flight, 3 replicas (before: ceil(60/4) = 15,
