@@ -25,10 +25,11 @@ elsewhere (an engine failure, a preemption), ``park(req, cause)`` and then
 Both decide eligibility with the pipeline's own hard filters
 (``Pipeline.eligible``) and place with the same pipeline (:class:`Placer`).
 
-Scale from zero (:class:`Holds`): a request for a model that scales from zero
-(``Fleet.standby``) and that no endpoint can serve now is *held* rather than
-refused: in the class queue with a tighter expiry (``ClassQueueAdmission``), or in
-a small per-model wait list (``ImmediateAdmission``). It waits at most
+Scale from zero (:class:`Holds`): a request for an autoscaled model
+(``Fleet.standby``: at zero replicas, or with every replica starting) that no
+endpoint can serve now is *held* rather than refused: in the class queue with a
+tighter expiry (``ClassQueueAdmission``), or in a small per-model wait list
+(``ImmediateAdmission``). It waits at most
 ``min(cold start x limits.hold_cold_start_factor, its class's max_queue_time_s)``,
 at most ``limits.max_held_requests`` per model are held, and when an endpoint
 becomes eligible the held requests go out in class order (most urgent first).
@@ -181,10 +182,11 @@ class Holds:
             why = f"{self.limits.max_held_requests} requests are already held"
         else:
             why = f"held {waited:.1f}s, over the bound of {self.bound(req) or 0.0:g}s"
+        sb = self.fleet.standby.get(req.model)
+        state = "its replicas are starting" if sb and sb.min_replicas else "scaling from zero"
         return Refusal(
             503,
-            f"model `{req.model}` has no ready endpoint yet (scaling from zero; {why}); "
-            "retry later",
+            f"model `{req.model}` has no ready endpoint yet ({state}; {why}); retry later",
             retry,
             shed=True,
         )

@@ -74,7 +74,7 @@ from fleetgate.router.k8s_targets import (
     Target,
     desired_targets,
     plan,
-    scale_from_zero,
+    standby_services,
 )
 from fleetgate.router.k8s_watch import ApiAccess, Reflector, load_access, resource_path
 from fleetgate.router.membership import FleetMembership
@@ -133,8 +133,8 @@ class KubernetesDiscovery:
         return desired_targets(found, services, self.config, draining)
 
     def standby(self) -> dict[str, Standby]:
-        """The InferenceServices that scale from zero, as the fleet's standby models."""
-        known = scale_from_zero(
+        """The autoscaled InferenceServices, as the fleet's standby models."""
+        known = standby_services(
             (o for r in self.services for o in r.cache.objects.values()), self.config
         )
         return {

@@ -116,6 +116,12 @@ class KnownService:
     def scales_from_zero(self) -> bool:
         return self.min_replicas == 0
 
+    @property
+    def autoscaled(self) -> bool:
+        """Its replicas follow demand: the router holds its requests while none serves
+        (at zero, or all of them starting), and the held count wakes the operator."""
+        return self.min_replicas is not None
+
 
 def _capacity(engine_spec: Mapping[str, Any]) -> int | None:
     """Concurrency limit from the InferenceService (vLLM metrics do not carry it)."""
@@ -169,16 +175,19 @@ def known_service(
     )
 
 
-def scale_from_zero(
+def standby_services(
     services: Iterable[Mapping[str, Any]], config: KubernetesDiscoveryConfig
 ) -> dict[str, KnownService]:
-    """Served model -> the InferenceService that may run it at zero replicas
-    (``spec.autoscaling.minReplicas: 0``). Two such services with one model name: the
+    """Served model -> the autoscaled InferenceService whose requests the router holds
+    while no replica can serve them: at zero replicas (``minReplicas: 0``), and with
+    ``minReplicas`` >= 1 while every replica is starting (a first start, a rollout of
+    all replicas, a lost node), where a 503 at once told clients to go away for what
+    the autoscaler is already fixing. Two such services with one model name: the
     first by namespace/name wins (the router holds for a model, not a service)."""
     known = [k for s in services if (k := known_service(s, config)) is not None]
     out: dict[str, KnownService] = {}
     for k in sorted(known, key=lambda k: (k.namespace, k.name)):
-        if k.scales_from_zero:
+        if k.autoscaled:
             out.setdefault(k.model, k)
     return out
 

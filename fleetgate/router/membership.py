@@ -105,7 +105,7 @@ class FleetMembership:
         log.info("endpoint %s %s", eid, "draining: no new work" if draining else "undrained")
 
     def set_standby(self, wanted: dict[str, Standby]) -> bool:
-        """Make the discovered scale-from-zero models ``wanted``; the router YAML's own
+        """Make the discovered autoscaled models ``wanted``; the router YAML's own
         (``source == "config"``) are never touched. True when something changed."""
         standby = self.fleet.standby
         changed = False
@@ -117,8 +117,9 @@ class FleetMembership:
             if model not in standby:
                 standby[model] = sb
                 changed = True
-                log.info("model %s known at zero replicas (%s, pool %s)",
-                         model, sb.source, sb.pool)  # fmt: skip
+                log.info("model %s held for while no replica serves (%s, pool %s, "
+                         "minReplicas %s)", model, sb.source, sb.pool,
+                         sb.min_replicas)  # fmt: skip
         return changed
 
     async def remove(self, eid: EndpointId) -> None:

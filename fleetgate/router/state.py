@@ -229,12 +229,13 @@ class Endpoint:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Standby:
-    """A model the router knows while it may have no endpoint: it scales from zero.
+    """A model the router knows while it may have no endpoint: it is autoscaled.
 
     From the router YAML (``models: {NAME: {scale_from_zero: true}}``) or from an
-    ``InferenceService`` with ``spec.autoscaling.minReplicas: 0`` (Kubernetes
-    discovery). Requests for it are held while no endpoint can serve it
-    (:mod:`fleetgate.router.admission`), instead of a 503 at once.
+    ``InferenceService`` with ``spec.autoscaling`` (Kubernetes discovery; at zero
+    replicas with ``minReplicas: 0``, or with every replica starting). Requests for it
+    are held while no endpoint can serve it (:mod:`fleetgate.router.admission`),
+    instead of a 503 at once.
     """
 
     model: str

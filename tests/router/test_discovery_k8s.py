@@ -357,8 +357,9 @@ def test_inference_services_known_without_pods() -> None:
     k = kt.known_service(zero, CFG)
     assert k is not None and k.scales_from_zero
     assert (k.model, k.pool, k.min_replicas, k.cold_start_s) == ("qwen", "chat", 0, 45.0)
-    one = isvc("one")
-    one["spec"]["autoscaling"] = {"minReplicas": 1}
+    one = isvc("one")  # autoscaled from 1: held for while every replica starts
+    one["spec"]["model"]["name"] = "mistral"
+    one["spec"]["autoscaling"] = {"minReplicas": 1, "coldStartSeconds": 20}
     nameless = isvc("nameless")
     del nameless["spec"]["model"]["name"]
     nameless["spec"]["autoscaling"] = {"minReplicas": 0}
@@ -377,15 +378,18 @@ def test_inference_services_known_without_pods() -> None:
         "ns", "ill", "llama-3", "chat", min_replicas=None, cold_start_s=None
     )
     assert kt.known_service(broken, CFG) is not None
-    got = kt.scale_from_zero([plain, zero, one, nameless, ill, neg, broken, gone], CFG)
-    assert {m: (k.name, k.cold_start_s) for m, k in got.items()} == {
-        "qwen": ("zero", 45.0),
-        "nameless": ("nameless", None),
-        "llama-3": ("neg", None),
+    got = kt.standby_services([plain, zero, one, nameless, ill, neg, broken, gone], CFG)
+    assert {m: (k.name, k.cold_start_s, k.min_replicas) for m, k in got.items()} == {
+        "qwen": ("zero", 45.0, 0),
+        "mistral": ("one", 20.0, 1),
+        "nameless": ("nameless", None, 0),
+        "llama-3": ("neg", None, 0),
     }
+    assert not got["mistral"].scales_from_zero
     only_batch = kt.KubernetesDiscoveryConfig(pools=("batch",))
-    assert kt.scale_from_zero([zero], only_batch) == {}
-    assert kt.scale_from_zero([zero], kt.KubernetesDiscoveryConfig(roles=("throughput",))) == {}
+    assert kt.standby_services([zero], only_batch) == {}
+    throughput = kt.KubernetesDiscoveryConfig(roles=("throughput",))
+    assert kt.standby_services([zero], throughput) == {}
 
 
 async def test_reconcile_drains_in_place_and_keeps_standby_models() -> None:

@@ -33,6 +33,7 @@ from fleetgate.router.config import parse_config
 from fleetgate.router.k8s_targets import Target
 from fleetgate.router.membership import FleetMembership
 from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.router.state import Standby
 from fleetgate.sim import EngineSpec, run_fleet
 
 MODEL = "m"
@@ -231,6 +232,38 @@ async def test_past_the_hold_bound_503_retry_after_json(queue: bool) -> None:
     assert metric(text, "fleetgate_sheds_total", model=MODEL, status="503") == 2
     assert metric(text, "fleetgate_arrivals_total", model=MODEL) == 2
     assert metric(text, "fleetgate_requests_total", model=MODEL, status="503") == 2
+
+
+@pytest.mark.parametrize("queue", [False, True], ids=["immediate", "class-queue"])
+async def test_an_autoscaled_model_from_one_is_held_while_its_replicas_start(
+    queue: bool,
+) -> None:
+    """An InferenceService with ``minReplicas: 1`` whose replicas are all starting (the
+    heavy bench's first ``--min-replicas 1`` run: 9 requests got 503 at once) is held
+    for like one at zero; past the bound the message says its replicas are starting."""
+    cfg = parse_config({"test_mode": True, "health": {"interval_s": 0.1, "timeout_s": 1.0},
+                        **({"priority": {}} if queue else {})})  # fmt: skip
+    async with router(cfg) as (url, app, membership), httpx.AsyncClient(timeout=30) as client:
+        refused = await client.post(url + "/v1/completions", json=body(stream=False))
+        assert refused.status_code == 503  # not autoscaled: refused at once, not held
+        assert "bound of" not in refused.json()["error"]["message"]
+        one = Standby(MODEL, cold_start_s=0.4, min_replicas=1, source="ns/svc")
+        assert membership.set_standby({MODEL: one})
+        t0 = time.monotonic()
+        late = await client.post(url + "/v1/completions", json=body(stream=False))
+        assert late.status_code == 503, late.text  # held 0.6 s, then refused
+        assert time.monotonic() - t0 >= 0.6
+        message = late.json()["error"]["message"]
+        assert "its replicas are starting" in message and "bound of 0.6s" in message
+        # held, then served once the first replica's engine is up
+        task = asyncio.create_task(client.post(url + "/v1/completions", json=body(4)))
+        await until(lambda: app.state.router.metrics.registry.get_sample_value(
+            "fleetgate_held_requests", {"model": MODEL}) == 1)  # fmt: skip
+        async with run_fleet([EngineSpec(kind="vllm")], model=MODEL) as fleet:
+            assert membership.add(target("ns/first-0", fleet.engines[0].url))
+            answer = await task
+        assert answer.status_code == 200, answer.text
+        assert done_tokens(answer.content) == 4
 
 
 @pytest.mark.parametrize("queue", [False, True], ids=["immediate", "class-queue"])
