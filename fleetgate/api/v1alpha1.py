@@ -823,8 +823,10 @@ class AutoscalingStatus(_Model):
     """Change points of the raw recommendation within the stabilisation windows."""
     idle_since: str | None = None
     """Since when no request arrived, ran, queued or was held (RFC 3339)."""
-    draining: DrainingReplica | None = None
-    """The replica being drained for a scale-down, if any."""
+    draining: list[DrainingReplica] = Field(default_factory=list)
+    """The replicas being drained for a scale-down, all at once: the scale-down removes
+    them together once every one is idle (or past ``drainTimeoutSeconds``). Until
+    2026-12-04 one replica (an object, still read) and one at a time."""
     cold_start_seconds: float | None = None
     """The cold start the decision plans with."""
     measured_cold_start_seconds: float | None = None

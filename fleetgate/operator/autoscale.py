@@ -103,7 +103,7 @@ __all__ = [
     "Policy",
     "RouterSnapshot",
     "State",
-    "choose_victim",
+    "choose_victims",
     "decide",
     "demand_for",
     "parse_router_metrics",
@@ -729,9 +729,7 @@ def decide(
     )
 
 
-def choose_victim(pods: Sequence[tuple[str, float]]) -> str | None:
-    """The replica to drain first: ``(pod, in flight)`` with the least in flight (ties
-    by name, so repeated ticks pick the same one)."""
-    if not pods:
-        return None
-    return min(pods, key=lambda p: (p[1], p[0]))[0]
+def choose_victims(pods: Sequence[tuple[str, float]], n: int) -> list[str]:
+    """The ``n`` replicas to drain first: ``(pod, in flight)`` with the least in flight
+    (ties by name, so repeated ticks pick the same ones)."""
+    return [p for p, _ in sorted(pods, key=lambda p: (p[1], p[0]))[: max(0, n)]]

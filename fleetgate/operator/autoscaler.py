@@ -16,13 +16,15 @@ demand_roles`, ``--class-role``):
    ``status.autoscaling``;
 3. scales up at once through the scale subresource (``spec.replicas``; the
    reconciler turns it into the Deployment's replicas);
-4. scales down one replica at a time without losing work: the victim (least in
-   flight) is annotated ``fleetgate.dev/drain: "true"`` (the routers send it no
-   new work) and ``controller.kubernetes.io/pod-deletion-cost`` (the ReplicaSet
-   removes the cheapest pod first); once the routers report nothing in flight on
-   it (or ``drainTimeoutSeconds`` passed) ``spec.replicas`` drops by one and the
-   ReplicaSet removes exactly that pod. If demand returns first, the annotations
-   go and nothing is removed;
+4. scales down without losing work: every replica to remove (least in flight
+   first) is annotated at once ``fleetgate.dev/drain: "true"`` (the routers send
+   it no new work) and ``controller.kubernetes.io/pod-deletion-cost`` (the
+   ReplicaSet removes the cheapest pods first); once the routers report nothing in
+   flight on any of them (or ``drainTimeoutSeconds`` passed for each still busy)
+   ``spec.replicas`` drops by their number and the ReplicaSet removes exactly those
+   pods: together, since one removed while another still drains could be the busy
+   one. If demand returns first, the annotations go and nothing is removed; if it
+   returns in part, the least loaded victims stay and the rest are given back;
 5. writes ``status.autoscaling`` and an ``Autoscaling`` condition, posts an Event
    for every scale and drain, and exports the decision as operator metrics.
 
@@ -102,6 +104,13 @@ def _parse_time(text: str | None) -> float | None:
         return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def _draining(auto_status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``status.autoscaling.draining``: a list, or one object (before 2026-12-04)."""
+    value = auto_status.get("draining")
+    items = [value] if isinstance(value, Mapping) else value if isinstance(value, list) else []
+    return [dict(d) for d in items if isinstance(d, Mapping) and d.get("pod")]
 
 
 def _stamp(t: float) -> str:
@@ -513,10 +522,16 @@ class Autoscaler:
             target = grant.replicas
             if grant.note is not None:
                 reason = f"{LIMITED}: {grant.note}; {reason.split(': ', 1)[-1]}"
-        draining = old.get("draining")
-        drain_pod = (draining or {}).get("pod")
-        if drain_pod is not None and drain_pod not in endpoint:
-            drain_pod = draining = None  # removed (or deleted by someone): done
+        # the replicas draining for a scale-down; one object until 2026-12-04
+        draining = [
+            d
+            for d in _draining(old)
+            if d["pod"] in endpoint  # removed (or deleted by someone): done
+        ]
+
+        def flight(pod: str) -> float:
+            return demand.in_flight_by_endpoint.get(endpoint[pod], 0.0)
+
         events: list[status.Transition] = []
         new_replicas = current
         if target < current and len(pods) > current:
@@ -524,34 +539,58 @@ class Autoscaler:
         elif target < current:
             if any(not _is_ready(p) for p in pods) or not pods:
                 new_replicas = current - 1  # the ReplicaSet removes a not-ready pod first
-            elif drain_pod is None:
-                victim = autoscale.choose_victim(
-                    [(p, demand.in_flight_by_endpoint.get(e, 0.0)) for p, e in endpoint.items()]
-                )
-                assert victim is not None
-                self._mark(ns, victim, drain=True)
-                draining = {"pod": victim, "since": _stamp(now)}
-                flight = demand.in_flight_by_endpoint.get(endpoint[victim], 0.0)
-                events.append(
-                    status.Transition(
-                        "Normal",
-                        "Draining",
-                        f"pod {victim} ({autoscale._fmt(flight)} in flight) drains before {reason}",
-                    )
-                )
-                reason = f"Draining: pod {victim} before {reason}"
             else:
-                flight = demand.in_flight_by_endpoint.get(endpoint[drain_pod], 0.0)
-                since = _parse_time((draining or {}).get("since")) or now
-                if flight <= 0 or now - since >= auto.drain_timeout_seconds:
-                    new_replicas = current - 1
-                    why = "drained" if flight <= 0 else f"drain timeout, {flight:g} in flight"
-                    reason = f"{reason} (pod {drain_pod} {why})"
+                # Every replica to remove drains at once and they go together: the
+                # victims share the lowest deletion cost, so a scale-down by their
+                # number removes exactly them once all are idle (removing one while
+                # another still drains could take the busy one). One at a time made
+                # 10 -> 2 with minute-long requests eight drains in a row.
+                wanted = current - target
+                if len(draining) > wanted:  # demand partly back: keep the busiest
+                    draining.sort(key=lambda d: (flight(d["pod"]), d["pod"]))
+                    for d in draining[wanted:]:
+                        self._mark(ns, d["pod"], drain=False)
+                    draining = draining[:wanted]
+                marked = {d["pod"] for d in draining}
+                victims = autoscale.choose_victims(
+                    [(p, flight(p)) for p in endpoint if p not in marked],
+                    wanted - len(draining),
+                )
+                for victim in victims:
+                    self._mark(ns, victim, drain=True)
+                    draining.append({"pod": victim, "since": _stamp(now)})
+                    events.append(
+                        status.Transition(
+                            "Normal",
+                            "Draining",
+                            f"pod {victim} ({autoscale._fmt(flight(victim))} in flight) "
+                            f"drains before {reason}",
+                        )
+                    )
+                busy = [
+                    (d["pod"], flight(d["pod"]))
+                    for d in draining
+                    if flight(d["pod"]) > 0
+                    and now - (_parse_time(d.get("since")) or now) < auto.drain_timeout_seconds
+                ]
+                if not victims and not busy and draining:
+                    new_replicas = current - len(draining)
+                    done = ", ".join(
+                        f"pod {d['pod']} "
+                        + ("drained" if flight(d["pod"]) <= 0 else
+                           f"drain timeout, {flight(d['pod']):g} in flight")
+                        for d in sorted(draining, key=lambda d: d["pod"])
+                    )  # fmt: skip
+                    reason = f"{reason} ({done})"
+                    draining = []
                 else:
-                    reason = f"Draining: pod {drain_pod} ({flight:g} in flight) before {reason}"
-        elif drain_pod is not None:
-            self._mark(ns, drain_pod, drain=False)  # demand came back: keep it
-            draining = None
+                    left = busy or [(d["pod"], flight(d["pod"])) for d in draining]
+                    pods_text = ", ".join(f"pod {p} ({n:g} in flight)" for p, n in left)
+                    reason = f"Draining: {pods_text} before {reason}"
+        elif draining:
+            for d in draining:
+                self._mark(ns, d["pod"], drain=False)  # demand came back: keep them
+            draining = []
         if target > current:
             new_replicas = target
         if new_replicas != current:
@@ -588,7 +627,7 @@ class Autoscaler:
             "idleSince": (
                 _stamp(decision.state.idle_since) if decision.state.idle_since is not None else None
             ),
-            "draining": draining,
+            "draining": draining or None,
             "coldStartSeconds": plan.cold,
             "measuredColdStartSeconds": plan.measured,
             "demand": {**dict.fromkeys(_DEMAND_KEYS), **demand.as_status()},
@@ -613,10 +652,9 @@ class Autoscaler:
         ns, name = str(meta["namespace"]), str(meta["name"])
         with self._reconciler.lock(ns, name):
             old = (body.get("status") or {}).get("autoscaling") or {}
-            pod = (old.get("draining") or {}).get("pod")
             try:
-                if pod:
-                    self._mark(ns, pod, drain=False)
+                for d in _draining(old):
+                    self._mark(ns, d["pod"], drain=False)
                 conditions = [
                     dict(c)
                     for c in (body.get("status") or {}).get("conditions") or ()

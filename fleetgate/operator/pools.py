@@ -212,10 +212,11 @@ def share_budget(pool: str, budget: int, members: Sequence[Member]) -> dict[Key,
     (ordered by namespace/name) until each has what it wants or no replica fits, then
     to the throughput role the same way. A service without GPUs is never limited.
 
-    Now: a service whose target is below its replicas shrinks (the loop drains one
-    replica per tick); one whose target is above grows only into the GPUs free now
-    (``budget - sum(replicas x gpus)``), latency first, so the sum of
-    ``spec.replicas x gpus`` never exceeds the budget on account of a scale-up.
+    Now: a service whose target is below its replicas shrinks (the loop drains the
+    replicas to remove, then removes them together); one whose target is above grows
+    only into the GPUs free now (``budget - sum(replicas x gpus)``), latency first, so
+    the sum of ``spec.replicas x gpus`` never exceeds the budget on account of a
+    scale-up.
     """
     ordered = sorted(members, key=lambda m: (ROLES.index(m.role), m.key))
     free_gpu = [m for m in ordered if m.gpus <= 0]

@@ -14,8 +14,8 @@ ReplicaSet controllers create and delete the pods. One InferenceService with
     the cold start plus the control-plane path;
 (b) a burst of concurrent requests scales up past one replica, and every request
     completes;
-(c) with the load gone the service scales back to zero, one drained replica at a
-    time, while a trickle of requests still runs through the first scale-downs:
+(c) with the load gone the service scales back to zero, every replica drained
+    before it goes, while a trickle of requests still runs through the first scale-downs:
     nothing fails.
 
 Timings go to stdout as ``figures:`` lines (run with ``-s`` to see them).

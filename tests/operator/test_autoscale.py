@@ -11,7 +11,7 @@ from fleetgate.operator.autoscale import (
     Demand,
     Policy,
     State,
-    choose_victim,
+    choose_victims,
     decide,
     demand_for,
     parse_router_metrics,
@@ -527,5 +527,7 @@ def test_recommendations_keep_only_change_points_within_the_windows() -> None:
 
 
 def test_victim_is_the_least_loaded_then_by_name() -> None:
-    assert choose_victim([("p-a", 3), ("p-b", 0), ("p-c", 0)]) == "p-b"
-    assert choose_victim([]) is None
+    assert choose_victims([("p-a", 3), ("p-b", 0), ("p-c", 0)], 1) == ["p-b"]
+    assert choose_victims([("p-a", 3), ("p-b", 0), ("p-c", 0)], 2) == ["p-b", "p-c"]
+    assert choose_victims([("p-a", 3)], 2) == ["p-a"]
+    assert choose_victims([], 1) == []

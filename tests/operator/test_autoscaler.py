@@ -118,6 +118,67 @@ def test_drain_times_out_then_scales_down(kube: FakeKube) -> None:
     ]
 
 
+def test_every_replica_to_remove_drains_at_once_and_they_go_together(kube: FakeKube) -> None:
+    """4 -> 1: three victims drain in parallel (one at a time made a big scale-down
+    with long requests a drain per replica in a row); the scale-down waits for all of
+    them, since the victims share the lowest deletion cost and removing one while
+    another still drains could take the busy one."""
+    scaler, router, clock = _setup(kube, 4)
+    router.set_in_flight({"ns/svc-0": 0, "ns/svc-1": 1, "ns/svc-2": 0, "ns/svc-3": 1})
+    scaler.run_once()  # 2 in flight / target 2 -> 1 replica
+    auto = _svc(kube)["status"]["autoscaling"]
+    assert sorted(d["pod"] for d in auto["draining"]) == ["svc-0", "svc-1", "svc-2"]
+    for pod in ("svc-0", "svc-1", "svc-2"):
+        assert _annotations(kube, pod)[ANNOTATION_DRAIN] == "true"
+    assert _annotations(kube, "svc-3") == {}
+    assert _svc(kube)["spec"]["replicas"] == 4
+    drains = [o["message"] for o in kube.of_kind("Event") if o["reason"] == "Draining"]
+    assert len(drains) == 3
+    clock.now += 1
+    scaler.run_once()  # svc-1 still has its request: nothing goes yet
+    assert _svc(kube)["spec"]["replicas"] == 4
+    reason = _svc(kube)["status"]["autoscaling"]["reason"]
+    assert reason.startswith("Draining: pod svc-1 (1 in flight) before ScaledDown"), reason
+    router.set_in_flight({"ns/svc-0": 0, "ns/svc-1": 0, "ns/svc-2": 0, "ns/svc-3": 1})
+    clock.now += 1
+    scaler.run_once()
+    assert _svc(kube)["spec"]["replicas"] == 1
+    assert _svc(kube)["status"]["autoscaling"].get("draining") is None
+    downs = [o["message"] for o in kube.of_kind("Event") if o["reason"] == "ScaledDown"]
+    assert len(downs) == 1 and downs[0].startswith("4 -> 1 replicas"), downs
+    assert "(pod svc-0 drained, pod svc-1 drained, pod svc-2 drained)" in downs[0]
+
+
+def test_demand_partly_back_keeps_the_busiest_of_the_draining(kube: FakeKube) -> None:
+    scaler, router, clock = _setup(kube, 4)
+    router.set_in_flight({"ns/svc-0": 0, "ns/svc-1": 1, "ns/svc-2": 0, "ns/svc-3": 1})
+    scaler.run_once()  # 3 draining for 4 -> 1
+    router.set_in_flight({"ns/svc-0": 0, "ns/svc-1": 1, "ns/svc-2": 0, "ns/svc-3": 5})
+    clock.now += 1
+    scaler.run_once()  # 6 in flight / 2 -> 3: one replica to remove, not three
+    # the least loaded of the three stays drained (and, idle, goes at once); the other
+    # two are given back to the router
+    assert _svc(kube)["spec"]["replicas"] == 3
+    assert "(pod svc-0 drained)" in _svc(kube)["status"]["autoscaling"]["reason"]
+    assert _annotations(kube, "svc-1") == {} and _annotations(kube, "svc-2") == {}
+    assert _annotations(kube, "svc-0")[ANNOTATION_DRAIN] == "true"
+
+
+def test_a_drain_recorded_by_an_older_operator_is_resumed(kube: FakeKube) -> None:
+    """``status.autoscaling.draining`` was one object before 2026-12-04: an upgraded
+    operator finishes that drain instead of choosing another victim."""
+    scaler, router, clock = _setup(kube, 2)
+    kube.objects[("Pod", "ns", "svc-1")]["metadata"]["annotations"] = {ANNOTATION_DRAIN: "true"}
+    _svc(kube)["status"] = {
+        "autoscaling": {"draining": {"pod": "svc-1", "since": "2026-11-29T12:01:00Z"}}
+    }
+    router.set_in_flight({"ns/svc-0": 0, "ns/svc-1": 0})
+    scaler.run_once()
+    assert _svc(kube)["spec"]["replicas"] == 1
+    assert "(pod svc-1 drained)" in _svc(kube)["status"]["autoscaling"]["reason"]
+    assert ANNOTATION_DRAIN not in _annotations(kube, "svc-0")
+
+
 def test_demand_back_during_a_drain_keeps_the_pod(kube: FakeKube) -> None:
     scaler, router, clock = _setup(kube, 2)
     router.set_in_flight({"ns/svc-0": 2, "ns/svc-1": 1})  # 3 / 2 -> 2: steady
@@ -154,7 +215,7 @@ def test_a_restart_resumes_the_drain_from_status(kube: FakeKube) -> None:
     scaler, router, clock = _setup(kube, 2)
     router.set_in_flight({"ns/svc-0": 0, "ns/svc-1": 1})
     scaler.run_once()
-    assert _svc(kube)["status"]["autoscaling"]["draining"]["pod"] == "svc-0"
+    assert _svc(kube)["status"]["autoscaling"]["draining"][0]["pod"] == "svc-0"
     fresh, router2, _ = _restart(kube, scaler, clock)
     router2.set_in_flight({"ns/svc-0": 0, "ns/svc-1": 1})
     clock.now += 1
@@ -426,8 +487,8 @@ def test_the_pool_gpu_budget_limits_the_scale_up_and_says_so(kube: FakeKube) -> 
     ]
     assert limited == []  # the ScaledUp event of the first tick already told of the budget
     clock.now += 1
-    scaler.run_once()  # the drained latency replica goes
-    assert _obj(kube, "trt")["spec"]["replicas"] == 2
+    scaler.run_once()  # both drained latency replicas go together
+    assert _obj(kube, "trt")["spec"]["replicas"] == 1
     clock.now += 1
     scaler.run_once()  # 2 GPUs free: throughput takes one of them
     assert _obj(kube, "vllm")["spec"]["replicas"] == 3
@@ -454,17 +515,17 @@ def test_latency_takes_gpus_from_throughput_after_its_drain(kube: FakeKube) -> N
         )
     ]
     vllm = _obj(kube, "vllm")["status"]["autoscaling"]
-    assert vllm["draining"] is not None  # throughput gives back 2 GPUs, drained first
+    # throughput gives back 2 GPUs: both replicas drain at once, then go together
+    assert [d["pod"] for d in vllm["draining"]] == ["vllm-0", "vllm-1"]
     assert "(6 wanted, 4 granted)" in vllm["reason"]
-    for _ in range(2):  # each drained replica goes, one per tick (the ReplicaSet's part by hand)
-        pod = _obj(kube, "vllm")["status"]["autoscaling"]["draining"]["pod"]
-        clock.now += 1
-        scaler.run_once()
+    clock.now += 1
+    scaler.run_once()
+    assert _obj(kube, "vllm")["spec"]["replicas"] == 4
+    assert _obj(kube, "trt")["spec"]["replicas"] == 1  # the GPUs are not free yet
+    for pod in ("vllm-0", "vllm-1"):  # the ReplicaSet's part, by hand
         assert kube.objects.pop(("Pod", "ns", pod))
-        used = 2 * _obj(kube, "trt")["spec"]["replicas"] + _obj(kube, "vllm")["spec"]["replicas"]
-        assert used <= 8
-        clock.now += 1
-        scaler.run_once()
+    clock.now += 1
+    scaler.run_once()
     assert _obj(kube, "vllm")["spec"]["replicas"] == 4
     assert _obj(kube, "trt")["spec"]["replicas"] == 2
 
