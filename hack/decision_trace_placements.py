@@ -11,7 +11,11 @@ an engine no earlier request for it went to: a full prefill and a second copy.
 
 Prints the placements by reason, then the new-engine placements by (reason, whether
 this replica's view held the document anywhere, whether an earlier placement was made
-by the same replica), with the uncached prompt tokens the engines reported for them.
+by the same replica), with the uncached prompt tokens the engines reported for them;
+then where cached tokens were lost: to picking an engine that held less of the prompt
+than another did (by reason), and between the decision and the prefill (the engine
+reported fewer cached tokens than the router predicted: evicted while the request
+waited), with the picked engines' median work and prefill backlog for those.
 """
 
 from __future__ import annotations
@@ -69,6 +73,38 @@ def new_engine_placements(
     return count, tokens
 
 
+def losses(placements: list[dict[str, Any]], usage: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Prompt and cached tokens over the placements the engines answered, the tokens lost
+    to a lesser holder by reason, and those lost between decision and prefill."""
+    out: dict[str, Any] = {"prompt": 0, "cached": 0, "lesser": collections.Counter(),
+                           "evicted": 0, "evicted_requests": 0, "evicted_at": [], "kept_at": []}  # fmt: skip
+    for r in placements:
+        u = usage.get(r["id"])
+        if u is None:
+            continue
+        out["prompt"] += u["prompt"]
+        out["cached"] += u["cached"]
+        # eps: endpoint -> [exact tokens, approximate tokens, work, backlog, score]; the
+        # view that predicted (``src``) says which count the router went by
+        view = 0 if u.get("src") == "events" else 1
+        best = max(v[view] for v in r["eps"].values())
+        picked = r["eps"].get(r["pick"], [0, 0, 0.0, 0, 0.0])
+        out["lesser"][r["reason"]] += best - picked[view]
+        where = (picked[2], picked[3])
+        if u["pred"] > u["cached"]:
+            out["evicted"] += u["pred"] - u["cached"]
+            out["evicted_requests"] += 1
+            out["evicted_at"].append(where)
+        else:
+            out["kept_at"].append(where)
+    return out
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2 if v else 0.0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -84,6 +120,20 @@ def main(argv: list[str]) -> int:
     print(f"new-engine placements: {sum(count.values())}, uncached tokens {sum(tokens.values())}")
     for key, n in count.most_common():
         print(f"  {' / '.join(key)}: {n} ({tokens[key]} tokens)")
+    lost = losses(placements, usage)
+    if lost["prompt"]:
+        p = lost["prompt"]
+        print(f"hit rate {lost['cached'] / p:.1%} ({lost['cached']} of {p} prompt tokens)")
+        for reason, n in sorted(lost["lesser"].items()):
+            print(f"  lost to a lesser holder, {reason}: {n} tokens ({n / p:.1%})")
+        ev, at, ok = lost["evicted"], lost["evicted_at"], lost["kept_at"]
+        print(
+            f"  lost between decision and prefill: {ev} tokens ({ev / p:.1%}) in "
+            f"{lost['evicted_requests']} requests; picked engine's median work "
+            f"{_median([w for w, _ in at]):.2f} and backlog {_median([b for _, b in at]):.0f} "
+            f"tokens (the others: {_median([w for w, _ in ok]):.2f}, "
+            f"{_median([b for _, b in ok]):.0f})"
+        )
     return 0
 
 
