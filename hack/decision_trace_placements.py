@@ -76,8 +76,15 @@ def new_engine_placements(
 def losses(placements: list[dict[str, Any]], usage: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Prompt and cached tokens over the placements the engines answered, the tokens lost
     to a lesser holder by reason, and those lost between decision and prefill."""
-    out: dict[str, Any] = {"prompt": 0, "cached": 0, "lesser": collections.Counter(),
-                           "evicted": 0, "evicted_requests": 0, "evicted_at": [], "kept_at": []}  # fmt: skip
+    out: dict[str, Any] = {
+        "prompt": 0,
+        "cached": 0,
+        "lesser": collections.Counter(),
+        "evicted": 0,
+        "evicted_requests": 0,
+        "evicted_at": [],
+        "kept_at": [],
+    }
     for r in placements:
         u = usage.get(r["id"])
         if u is None:
