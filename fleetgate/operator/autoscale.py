@@ -576,7 +576,7 @@ def decide(
     # The released backlog drains within a cold start (the premise of the held rule
     # below); what still runs and queues a cold start after its release is demand,
     # even when requests so long that 10 have not completed leave S unmeasured (the
-    # e2e burst of 8 s streams at 6e2017a stayed at 1 replica for its 15 s).
+    # e2e burst of 8 s streams in the CI run of e70fedb stayed at 1 replica for its 15 s).
     released_at = state.released_at if woken else None
     if woken and released_at is None and ready > 0 and demand.held == 0:
         released_at = now

@@ -546,7 +546,7 @@ class Autoscaler:
                 # another still drains could take the busy one). One at a time made
                 # 10 -> 2 with minute-long requests eight drains in a row.
                 wanted = current - target
-                if len(draining) > wanted:  # demand partly back: keep the busiest
+                if len(draining) > wanted:  # demand partly back: the busiest go back to work
                     draining.sort(key=lambda d: (flight(d["pod"]), d["pod"]))
                     for d in draining[wanted:]:
                         self._mark(ns, d["pod"], drain=False)
