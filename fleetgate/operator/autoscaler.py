@@ -522,16 +522,15 @@ class Autoscaler:
             target = grant.replicas
             if grant.note is not None:
                 reason = f"{LIMITED}: {grant.note}; {reason.split(': ', 1)[-1]}"
-        # the replicas draining for a scale-down; one object until 2026-12-04
+        # the replicas draining for a scale-down: (pod, since); a pod gone is done
         draining = [
-            d
+            (d["pod"], _parse_time(d.get("since")) or now)
             for d in _draining(old)
-            if d["pod"] in endpoint  # removed (or deleted by someone): done
+            if d["pod"] in endpoint
         ]
-
-        def flight(pod: str) -> float:
-            return demand.in_flight_by_endpoint.get(endpoint[pod], 0.0)
-
+        in_flight = {
+            pod: demand.in_flight_by_endpoint.get(address, 0.0) for pod, address in endpoint.items()
+        }
         events: list[status.Transition] = []
         new_replicas = current
         if target < current and len(pods) > current:
@@ -540,56 +539,39 @@ class Autoscaler:
             if any(not _is_ready(p) for p in pods) or not pods:
                 new_replicas = current - 1  # the ReplicaSet removes a not-ready pod first
             else:
-                # Every replica to remove drains at once and they go together: the
-                # victims share the lowest deletion cost, so a scale-down by their
-                # number removes exactly them once all are idle (removing one while
-                # another still drains could take the busy one). One at a time made
-                # 10 -> 2 with minute-long requests eight drains in a row.
-                wanted = current - target
-                if len(draining) > wanted:  # demand partly back: the busiest go back to work
-                    draining.sort(key=lambda d: (flight(d["pod"]), d["pod"]))
-                    for d in draining[wanted:]:
-                        self._mark(ns, d["pod"], drain=False)
-                    draining = draining[:wanted]
-                marked = {d["pod"] for d in draining}
-                victims = autoscale.choose_victims(
-                    [(p, flight(p)) for p in endpoint if p not in marked],
-                    wanted - len(draining),
+                step = autoscale.plan_drain(
+                    draining, in_flight, current - target, now, auto.drain_timeout_seconds
                 )
-                for victim in victims:
+                for pod in step.released:
+                    self._mark(ns, pod, drain=False)
+                for victim in step.new:
                     self._mark(ns, victim, drain=True)
-                    draining.append({"pod": victim, "since": _stamp(now)})
                     events.append(
                         status.Transition(
                             "Normal",
                             "Draining",
-                            f"pod {victim} ({autoscale._fmt(flight(victim))} in flight) "
+                            f"pod {victim} ({autoscale._fmt(in_flight[victim])} in flight) "
                             f"drains before {reason}",
                         )
                     )
-                busy = [
-                    (d["pod"], flight(d["pod"]))
-                    for d in draining
-                    if flight(d["pod"]) > 0
-                    and now - (_parse_time(d.get("since")) or now) < auto.drain_timeout_seconds
-                ]
-                if not victims and not busy and draining:
-                    new_replicas = current - len(draining)
+                draining = list(step.draining)
+                if step.remove:
+                    new_replicas = current - step.remove
                     done = ", ".join(
-                        f"pod {d['pod']} "
-                        + ("drained" if flight(d["pod"]) <= 0 else
-                           f"drain timeout, {flight(d['pod']):g} in flight")
-                        for d in sorted(draining, key=lambda d: d["pod"])
+                        f"pod {p} "
+                        + ("drained" if in_flight[p] <= 0 else
+                           f"drain timeout, {in_flight[p]:g} in flight")
+                        for p, _ in sorted(draining)
                     )  # fmt: skip
                     reason = f"{reason} ({done})"
                     draining = []
                 else:
-                    left = busy or [(d["pod"], flight(d["pod"])) for d in draining]
+                    left = step.busy or tuple((p, in_flight[p]) for p, _ in draining)
                     pods_text = ", ".join(f"pod {p} ({n:g} in flight)" for p, n in left)
                     reason = f"Draining: {pods_text} before {reason}"
         elif draining:
-            for d in draining:
-                self._mark(ns, d["pod"], drain=False)  # demand came back: keep them
+            for pod, _ in draining:
+                self._mark(ns, pod, drain=False)  # demand came back: keep them
             draining = []
         if target > current:
             new_replicas = target
@@ -627,7 +609,7 @@ class Autoscaler:
             "idleSince": (
                 _stamp(decision.state.idle_since) if decision.state.idle_since is not None else None
             ),
-            "draining": draining or None,
+            "draining": [{"pod": p, "since": _stamp(t)} for p, t in draining] or None,
             "coldStartSeconds": plan.cold,
             "measuredColdStartSeconds": plan.measured,
             "demand": {**dict.fromkeys(_DEMAND_KEYS), **demand.as_status()},

@@ -15,6 +15,7 @@ from fleetgate.operator.autoscale import (
     decide,
     demand_for,
     parse_router_metrics,
+    plan_drain,
 )
 
 MODEL = "m"
@@ -531,3 +532,33 @@ def test_victim_is_the_least_loaded_then_by_name() -> None:
     assert choose_victims([("p-a", 3), ("p-b", 0), ("p-c", 0)], 2) == ["p-b", "p-c"]
     assert choose_victims([("p-a", 3)], 2) == ["p-a"]
     assert choose_victims([], 1) == []
+
+
+def test_a_scale_down_drains_every_victim_at_once_and_removes_them_together() -> None:
+    flight = {"p-a": 3.0, "p-b": 1.0, "p-c": 0.0, "p-d": 2.0}
+    first = plan_drain([], flight, 2, now=100.0, timeout=60.0)
+    assert first.new == ("p-c", "p-b")  # the least in flight
+    assert first.draining == (("p-c", 100.0), ("p-b", 100.0))
+    assert first.remove == 0  # just marked: wait a tick for the routers to see it
+    # p-b still finishes its request: nobody goes yet, and p-c waits with it
+    second = plan_drain(first.draining, flight, 2, now=101.0, timeout=60.0)
+    assert (second.new, second.remove, second.busy) == ((), 0, (("p-b", 1.0),))
+    done = plan_drain(second.draining, {**flight, "p-b": 0.0}, 2, now=102.0, timeout=60.0)
+    assert done.remove == 2 and done.busy == () and done.released == ()
+
+
+def test_a_drain_past_its_timeout_counts_as_drained() -> None:
+    flight = {"p-a": 3.0, "p-b": 5.0}
+    step = plan_drain([("p-a", 0.0)], flight, 1, now=59.0, timeout=60.0)
+    assert (step.remove, step.busy) == (0, (("p-a", 3.0),))
+    assert plan_drain([("p-a", 0.0)], flight, 1, now=60.0, timeout=60.0).remove == 1
+
+
+def test_demand_partly_back_releases_the_busiest_and_a_gone_pod_is_forgotten() -> None:
+    flight = {"p-a": 4.0, "p-b": 0.0, "p-c": 2.0}
+    step = plan_drain([("p-a", 5.0), ("p-b", 5.0), ("p-c", 5.0)], flight, 1, 9.0, 60.0)
+    assert step.released == ("p-c", "p-a")
+    assert step.draining == (("p-b", 5.0),) and step.remove == 1
+    # p-x was removed (or deleted by someone): not draining, not released, not counted
+    gone = plan_drain([("p-x", 5.0)], flight, 1, 9.0, 60.0)
+    assert gone.released == () and gone.new == ("p-b",) and gone.remove == 0
