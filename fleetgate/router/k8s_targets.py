@@ -113,10 +113,6 @@ class KnownService:
     """``spec.autoscaling.coldStartSeconds`` when a positive number, else None."""
 
     @property
-    def scales_from_zero(self) -> bool:
-        return self.min_replicas == 0
-
-    @property
     def autoscaled(self) -> bool:
         """Its replicas follow demand: the router holds its requests while none serves
         (at zero, or all of them starting), and the held count wakes the operator."""

@@ -355,7 +355,7 @@ def test_inference_services_known_without_pods() -> None:
     zero["spec"]["model"]["name"] = "qwen"
     zero["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 4, "coldStartSeconds": 45}
     k = kt.known_service(zero, CFG)
-    assert k is not None and k.scales_from_zero
+    assert k is not None and k.autoscaled
     assert (k.model, k.pool, k.min_replicas, k.cold_start_s) == ("qwen", "chat", 0, 45.0)
     one = isvc("one")  # autoscaled from 1: held for while every replica starts
     one["spec"]["model"]["name"] = "mistral"
@@ -385,7 +385,7 @@ def test_inference_services_known_without_pods() -> None:
         "nameless": ("nameless", None, 0),
         "llama-3": ("neg", None, 0),
     }
-    assert not got["mistral"].scales_from_zero
+    assert got["mistral"].autoscaled
     only_batch = kt.KubernetesDiscoveryConfig(pools=("batch",))
     assert kt.standby_services([zero], only_batch) == {}
     throughput = kt.KubernetesDiscoveryConfig(roles=("throughput",))
