@@ -52,6 +52,18 @@ def test_shared_prefix_groups_share_long_documents() -> None:
         assert all(c.startswith(doc) for c in contents)
 
 
+def test_a_long_shared_prefix_run_reuses_one_document_pool() -> None:
+    # a run up to SHARED_PREFIX_POOL_S has about four questions per document; a longer
+    # one draws from the same number of documents, so its working set stays put
+    def documents(duration: float) -> int:
+        p = WorkloadParams(duration_s=duration, rate=4, scale=0.05, seed=3)
+        return len({s.session_id.split("-")[0] for s in workloads.build("shared-prefix", p)})
+
+    assert workloads.SHARED_PREFIX_POOL_S == 16.0
+    assert documents(8) <= 8 and 12 < documents(16) <= 16
+    assert 12 < documents(64) <= 16
+
+
 def test_priority_storm_mixes_classes_with_critical_bursts() -> None:
     sessions = workloads.build("priority-storm", WorkloadParams(duration_s=100, rate=8, seed=4))
     classes = {s.priority_class for s in sessions}

@@ -60,7 +60,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetgate.sim.core import tokenizer as simtok
-from fleetgate_tools.bench import scenarios
+from fleetgate_tools.bench import scenarios, workloads
 from fleetgate_tools.bench.stats import percentile
 from fleetgate_tools.bench.summary import RunRecord, summarise_run
 
@@ -175,7 +175,7 @@ def plan_for(scenario: scenarios.Scenario) -> Plan:
             docs[group] = len(simtok.encode(doc))
         questions.append(len(simtok.encode(question)))
     p = scenario.params()
-    groups = max(4, int(p.rate * p.duration_s / 4))  # workloads.shared_prefix
+    groups = workloads.shared_prefix_groups(p)
     duration = max(1, round(scenario.duration_s * scenario.time_scale))
     n = len(sessions)
     return Plan(
