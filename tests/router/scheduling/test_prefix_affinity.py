@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 
@@ -289,3 +290,27 @@ def test_an_endpoint_the_load_bound_excludes_is_no_alternative_for_the_prefill_r
     # compared with the third engine only, and keeps it
     d = pipeline.schedule(r, fleet(idle_work=0.90), random.Random(0))
     assert d.pick == EndpointId("holder") and d.reason == "affinity-hit"
+
+
+def test_replicas_agree_on_a_new_document_one_of_them_just_placed() -> None:
+    # Replica A sent the document to "first" a moment ago (still queued: no block
+    # stored yet), so A's view holds it there; replica B's view holds it nowhere.
+    # The replicas' settings (bound 0.25, no prefill rule); "first" is at 1.2x the
+    # mean: past the cold bound (the mean), within a holder's (1.25x).
+    settings: dict[str, Any] = dict(
+        load_bound=0.25, slack_requests=0, prefill_slack=None, bound_tokens=1640
+    )
+    loads = {"first": 0.48, "second": 0.42, "third": 0.3}
+    a = [view(n, work=w, rank=i, match=100 if n == "first" else 0) for i, (n, w) in
+         enumerate(loads.items())]  # fmt: skip
+    b = [view(n, work=w, rank=i) for i, (n, w) in enumerate(loads.items())]
+    for views in (a, b):
+        d = default_pipeline(**settings).schedule(req(**DOC), views, random.Random(0))
+        assert d.pick == EndpointId("first")
+    scorer = PrefixAffinityScorer(**settings)
+    assert scorer.bounds(req(**DOC), b)[EndpointId("first")] == 0.25
+    assert scorer.bounds(req(**DOC), b)[EndpointId("second")] == 0.0
+    # one router places a new document on the least loaded (cold_choices None): the
+    # cold bound stays, and the busy rendezvous target gets no extra load
+    alone = dataclasses.replace(scorer, cold_choices=None)
+    assert set(alone.bounds(req(**DOC), b).values()) == {0.0}

@@ -235,12 +235,26 @@ class PrefixAffinityScorer:
         the least of this prompt, i.e. the prefill a spill would repeat. A system
         prompt every engine holds saves nothing against the others, so it earns no
         extra load; a long document only one engine holds earns the full bound.
+        With rendezvous placement (``cold_choices`` set), a prompt nobody holds gives
+        its first ``cold_choices`` rendezvous candidates the bound of a holder of the
+        whole prompt, as a replica that placed it there believes it is.
         """
         if not self.bound_tokens:
             return {e.id: self.load_bound for e in endpoints}
         uncached = {e.id: uncached_tokens(request, cached_tokens(request, e)) for e in endpoints}
         most = max(uncached.values())
-        return {
+        bounds = {
             eid: self.load_bound * min(1.0, (most - u) / self.bound_tokens)
             for eid, u in uncached.items()
         }
+        if self.cold_choices is not None and most >= request.prompt_tokens > 0:
+            # A cold prompt placed by rendezvous: its first candidates get the bound of
+            # a holder of the whole prompt. Another router replica may have sent this
+            # prompt there a moment ago (a queued request stores no block until its
+            # prefill), and that replica's view names the engine its holder: under the
+            # cold bound (the mean) the two disagree whenever the engine is between the
+            # two bounds, and each sends the document to a different engine.
+            full = self.load_bound * min(1.0, request.prompt_tokens / self.bound_tokens)
+            for e in sorted(endpoints, key=lambda v: v.rendezvous_rank)[: self.cold_choices]:
+                bounds[e.id] = full
+        return bounds
