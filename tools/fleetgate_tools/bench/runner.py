@@ -81,12 +81,35 @@ class Fleet:
     """Per engine, the (PUB, replay) ZeroMQ endpoints it printed (None: events off)."""
 
 
+PORT_ATTEMPTS = 3
+"""Fleet starts tried when a port picked free was taken before the emulator bound it."""
+
+
 def start_fleet(
     scenario: Scenario,
     run_dir: Path,
     startup_s: float = 60.0,
     env: dict[str, str] | None = None,
     kv_events: bool = False,
+) -> Fleet:
+    """Start the emulated fleet; again with new ports (at most :data:`PORT_ATTEMPTS`
+    starts) when one was taken between picking it and the emulator's bind: a 16-engine
+    fleet with KV events binds 48 sockets, and a run at 1827003 lost its contender so."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return _start_fleet(scenario, run_dir, startup_s, env, kv_events)
+        except procs.ProcessError as e:
+            if attempt == PORT_ATTEMPTS or "Address already in use" not in str(e):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_fleet(
+    scenario: Scenario,
+    run_dir: Path,
+    startup_s: float,
+    env: dict[str, str] | None,
+    kv_events: bool,
 ) -> Fleet:
     n = scenario.engines
     ports = procs.free_ports(n)
