@@ -314,3 +314,15 @@ def test_replicas_agree_on_a_new_document_one_of_them_just_placed() -> None:
     # cold bound stays, and the busy rendezvous target gets no extra load
     alone = dataclasses.replace(scorer, cold_choices=None)
     assert set(alone.bounds(req(**DOC), b).values()) == {0.0}
+
+
+def test_the_rendezvous_target_bound_covers_spills_but_not_a_shared_system_prompt() -> None:
+    scorer = PrefixAffinityScorer(load_bound=0.25, slack_requests=0, bound_tokens=1640)
+    # the document is held by "holder" only: "first" (the rendezvous target, holding
+    # none of it) is where a spill goes, so it gets a holder's bound too
+    held = [view("first", rank=0), view("holder", rank=1, match=100), view("c", rank=2)]
+    b = scorer.bounds(req(**DOC), held)
+    assert b[EndpointId("first")] == 0.25 and b[EndpointId("c")] == 0.0
+    # every endpoint holds the first 10 chunks (a system prompt): no extra bound
+    shared = [view(n, rank=i, match=10) for i, n in enumerate(("first", "b", "c"))]
+    assert set(scorer.bounds(req(**DOC), shared).values()) == {0.0}

@@ -235,9 +235,9 @@ class PrefixAffinityScorer:
         the least of this prompt, i.e. the prefill a spill would repeat. A system
         prompt every engine holds saves nothing against the others, so it earns no
         extra load; a long document only one engine holds earns the full bound.
-        With rendezvous placement (``cold_choices`` set), a prompt nobody holds gives
-        its first ``cold_choices`` rendezvous candidates the bound of a holder of the
-        whole prompt, as a replica that placed it there believes it is.
+        With rendezvous placement (``cold_choices`` set), a prompt some endpoint holds
+        none of gives its first ``cold_choices`` rendezvous candidates the bound of a
+        holder of the whole prompt, as a replica that placed it there believes it is.
         """
         if not self.bound_tokens:
             return {e.id: self.load_bound for e in endpoints}
@@ -248,12 +248,16 @@ class PrefixAffinityScorer:
             for eid, u in uncached.items()
         }
         if self.cold_choices is not None and most >= request.prompt_tokens > 0:
-            # A cold prompt placed by rendezvous: its first candidates get the bound of
-            # a holder of the whole prompt. Another router replica may have sent this
-            # prompt there a moment ago (a queued request stores no block until its
-            # prefill), and that replica's view names the engine its holder: under the
-            # cold bound (the mean) the two disagree whenever the engine is between the
-            # two bounds, and each sends the document to a different engine.
+            # Some endpoint holds none of the prompt: its rendezvous candidates get the
+            # bound of a holder of the whole prompt. They are where a replica sends a
+            # prompt no holder may take (a new document, or a spill), so another router
+            # replica may have sent it there a moment ago (a queued request stores no
+            # block until its prefill), and that replica's view names the engine its
+            # holder: under the cold bound (the mean) the two disagree whenever the
+            # engine is between the two bounds, and each sends the document to a
+            # different engine. Not when every endpoint holds part of the prompt (a
+            # shared system prompt): rendezvous follows the first chunk, which such
+            # prompts share, and the wider bound would draw them all to one engine.
             full = self.load_bound * min(1.0, request.prompt_tokens / self.bound_tokens)
             for e in sorted(endpoints, key=lambda v: v.rendezvous_rank)[: self.cold_choices]:
                 bounds[e.id] = full
