@@ -18,7 +18,9 @@ Workloads and what they imitate:
 ``shared-prefix``
     Groups of questions over long shared documents, like the shared-prefix data
     set of inference-perf / the llm-d prefix-cache benchmarks: many groups, a few
-    questions each, prefixes of thousands of tokens.
+    questions each, prefixes of thousands of tokens. The documents are a pool sized on
+    :data:`SHARED_PREFIX_POOL_S` of arrivals, so runs longer than that reach a steady
+    working set.
 ``agentic``
     Tool-calling loops whose context grows every call: each call appends the
     model's answer and a tool result to the history.
