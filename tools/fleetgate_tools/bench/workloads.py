@@ -177,7 +177,7 @@ over this many modelled seconds of arrivals. A longer run reuses the pool, so it
 set stops growing: the pool sized on the whole run made a 60-second run's documents
 outgrow the fleet's cache (one LRU cache the size of the fleet's held 22.8% against
 76.2% over 16 s, bench/results/shared-prefix-16-60s-00874af.md), a workload that never
-reaches a steady state. Runs of at most 16 s (every run before 2026-12-04) keep theirs."""
+reaches a steady state. Runs of at most 16 s keep their documents."""
 
 
 def shared_prefix_groups(p: WorkloadParams) -> int:
