@@ -8,6 +8,7 @@ config against inference-perf's own schema runs in its venv when installed
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import subprocess
@@ -183,119 +184,132 @@ def test_ratio_counts_emulator_tokens_per_tokenizer_token() -> None:
         infperf.ratio_from_texts([], 5)
 
 
-def _summary(**over: Any) -> dict[str, Any]:
-    """Shaped like inference-perf 0.7.0's summary_lifecycle_metrics.json (trimmed real run)."""
-    doc: dict[str, Any] = {
-        "benchmark_time_seconds": 14.37,
-        "load_summary": {"count": 42},
-        "successes": {
-            "count": 40,
-            "latency": {
-                "request_latency": {"mean": 6.1, "median": 6.0, "p90": 8.2, "p99": 9.0},
-                "time_to_first_token": {
-                    "mean": 1.41,
-                    "min": 0.065,
-                    "max": 4.12,
-                    "median": 0.848,
-                    "p90": 3.236,
-                    "p99": 3.931,
+def _entry(
+    start: float, prompt: str, ttft: float | None = 0.4, latency: float = 2.0, cached: int = 3000
+) -> dict[str, Any]:
+    """Shaped like one item of inference-perf 0.7.0's per_request_lifecycle_metrics.json
+    (a trimmed real run: request body, info with the engine's usage, computed_metrics)."""
+    body = {"model": scenarios.MODEL, "prompt": prompt, "max_tokens": 124, "stream": True}
+    entry: dict[str, Any] = {
+        "start_time": start,
+        "end_time": start + latency,
+        "request": json.dumps(body),
+        "info": {
+            "request_metrics": {"text": {"input_tokens": 3403}},
+            "response_metrics": {
+                "output_tokens": 486,  # re-tokenized by tiny-llama: not the engine's count
+                "server_usage": {
+                    "prompt_tokens": 3403,
+                    "total_tokens": 3527,
+                    "completion_tokens": 124,
+                    "prompt_tokens_details": {"cached_tokens": cached},
                 },
-                "time_per_output_token": {"mean": 0.0468, "median": 0.0453, "p90": 0.0657},
-                "inter_token_latency": {"mean": 0.0128, "median": 0.0, "p90": 0.0439},
             },
-            "throughput": {"output_tokens_per_sec": 345.08, "requests_per_sec": 2.78},
-            "prompt_tokens": {"total": 134497.0, "cached": 90160.0, "mean": 3362.4},
         },
-        "failures": {
-            "count": 2,
-            "request_latency": {"mean": 1.0},
-            "by_label": {"http_503": {"count": 2, "messages": [{"message": "overloaded"}]}},
-        },
+        "error": None,
     }
-    doc.update(over)
-    return doc
-
-
-def test_parse_summary_converts_wall_to_modelled_seconds() -> None:
-    f = infperf.parse_summary(_summary(), "fleetgate", time_scale=4.0, hit=0.67)
-    assert f.tool == "inference-perf 0.7.0"
-    assert (f.requests, f.errors) == (42, 2)
-    assert f.ttft_p50 == pytest.approx(0.848 / 4)
-    assert f.ttft_p90 == pytest.approx(3.236 / 4)
-    assert f.ttft_p99 == pytest.approx(3.931 / 4)
-    assert f.tpot_p50 == pytest.approx(0.0453 / 4)
-    assert f.itl_p50 == 0.0
-    assert f.output_tokens_per_s == pytest.approx(345.08 * 4)
-    assert f.prompt_tokens_mean == pytest.approx(3362.4)
-    assert f.hit_rate == 0.67
-    assert f.error_kinds == {"http_503": 2}
-
-
-def test_parse_summary_without_successes() -> None:
-    doc = _summary(
-        successes={
-            "count": 0,
-            "latency": {"time_to_first_token": None, "inter_token_latency": None},
-            "throughput": {"output_tokens_per_sec": 0.0},
-            "prompt_tokens": {"total": 0.0},
+    if ttft is None:
+        entry["error"] = {"error_type": "http_503", "error_msg": "overloaded"}
+        entry["info"]["response_metrics"] = None
+    else:
+        entry["computed_metrics"] = {
+            "request_latency": latency,
+            "time_to_first_token": ttft,
+            "time_per_output_token": 0.0128,
+            "inter_token_latency": 0.0,
+            "output_tokens": 486,
         }
-    )
-    f = infperf.parse_summary(doc, "x", 8.0)
-    assert f.requests == 2 and f.errors == 2
-    assert f.ttft_p50 is None and f.ttft_p90 is None and f.output_tokens_per_s is None
-    assert f.prompt_tokens_mean is None
+    return entry
 
 
-@pytest.mark.parametrize("doc", [{}, {"successes": {}}, {"successes": {"count": 1}}, []])
-def test_parse_summary_refuses_foreign_documents(doc: Any) -> None:
+def test_per_request_records_become_modelled_results_in_dispatch_order() -> None:
+    entries = [
+        _entry(21050.0, "doc B question 2", ttft=0.8, latency=4.0, cached=0),
+        _entry(21046.0, "doc A question 1", ttft=0.4, latency=2.0),
+        _entry(21048.0, "doc A question 3", ttft=None),
+    ]
+    rs = infperf.results_from_per_request(entries, time_scale=4.0)
+    assert [r.sent_at for r in rs] == [0.0, 0.5, 1.0]  # (start - first start) / scale
+    first, failed, last = rs
+    assert first.ok and first.ttft == pytest.approx(0.1) and first.e2e == pytest.approx(0.5)
+    # the engine's own counts, not the tool's re-tokenized output
+    assert (first.output_tokens, first.prompt_tokens, first.cached_tokens) == (124, 3403, 3000)
+    assert last.cached_tokens == 0 and last.ttft == pytest.approx(0.2)
+    assert not failed.ok and failed.ttft is None and "http_503" in (failed.error or "")
+    assert first.itl == []  # its per-chunk gaps are re-tokenized: not used
+    # the session id is the prompt: the same prompt pairs across contenders
+    again = infperf.results_from_per_request([_entry(7.0, "doc A question 1")], 4.0)
+    assert again[0].session_id == first.session_id != last.session_id
+
+
+@pytest.mark.parametrize(
+    "doc", [{}, [{"no": "start"}], [{"start_time": "x"}], "text", [["start_time"]]]
+)
+def test_per_request_parse_refuses_foreign_documents(doc: Any) -> None:
     with pytest.raises(ValueError, match="not an inference-perf"):
-        infperf.parse_summary(doc, "x", 1.0)
+        infperf.results_from_per_request(doc, 1.0)
 
 
-def test_find_summary(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=infperf.SUMMARY_FILE):
-        infperf_run.find_summary(tmp_path)
+def test_find_per_request(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=infperf.PER_REQUEST_FILE):
+        infperf_run.find_per_request(tmp_path)
     (tmp_path / "r").mkdir()
-    (tmp_path / "r" / infperf.SUMMARY_FILE).write_text("{}")
-    assert infperf_run.find_summary(tmp_path).parent.name == "r"
+    (tmp_path / "r" / infperf.PER_REQUEST_FILE).write_text("[]")
+    assert infperf_run.find_per_request(tmp_path).parent.name == "r"
 
 
 def _result(sid: str, sent: float, ttft: float, e2e: float, tokens: int) -> RequestResult:
     gap = (e2e - ttft) / (tokens - 1)
     return RequestResult(
-        sid, 0, "standard", sent, 200, ttft, e2e, [gap] * (tokens - 1), tokens
+        sid, 0, "standard", sent, 200, ttft, e2e, [gap] * (tokens - 1), tokens,
+        cached_tokens=60, prompt_tokens=100,
     )  # fmt: skip
 
 
-def test_loadgen_figures_use_inference_perf_definitions() -> None:
+def test_figures_are_the_steady_state_with_inference_perf_definitions() -> None:
     results = [
-        _result("a", 0.0, 0.1, 1.1, 11),  # tpot 0.1
-        _result("b", 1.0, 0.3, 0.8, 6),  # tpot 0.1
-        _result("c", 2.0, 0.2, 2.2, 5),  # tpot 0.5, ends at 4.2
-        RequestResult("d", 0, "standard", 3.0, 503, error="overloaded"),
+        _result("w", 0.0, 9.0, 9.5, 3),  # warm-up: in no figure
+        _result("a", 1.0, 0.1, 1.1, 11),  # tpot 0.1
+        _result("b", 2.0, 0.3, 0.8, 6),  # tpot 0.1
+        _result("c", 3.0, 0.2, 2.2, 5),  # tpot 0.5, ends at 5.2
+        RequestResult("d", 0, "standard", 4.0, 503, error="overloaded"),
     ]
+    results[2].cached_tokens = 0
     window = EngineWindow("vllm", "http://127.0.0.1:1", 100.0, 60.0, 22.0, 300.0, 0.0)
-    rec = RunRecord("shared-prefix", "fleetgate", 0, 1.0, 5.0, 8.0, [window], results, 1.5)
-    f = infperf.loadgen_figures(rec, lambda _c: 1.0)
-    assert f.tool == "fleetgate loadgen"
-    assert (f.requests, f.errors) == (4, 1)
-    assert f.ttft_p50 == pytest.approx(0.2)
+    rec = RunRecord(
+        "shared-prefix", "fleetgate", 3, 1.0, 6.0, 8.0, [window], results, 1.5, warmup_s=0.5
+    )
+    f = infperf.figures_of(rec, "fleetgate loadgen", lambda _c: 1.0)
+    assert (f.tool, f.contender, f.seed) == ("fleetgate loadgen", "fleetgate", 3)
+    assert (f.requests, f.errors, f.warmup_requests) == (4, 1, 1)
+    assert f.ttft_p50 == pytest.approx(0.2) and f.ttft_p99 == pytest.approx(0.3)
     assert f.tpot_p50 == pytest.approx(0.1)
-    # tokens / (last end - first start), not / the arrival window
+    # tokens / (last end - first start) over the steady requests
     assert f.output_tokens_per_s == pytest.approx(22 / 4.2)
-    assert f.hit_rate == pytest.approx(0.6)
+    assert f.hit_rate == pytest.approx(120 / 300)  # the answers' usage, not the engines'
+    assert f.prompt_tokens_mean == pytest.approx(100.0)
     assert f.router_cpu_s == 1.5
-    assert infperf.mean_prompt_tokens([window], 3) == pytest.approx(100.0)
-    assert infperf.mean_prompt_tokens([window], 0) is None
+    broken = dataclasses.replace(rec, error="PeerUnavailable: pip said no")
+    assert infperf.figures_of(broken, "x", lambda _c: 1.0).error == "PeerUnavailable: pip said no"
 
 
-def test_table_rows_have_the_header_width() -> None:
-    ok = infperf.parse_summary(_summary(), "fleetgate", 4.0, 0.5)
-    bad = infperf.failed("sglang-router-cache_aware", "PeerUnavailable: pip said no")
-    lines = infperf.table([ok, bad])
-    widths = {line.count("|") for line in lines}
-    assert len(widths) == 1, lines
-    assert "0.212" in lines[2] and "pip said no" in lines[3]
+def test_table_gives_seed_medians_with_ranges_and_keeps_errors() -> None:
+    def fig(seed: int, p90: float | None, error: str | None = None) -> infperf.Figures:
+        return infperf.Figures(
+            "inference-perf 0.7.0", "fleetgate", seed, 100, 0, 0.1, p90, 0.9, 0.012, 900.0,
+            3400.0, 0.7, 1.2, error=error,
+        )  # fmt: skip
+
+    rows = [fig(0, 0.5), fig(1, 0.7), fig(2, 0.6), fig(3, None, "ProcessError: killed")]
+    bad = infperf.Figures(
+        "fleetgate loadgen", "sglang-router-cache_aware", 0, 0, 0, None, None, None, None,
+        None, None, None, error="PeerUnavailable: pip said no",
+    )  # fmt: skip
+    lines = infperf.table([*rows, bad])
+    assert len({line.count("|") for line in lines}) == 1, lines
+    assert "| 3 | 300 |" in lines[2] and "0.600 (0.500-0.700)" in lines[2]
+    assert "seed 3 error: ProcessError: killed" in lines[3]
+    assert "pip said no" in lines[4]
 
 
 @pytest.mark.parametrize(
@@ -304,6 +318,10 @@ def test_table_rows_have_the_header_width() -> None:
         (["infperf", "chat-multiturn"], "only the shared-prefix"),
         (["infperf", "--contenders", "nope"], "unknown contender"),
         (["infperf", "--duration", "0"], "--duration"),
+        (["infperf", "--seeds", "0,x"], "--seeds"),
+        (["infperf", "--seeds", "1,1"], "none twice"),
+        (["infperf", "--duration", "10", "--warmup", "10"], "shorter than --duration"),
+        (["infperf", "--warmup", "abc"], "--warmup"),
         (["infperf", "--source", "/nonexistent"], "no fleetgate package"),
     ],
 )
@@ -379,3 +397,42 @@ def test_the_fleet_publishes_kv_events_when_the_contender_reads_them(
     )
     assert asked == [events]
     assert figs.error is not None and "no fleet in this test" in figs.error
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_real_inference_perf_run_becomes_a_record_of_its_requests(tmp_path: Path) -> None:
+    """The contract with the tool itself: inference-perf 0.7.0 (installed on first use)
+    drives a real 2-engine emulated fleet through fleetgate, and its per-request
+    report parses into one result per request it sent, with the engines' usage."""
+    from realvllm import ensure_model, ensure_venv
+
+    from fleetgate_tools.bench import contenders
+
+    venv = infperf_run.ensure()
+    tok = infperf_run.prepare_tokenizer(ensure_model(ensure_venv()), tmp_path / "tok")
+    ratio = infperf_run.calibrate_ratio(venv, tok)
+    sc = scenarios.make("shared-prefix", engines=2, modelled_s=3.0, time_scale=4.0, seed=0)
+    plan = infperf.plan_for(sc)
+    rec = infperf_run.run_infperf(
+        sc, contenders.CONTENDERS["fleetgate"], tmp_path / "run", venv, tok, ratio, None,
+        warmup_s=0.3,
+    )  # fmt: skip
+    assert rec.error is None, rec.error
+    assert rec.workload == "shared-prefix (inference-perf 0.7.0)" and rec.repeat == 0
+    assert len(rec.results) == plan.requests
+    assert all(r.ok for r in rec.results), [r.error for r in rec.results if not r.ok]
+    assert len({r.session_id for r in rec.results}) == plan.requests  # one prompt each
+    sent = [r.sent_at for r in rec.results]
+    assert sent == sorted(sent) and sent[0] == 0.0 and sent[-1] < 2 * sc.duration_s
+    for r in rec.results:
+        assert r.ttft is not None and r.e2e is not None and 0 < r.ttft < r.e2e
+        assert r.output_tokens == plan.output_tokens  # ignore_eos, the engine's count
+        assert r.prompt_tokens is not None and r.cached_tokens is not None
+        assert abs(r.prompt_tokens - plan.prefix_tokens) < 0.15 * plan.prefix_tokens
+    # requests sharing a document hit the prefix cache
+    assert sum(r.cached_tokens or 0 for r in rec.results) > plan.prefix_tokens
+    assert len(rec.engines) == 2 and rec.router_cpu_s is not None
+    f = infperf.figures_of(rec, infperf_run.tool_name(), sc.objective)
+    assert f.requests + f.warmup_requests == plan.requests and f.errors == 0
+    assert f.hit_rate is not None and 0 < f.hit_rate < 1

@@ -170,15 +170,10 @@ class Settings:
 
 
 def parse_warmup(text: str) -> tuple[float, bool]:
-    raw = text.strip()
-    percent = raw.endswith("%")
     try:
-        value = float(raw.removesuffix("%"))
-    except ValueError:
-        raise CliError(f"--warmup {text!r}: modelled seconds or a percentage like 10%") from None
-    if value < 0 or (percent and value >= 100):
-        raise CliError("--warmup must be >= 0 and below 100%")
-    return value, percent
+        return scenarios.parse_warmup(text)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def parse_seeds(args: argparse.Namespace) -> list[int]:

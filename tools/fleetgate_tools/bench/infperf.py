@@ -26,8 +26,13 @@ What inference-perf 0.7.0 is told (its config schema, read from its source:
 * ``server: {type: vllm, base_url: http://127.0.0.1:PORT, model_name}`` (the
   name given, so it does not ask ``/v1/models``); no ``metrics`` section (no
   Prometheus queries), storage only ``local_storage`` (no GCS/S3).
-* ``report.request_lifecycle``: summary only, percentiles 50/90/99,
-  ``use_server_output_tokens`` (the emulator's exact ``completion_tokens``).
+* ``report.request_lifecycle``: ``per_request`` with the request body (for its
+  prompt), ``info`` (the engine's ``usage``) and ``computed_metrics`` (its TTFT
+  and latency), no response bodies or chunks; ``use_server_output_tokens``.
+  Our figures are computed from these per-request records exactly as from our
+  loadgen's (:func:`results_from_per_request`, then the same steady-state
+  summary, warm-up and paired bootstrap as ``fleetgate bench run``), so the
+  two tools differ only in the traffic they send, not in the statistics.
 
 Network rule: the config names only the router's loopback URL (checked), and
 the process runs with ``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``,
@@ -52,8 +57,11 @@ ITL, is the figure to compare with our ITL.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
+import json
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,12 +69,12 @@ from urllib.parse import urlsplit
 
 from fleetgate.sim.core import tokenizer as simtok
 from fleetgate_tools.bench import scenarios, workloads
-from fleetgate_tools.bench.stats import percentile
+from fleetgate_tools.bench.stats import RequestResult, percentile, steady
 from fleetgate_tools.bench.summary import RunRecord, summarise_run
 
 NAME = "inference-perf"
 VERSION = "0.7.0"
-SUMMARY_FILE = "summary_lifecycle_metrics.json"
+PER_REQUEST_FILE = "per_request_lifecycle_metrics.json"
 _PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "ftp_proxy")
 
 
@@ -254,7 +262,14 @@ def build_config(
             "request_lifecycle": {
                 "summary": True,
                 "per_stage": False,
-                "per_request": False,
+                "per_request": True,
+                "per_request_fields": {
+                    "request": True,
+                    "response": False,
+                    "info": True,
+                    "response_chunks": False,
+                    "computed_metrics": True,
+                },
                 "per_adapter": False,
                 "percentiles": [50, 90, 99],
                 "use_server_output_tokens": True,
@@ -273,120 +288,140 @@ def hard_deadline_s(plan: Plan) -> float:
 # ------------------------------------------------------------ report (pure)
 
 
+def _get(doc: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(doc, Mapping):
+            return None
+        doc = doc.get(key)
+    return doc
+
+
+def _prompt_key(entry: Mapping[str, Any]) -> str | None:
+    """A short hash of the request's prompt (its shared prefix + question)."""
+    raw = entry.get("request")
+    try:
+        body = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return None
+    prompt = _get(body, "prompt")
+    if not isinstance(prompt, str):
+        return None
+    return hashlib.sha1(prompt.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def results_from_per_request(
+    entries: Sequence[Mapping[str, Any]], time_scale: float, priority_class: str = "standard"
+) -> list[RequestResult]:
+    """inference-perf's ``per_request_lifecycle_metrics.json`` as our RequestResults.
+
+    One result per entry, in dispatch order; ``sent_at`` is modelled seconds since
+    its first dispatch (``start_time`` is ``time.perf_counter``), TTFT and
+    end-to-end latency come from its own ``computed_metrics`` divided by
+    ``time_scale``; output, prompt and cached tokens are the engine's own
+    ``usage`` (``server_usage``). The session id is the prompt's hash, so that
+    the same seed's runs pair request by request across contenders (its
+    generator is seeded; every prompt is used once). ITL stays empty: the tool
+    re-tokenizes each streamed chunk, which gives zero gaps (see the module doc).
+    Raises ValueError on a foreign document.
+    """
+    if time_scale <= 0:
+        raise ValueError("time_scale must be > 0")
+    if not isinstance(entries, Sequence) or not all(isinstance(e, Mapping) for e in entries):
+        raise ValueError("not an inference-perf per-request report")
+    try:
+        ordered = sorted(entries, key=lambda e: float(e["start_time"]))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("not an inference-perf per-request report (no start_time)") from None
+    if not ordered:
+        return []
+    t0 = float(ordered[0]["start_time"])
+    out: list[RequestResult] = []
+    for i, e in enumerate(ordered):
+        sid = _prompt_key(e) or f"request-{i}"
+        r = RequestResult(sid, 0, priority_class, (float(e["start_time"]) - t0) / time_scale)
+        usage = _get(e, "info", "response_metrics", "server_usage") or {}
+        error = e.get("error")
+        metrics = e.get("computed_metrics")
+        if error or not isinstance(metrics, Mapping):
+            kind = _get(error, "error_type") or "error"
+            r.error = f"{kind}: {_get(error, 'error_msg') or ''}"[:200]
+            out.append(r)
+            continue
+        r.status = 200
+        ttft, e2e = metrics.get("time_to_first_token"), metrics.get("request_latency")
+        r.ttft = float(ttft) / time_scale if ttft is not None else None
+        r.e2e = float(e2e) / time_scale if e2e is not None else None
+        tokens = usage.get("completion_tokens", metrics.get("output_tokens"))
+        r.output_tokens = int(tokens or 0)
+        if usage.get("prompt_tokens") is not None:
+            r.prompt_tokens = int(usage["prompt_tokens"])
+            cached = _get(usage, "prompt_tokens_details", "cached_tokens")
+            r.cached_tokens = int(cached) if cached is not None else None
+        out.append(r)
+    return out
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Figures:
-    """One tool's figures for one contender; times in MODELLED seconds."""
+    """One tool's steady-state figures for one contender and seed; MODELLED seconds."""
 
     tool: str
     contender: str
+    seed: int
     requests: int
+    """Steady requests (sent after the warm-up)."""
     errors: int
     ttft_p50: float | None
     ttft_p90: float | None
     ttft_p99: float | None
-    itl_p50: float | None
     tpot_p50: float | None
+    """(end-to-end - TTFT) / (output tokens - 1), per request (both tools alike)."""
     output_tokens_per_s: float | None
-    """Output tokens / (last end - first start), modelled seconds."""
+    """Output tokens / (last end - first start) of the steady requests (inference-perf's way)."""
     prompt_tokens_mean: float | None
-    """As the emulator counted them (``usage.prompt_tokens``)."""
+    """As the engines counted them (``usage.prompt_tokens``)."""
     hit_rate: float | None
-    """Engines' prefix-cache hit tokens / query tokens over the run."""
+    """Sum of ``usage`` cached tokens / prompt tokens of the steady requests."""
     router_cpu_s: float | None = None
-    error_kinds: dict[str, int] = dataclasses.field(default_factory=dict)
+    warmup_requests: int = 0
     error: str | None = None
 
 
-def failed(contender: str, error: str) -> Figures:
-    """The row of an inference-perf run that could not happen."""
-    none = None
-    return Figures(
-        f"{NAME} {VERSION}", contender, 0, 0, none, none, none, none, none, none, none, none,
-        error=error,
-    )  # fmt: skip
-
-
-def _stat(doc: Mapping[str, Any] | None, key: str, scale: float) -> float | None:
-    if not doc or doc.get(key) is None:
-        return None
-    return float(doc[key]) / scale
-
-
-def parse_summary(
-    doc: Mapping[str, Any], contender: str, time_scale: float, hit: float | None = None
-) -> Figures:
-    """Figures from inference-perf's ``summary_lifecycle_metrics.json``.
-
-    Wall seconds are divided by ``time_scale`` (rates multiplied) so they read
-    like our loadgen's modelled seconds. Raises ValueError on a foreign document.
-    """
-    try:
-        ok = doc["successes"]
-        failed = doc["failures"]
-        n_ok, n_failed = int(ok["count"]), int(failed["count"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError("not an inference-perf lifecycle summary") from None
-    if time_scale <= 0:
-        raise ValueError("time_scale must be > 0")
-    lat = ok.get("latency") or {}
-    ttft = lat.get("time_to_first_token")
-    thr = ok.get("throughput") or {}
-    out_rate = thr.get("output_tokens_per_sec")
-    prompt = ok.get("prompt_tokens") or {}
-    kinds = {
-        str(label): int(v.get("count", 0)) if isinstance(v, Mapping) else int(v)
-        for label, v in (failed.get("by_label") or {}).items()
-    }
-    return Figures(
-        tool=f"{NAME} {VERSION}",
-        contender=contender,
-        requests=n_ok + n_failed,
-        errors=n_failed,
-        ttft_p50=_stat(ttft, "median", time_scale),
-        ttft_p90=_stat(ttft, "p90", time_scale),
-        ttft_p99=_stat(ttft, "p99", time_scale),
-        itl_p50=_stat(lat.get("inter_token_latency"), "median", time_scale),
-        tpot_p50=_stat(lat.get("time_per_output_token"), "median", time_scale),
-        output_tokens_per_s=float(out_rate) * time_scale if n_ok and out_rate is not None else None,
-        prompt_tokens_mean=float(prompt["mean"]) if prompt.get("mean") is not None else None,
-        hit_rate=hit,
-        error_kinds=kinds,
-    )
-
-
-def loadgen_figures(record: RunRecord, objective: Callable[[str], float]) -> Figures:
-    """Our loadgen's :class:`~fleetgate_tools.bench.summary.RunRecord` as :class:`Figures`,
-    throughput with inference-perf's definition (tokens / first start..last end)."""
+def figures_of(record: RunRecord, tool: str, objective: Callable[[str], float]) -> Figures:
+    """One run's steady-state :class:`Figures`, the same definitions for both tools."""
+    if record.error is not None:
+        return Figures(
+            tool, record.contender, record.repeat, 0, 0, None, None, None, None, None, None,
+            None, error=record.error,
+        )  # fmt: skip
     s = summarise_run(record, objective)
-    done = [r for r in record.results if r.ok and r.e2e is not None]
+    done = [r for r in steady(record.results, record.warmup_s) if r.ok and r.e2e is not None]
     span = (
         max(r.sent_at + (r.e2e or 0.0) for r in done) - min(r.sent_at for r in done)
         if done
         else 0.0
     )
-    tokens = sum(r.output_tokens for r in done)
-    itls = [g for r in done for g in r.itl]
     tpots = [
         ((r.e2e or 0.0) - (r.ttft or 0.0)) / (r.output_tokens - 1)
         for r in done
         if r.ttft is not None and r.output_tokens > 1
     ]
+    prompts = [r.prompt_tokens for r in done if r.prompt_tokens]
     return Figures(
-        tool="fleetgate loadgen",
+        tool=tool,
         contender=record.contender,
+        seed=record.repeat,
         requests=s.requests,
         errors=s.errors,
         ttft_p50=s.ttft_p50,
         ttft_p90=s.ttft_p90,
         ttft_p99=s.ttft_p99,
-        itl_p50=percentile(itls, 50),
         tpot_p50=percentile(tpots, 50),
-        output_tokens_per_s=tokens / span if span > 0 else None,
-        prompt_tokens_mean=None,
-        hit_rate=s.hit_rate,
-        router_cpu_s=s.router_cpu_s,
-        error_kinds=dict(s.extra.get("error_kinds") or {}),
-        error=s.error,
+        output_tokens_per_s=sum(r.output_tokens for r in done) / span if span > 0 else None,
+        prompt_tokens_mean=sum(prompts) / len(prompts) if prompts else None,
+        hit_rate=s.usage_hit_rate,
+        router_cpu_s=record.router_cpu_s,
+        warmup_requests=s.warmup_requests,
     )
 
 
@@ -394,26 +429,47 @@ def fmt(v: float | None, fmt: str) -> str:
     return "n/a" if v is None else format(v, fmt)
 
 
+def _spread(values: Sequence[float | None], spec: str, k: float = 1.0) -> str:
+    """``median`` of the seeds' values, with ``(min-max)`` when there are several."""
+    known = [v * k for v in values if v is not None]
+    if not known:
+        return "n/a"
+    mid = format(statistics.median(known), spec)
+    if len(known) == 1:
+        return mid
+    return f"{mid} ({format(min(known), spec)}-{format(max(known), spec)})"
+
+
 def table(rows: Sequence[Figures]) -> list[str]:
-    """Markdown rows: one per (contender, tool)."""
+    """Markdown rows, one per (contender, tool): medians over seeds (min-max)."""
     out = [
-        "| contender | load generator | requests | errors | TTFT p50 s | TTFT p90 s | "
-        "TTFT p99 s | ITL p50 ms | TPOT p50 ms | output tok/s | prompt tok | hit rate | "
+        "| contender | load generator | seeds | steady requests | errors | TTFT p50 s | "
+        "TTFT p90 s | TTFT p99 s | TPOT p50 ms | output tok/s | prompt tok | hit rate | "
         "router CPU s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    groups: dict[tuple[str, str], list[Figures]] = {}
     for r in rows:
-        if r.error:
-            out.append(f"| {r.contender} | {r.tool} | error: {r.error} |" + " |" * 10)
+        groups.setdefault((r.contender, r.tool), []).append(r)
+    for (contender, tool), figs in groups.items():
+        ok = [f for f in figs if f.error is None]
+        if not ok:
+            out.append(f"| {contender} | {tool} | error: {figs[0].error} |" + " |" * 10)
             continue
-        ms = [None if v is None else v * 1000 for v in (r.itl_p50, r.tpot_p50)]
         out.append(
-            f"| {r.contender} | {r.tool} | {r.requests} | {r.errors} | {fmt(r.ttft_p50, '.3f')} | "
-            f"{fmt(r.ttft_p90, '.3f')} | {fmt(r.ttft_p99, '.3f')} | {fmt(ms[0], '.1f')} | "
-            f"{fmt(ms[1], '.1f')} | {fmt(r.output_tokens_per_s, '.0f')} | "
-            f"{fmt(r.prompt_tokens_mean, '.0f')} | {fmt(r.hit_rate, '.3f')} | "
-            f"{fmt(r.router_cpu_s, '.1f')} |"
+            f"| {contender} | {tool} | {len(ok)} | {sum(f.requests for f in ok)} | "
+            f"{sum(f.errors for f in ok)} | {_spread([f.ttft_p50 for f in ok], '.3f')} | "
+            f"{_spread([f.ttft_p90 for f in ok], '.3f')} | "
+            f"{_spread([f.ttft_p99 for f in ok], '.3f')} | "
+            f"{_spread([f.tpot_p50 for f in ok], '.1f', 1000.0)} | "
+            f"{_spread([f.output_tokens_per_s for f in ok], '.0f')} | "
+            f"{_spread([f.prompt_tokens_mean for f in ok], '.0f')} | "
+            f"{_spread([f.hit_rate for f in ok], '.3f')} | "
+            f"{_spread([f.router_cpu_s for f in ok], '.1f')} |"
         )
+        for f in figs:
+            if f.error is not None:
+                out.append(f"| {contender} | {tool} | seed {f.seed} error: {f.error} |" + " |" * 10)
     return out
 
 
@@ -422,11 +478,3 @@ def ratio_from_texts(texts: Sequence[str], tokens_each: int) -> float:
     if not texts or tokens_each <= 0:
         raise ValueError("calibration needs texts of a positive token length")
     return sum(len(simtok.encode(t)) for t in texts) / (len(texts) * tokens_each)
-
-
-def mean_prompt_tokens(engines: Sequence[Any], requests: int) -> float | None:
-    """Prompt tokens the engines counted over a run, per request."""
-    known = [e.prompt_tokens for e in engines if e.prompt_tokens is not None]
-    if not known or len(known) != len(engines) or requests <= 0:
-        return None
-    return float(sum(known)) / requests

@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import random
 import shlex
 import shutil
 import subprocess
@@ -43,28 +44,28 @@ import yaml
 
 from fleetgate.cli import CliError
 from fleetgate_tools import procs
+from fleetgate_tools.bench import compare, peers, report, runner, scenarios
 from fleetgate_tools.bench import contenders as cmod
-from fleetgate_tools.bench import peers, runner, scenarios
 from fleetgate_tools.bench.infperf import (
     NAME,
-    SUMMARY_FILE,
+    PER_REQUEST_FILE,
     VERSION,
     Figures,
     build_config,
-    failed,
+    figures_of,
     fmt,
     hard_deadline_s,
-    loadgen_figures,
-    mean_prompt_tokens,
     offline_env,
-    parse_summary,
     plan_for,
     ratio_from_texts,
+    results_from_per_request,
     table,
     tokenizer_config_for_counting,
 )
 from fleetgate_tools.bench.peers import PeerUnavailable, default_root, install_venv
-from fleetgate_tools.bench.summary import hit_rate
+from fleetgate_tools.bench.summary import RunRecord
+
+LOADGEN = "fleetgate loadgen"
 
 PYTHON312 = "/root/.pyenv/versions/3.12.1/bin/python3.12"
 TOKENIZER = Path.home() / ".cache" / "fleetgate" / "models" / "tiny-llama"
@@ -166,10 +167,10 @@ def calibrate_ratio(
     return ratio_from_texts([str(t) for t in texts], tokens)
 
 
-def find_summary(report_dir: Path) -> Path:
-    hits = sorted(report_dir.rglob(SUMMARY_FILE))
+def find_per_request(report_dir: Path) -> Path:
+    hits = sorted(report_dir.rglob(PER_REQUEST_FILE))
     if not hits:
-        raise FileNotFoundError(f"{NAME} wrote no {SUMMARY_FILE} under {report_dir}")
+        raise FileNotFoundError(f"{NAME} wrote no {PER_REQUEST_FILE} under {report_dir}")
     return hits[0]
 
 
@@ -180,7 +181,8 @@ def start_offline(argv: Sequence[str], log: Path) -> procs.Proc:
 
 
 def run_tool(venv: Path, config: dict[str, Any], run_dir: Path, deadline_s: float) -> Path:
-    """Run inference-perf once; the summary file's path. Killed (process group) at the deadline."""
+    """Run inference-perf once; its per-request report's path. Killed (process group)
+    at the deadline."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "inference-perf.yaml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -201,7 +203,16 @@ def run_tool(venv: Path, config: dict[str, Any], run_dir: Path, deadline_s: floa
         raise procs.ProcessError(
             f"{NAME} exited with code {proc.popen.returncode}: {procs.tail(proc.log)}"
         )
-    return find_summary(Path(config["storage"]["local_storage"]["path"]))
+    return find_per_request(Path(config["storage"]["local_storage"]["path"]))
+
+
+def tool_name() -> str:
+    return f"{NAME} {VERSION}"
+
+
+def workload_label(scenario: scenarios.Scenario, tool: str) -> str:
+    """The record's workload: the comparison pairs runs of one tool only."""
+    return f"{scenario.name} ({tool})"
 
 
 def run_infperf(
@@ -213,11 +224,25 @@ def run_infperf(
     ratio: float,
     peers_root: Path | None,
     source: Path | None = None,
-) -> Figures:
-    """inference-perf against ``contender`` on a fresh fleet of ``scenario``;
-    ``source`` as in :func:`fleetgate_tools.bench.runner.run_one`."""
+    warmup_s: float = 0.0,
+) -> RunRecord:
+    """inference-perf against ``contender`` on a fresh fleet of ``scenario``, as a
+    :class:`RunRecord` of its per-request report (``warmup_s`` modelled seconds
+    left out of the figures); ``source`` as in :func:`fleetgate_tools.bench.runner.run_one`."""
     env = {"PYTHONPATH": str(source)} if source is not None else None
     plan = plan_for(scenario)
+    record = RunRecord(
+        workload=workload_label(scenario, tool_name()),
+        contender=contender.name,
+        repeat=scenario.seed,
+        load_factor=scenario.load_factor,
+        duration_s=scenario.duration_s,
+        time_scale=scenario.time_scale,
+        engines=[],
+        results=[],
+        router_cpu_s=None,
+        warmup_s=warmup_s,
+    )
     fleet: runner.Fleet | None = None
     router: procs.Proc | None = None
     try:
@@ -230,27 +255,22 @@ def run_infperf(
         before = asyncio.run(_scrape(engines))
         cpu0 = router.cpu()
         config = build_config(plan, url, scenarios.MODEL, tokenizer_path, run_dir / "report", ratio)
-        summary = run_tool(venv, config, run_dir, hard_deadline_s(plan))
+        report = run_tool(venv, config, run_dir, hard_deadline_s(plan))
         cpu1 = router.cpu()
         after = asyncio.run(_scrape(engines))
-        wins = runner.windows(engines, before, after)
-        figs = parse_summary(
-            json.loads(summary.read_text()), contender.name, scenario.time_scale, hit_rate(wins)
+        record.engines = runner.windows(engines, before, after)
+        record.results = results_from_per_request(
+            json.loads(report.read_text()), scenario.time_scale
         )
-        prompt = mean_prompt_tokens(wins, figs.requests - figs.errors)
-        cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
-        return dataclasses.replace(
-            figs,
-            router_cpu_s=cpu,
-            prompt_tokens_mean=prompt if prompt is not None else figs.prompt_tokens_mean,
-        )
+        record.router_cpu_s = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     except (procs.ProcessError, httpx.HTTPError, OSError, ValueError) as e:
-        return failed(contender.name, f"{type(e).__name__}: {e}"[:300])
+        record.error = f"{type(e).__name__}: {e}"[:300]
     finally:
         if router is not None:
             router.stop()
         if fleet is not None:
             fleet.proc.stop()
+    return record
 
 
 async def _scrape(engines: list[tuple[str, str]]) -> list[Any]:
@@ -264,12 +284,19 @@ def run_loadgen(
     run_dir: Path,
     peers_root: Path | None,
     source: Path | None = None,
-) -> Figures:
+    warmup_s: float = 0.0,
+) -> RunRecord:
     """Our loadgen, exactly as ``fleetgate bench run`` runs it (``runner.run_one``)."""
-    rec = runner.run_one(scenario, contender, 0, run_dir, peers_root=peers_root, source=source)
-    figs = loadgen_figures(rec, scenario.objective)
-    ok = sum(1 for r in rec.results if r.ok)
-    return dataclasses.replace(figs, prompt_tokens_mean=mean_prompt_tokens(rec.engines, ok))
+    rec = runner.run_one(
+        scenario,
+        contender,
+        scenario.seed,
+        run_dir,
+        peers_root=peers_root,
+        source=source,
+        warmup_s=warmup_s,
+    )
+    return dataclasses.replace(rec, workload=workload_label(scenario, LOADGEN))
 
 
 # ------------------------------------------------------------------------ CLI
@@ -279,10 +306,29 @@ def build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", nargs="?", default="shared-prefix", help="only shared-prefix")
     p.add_argument("--contenders", default="fleetgate", help="comma-separated contender names")
     p.add_argument("--engines", type=int, default=4)
-    p.add_argument("--duration", type=float, default=30.0, help="wall seconds of arrivals (30)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=15.0,
+        help="MODELLED seconds of arrivals per run (15); before the steady-state rules "
+        "this was wall seconds",
+    )
+    p.add_argument(
+        "--warmup",
+        default="10%",
+        help="left out of every figure: modelled seconds, or a percentage of the "
+        "arrival window (default 10%%)",
+    )
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, one run each (0)")
+    p.add_argument("--load-factor", type=float, default=1.0, help="multiple of the base rate")
     p.add_argument("--time-scale", type=float, default=None, help="default 2 x engines")
-    p.add_argument("--no-loadgen", action="store_true", help="skip our loadgen's run")
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        help="bootstrap replicates of each confidence interval (1000; 0 = none)",
+    )
+    p.add_argument("--no-loadgen", action="store_true", help="skip our loadgen's runs")
     p.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="local HF tokenizer dir")
     p.add_argument("--python312", default=None, help="interpreter for the inference-perf venv")
     p.add_argument("--peers-dir", type=Path, default=None, help="peer venvs root")
@@ -296,6 +342,16 @@ def build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"--seeds {text!r}: comma-separated integers") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise CliError("--seeds: at least one seed, none twice")
+    return seeds
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         chosen = cmod.parse_contenders(args.contenders)
@@ -304,17 +360,32 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.engines <= 64:
         raise CliError("--engines must be 1-64")
     if not 0 < args.duration <= 600:
-        raise CliError("--duration must be in (0, 600] seconds")
+        raise CliError("--duration must be in (0, 600] modelled seconds")
+    if args.bootstrap < 0:
+        raise CliError("--bootstrap must be >= 0")
+    seeds = _seeds(args.seeds)
+    try:
+        value, percent = scenarios.parse_warmup(args.warmup)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    warmup = args.duration * value / 100.0 if percent else value
+    if warmup >= args.duration:
+        raise CliError(f"--warmup {warmup:g} s must be shorter than --duration {args.duration:g} s")
     scale = args.time_scale if args.time_scale is not None else 2.0 * args.engines
     try:
-        sc = scenarios.make(
-            args.workload,
-            engines=args.engines,
-            duration_s=args.duration,
-            time_scale=scale,
-            seed=args.seed,
-        )
-        plan_for(sc)
+        scs = [
+            scenarios.make(
+                args.workload,
+                engines=args.engines,
+                modelled_s=args.duration,
+                time_scale=scale,
+                seed=seed,
+                load_factor=args.load_factor,
+            )
+            for seed in seeds
+        ]
+        for sc in scs:
+            plan_for(sc)
     except ValueError as e:
         raise CliError(str(e)) from None
     if args.source is not None and not (args.source / "fleetgate" / "__init__.py").exists():
@@ -332,53 +403,78 @@ def run(args: argparse.Namespace) -> int:
         ratio = calibrate_ratio(venv, tok)
     except (OSError, RuntimeError, ValueError) as e:
         raise CliError(f"{NAME} tokenizer: {e}") from None
-    print(f"bench: {ratio:.3f} emulator tokens per tokenizer token", file=sys.stderr)
-    rows: list[Figures] = []
+    print(
+        f"bench: {ratio:.3f} emulator tokens per tokenizer token; {args.duration:g} modelled s "
+        f"({args.duration * scale:g} wall s) per run, the first {warmup:g} modelled s warm-up",
+        file=sys.stderr,
+    )
+    records: list[tuple[RunRecord, str]] = []
     try:
-        for c in chosen:
-            if c.kind in unavailable:
-                err = unavailable[c.kind]
-                rows.append(failed(c.name, err))
-                continue
-            if not args.no_loadgen:
+        for sc in scs:
+            for c in chosen:
+                if c.kind in unavailable:
+                    for tool in ([] if args.no_loadgen else [LOADGEN]) + [tool_name()]:
+                        rec = _failed(sc, c, tool, unavailable[c.kind], warmup)
+                        records.append((rec, tool))
+                    continue
+                run_dir = work / f"seed{sc.seed}-{c.name}"
+                if not args.no_loadgen:
+                    t0 = time.monotonic()
+                    rec = run_loadgen(sc, c, run_dir / "loadgen", peers_root, args.source, warmup)
+                    records.append((rec, LOADGEN))
+                    _progress(figures_of(rec, LOADGEN, sc.objective), t0)
                 t0 = time.monotonic()
-                rows.append(run_loadgen(sc, c, work / f"{c.name}-loadgen", peers_root, args.source))
-                _progress(rows[-1], t0)
-            t0 = time.monotonic()
-            rows.append(
-                run_infperf(
-                    sc, c, work / f"{c.name}-infperf", venv, tok, ratio, peers_root, args.source
+                rec = run_infperf(
+                    sc, c, run_dir / "infperf", venv, tok, ratio, peers_root, args.source, warmup
                 )
-            )
-            _progress(rows[-1], t0)
+                records.append((rec, tool_name()))
+                _progress(figures_of(rec, tool_name(), sc.objective), t0)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    lines = table(rows)
-    for line in lines:
+    rows = [figures_of(rec, tool, scs[0].objective) for rec, tool in records]
+    comparisons = (
+        compare.compare([r for r, _ in records], random.Random(0), replicates=args.bootstrap)
+        if args.bootstrap
+        else []
+    )
+    for line in table(rows) + [""] + report.comparison_table(comparisons):
         print(line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {
             "command": "fleetgate " + shlex.join(sys.argv[1:]),
             "scenario": {
-                "workload": sc.name,
-                "engines": sc.engines,
-                "duration_wall_s": args.duration,
-                "time_scale": sc.time_scale,
-                "seed": sc.seed,
+                "workload": scs[0].name,
+                "engines": args.engines,
+                "duration_modelled_s": args.duration,
+                "warmup_modelled_s": warmup,
+                "time_scale": scale,
+                "seeds": seeds,
+                "load_factor": args.load_factor,
             },
-            "plan": dataclasses.asdict(plan_for(sc)),
+            "plans": {str(sc.seed): dataclasses.asdict(plan_for(sc)) for sc in scs},
             "ratio": ratio,
             "rows": [dataclasses.asdict(r) for r in rows],
+            "comparisons": [compare.as_dict(c) for c in comparisons],
         }
         args.json.write_text(json.dumps(doc, indent=1))
     return 0 if any(r.error is None for r in rows) else 1
 
 
+def _failed(
+    sc: scenarios.Scenario, c: cmod.Contender, tool: str, error: str, warmup_s: float
+) -> RunRecord:
+    return RunRecord(
+        workload_label(sc, tool), c.name, sc.seed, sc.load_factor, sc.duration_s,
+        sc.time_scale, [], [], None, error=error, warmup_s=warmup_s,
+    )  # fmt: skip
+
+
 def _progress(f: Figures, t0: float) -> None:
-    what = (
-        f.error or f"{f.requests} requests, {f.errors} errors, TTFT p90 {fmt(f.ttft_p90, '.3f')} s"
+    what = f.error or (
+        f"seed {f.seed}: {f.requests} steady requests, {f.errors} errors, "
+        f"TTFT p90 {fmt(f.ttft_p90, '.3f')} s, hit rate {fmt(f.hit_rate, '.3f')}"
     )
     print(
         f"bench: {f.contender} / {f.tool}: {what} ({time.monotonic() - t0:.0f} s)",

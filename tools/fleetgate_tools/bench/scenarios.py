@@ -246,6 +246,19 @@ def make(
     )
 
 
+def parse_warmup(text: str) -> tuple[float, bool]:
+    """``--warmup``: (modelled seconds, False) or (percent of the window, True)."""
+    raw = text.strip()
+    percent = raw.endswith("%")
+    try:
+        value = float(raw.removesuffix("%"))
+    except ValueError:
+        raise ValueError(f"--warmup {text!r}: modelled seconds or a percentage like 10%") from None
+    if value < 0 or (percent and value >= 100):
+        raise ValueError("--warmup must be >= 0 and below 100%")
+    return value, percent
+
+
 #: ``--time-scale auto``: the share of the machine's cores that the emulator, the
 #: router(s), the round-robin front and the load generator may use together.
 TARGET_CPU_SHARE = 0.7
