@@ -749,6 +749,16 @@ class Drain:
     """Draining replicas still waited for: ``(pod, in flight)``."""
     remove: int
     """Replicas to remove now (the drained ones: every draining replica, or 0)."""
+    removed: tuple[tuple[str, float], ...] = ()
+    """``(pod, in flight)`` of the replicas removed now, by pod name: 0 in flight
+    (drained) or past the drain timeout."""
+
+    def outcome(self) -> str:
+        """Why each removed replica may go: ``pod a drained, pod b drain timeout, 2 in flight``."""
+        return ", ".join(
+            f"pod {p} drained" if n <= 0 else f"pod {p} drain timeout, {_fmt(n)} in flight"
+            for p, n in self.removed
+        )
 
 
 def plan_drain(
@@ -783,4 +793,5 @@ def plan_drain(
     live += [(p, now) for p in new]
     busy = [(p, in_flight[p]) for p, since in live if in_flight[p] > 0 and now - since < timeout]
     remove = len(live) if live and not new and not busy else 0
-    return Drain(tuple(live), tuple(new), tuple(released), tuple(busy), remove)
+    removed = tuple(sorted((p, in_flight[p]) for p, _ in live)) if remove else ()
+    return Drain(tuple(live), tuple(new), tuple(released), tuple(busy), remove, removed)

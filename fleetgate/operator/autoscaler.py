@@ -557,13 +557,7 @@ class Autoscaler:
                 draining = list(step.draining)
                 if step.remove:
                     new_replicas = current - step.remove
-                    done = ", ".join(
-                        f"pod {p} "
-                        + ("drained" if in_flight[p] <= 0 else
-                           f"drain timeout, {in_flight[p]:g} in flight")
-                        for p, _ in sorted(draining)
-                    )  # fmt: skip
-                    reason = f"{reason} ({done})"
+                    reason = f"{reason} ({step.outcome()})"
                     draining = []
                 else:
                     left = step.busy or tuple((p, in_flight[p]) for p, _ in draining)

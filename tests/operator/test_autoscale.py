@@ -545,13 +545,18 @@ def test_a_scale_down_drains_every_victim_at_once_and_removes_them_together() ->
     assert (second.new, second.remove, second.busy) == ((), 0, (("p-b", 1.0),))
     done = plan_drain(second.draining, {**flight, "p-b": 0.0}, 2, now=102.0, timeout=60.0)
     assert done.remove == 2 and done.busy == () and done.released == ()
+    assert done.removed == (("p-b", 0.0), ("p-c", 0.0))
+    assert done.outcome() == "pod p-b drained, pod p-c drained"
+    assert first.removed == second.removed == () and first.outcome() == ""
 
 
 def test_a_drain_past_its_timeout_counts_as_drained() -> None:
     flight = {"p-a": 3.0, "p-b": 5.0}
     step = plan_drain([("p-a", 0.0)], flight, 1, now=59.0, timeout=60.0)
     assert (step.remove, step.busy) == (0, (("p-a", 3.0),))
-    assert plan_drain([("p-a", 0.0)], flight, 1, now=60.0, timeout=60.0).remove == 1
+    late = plan_drain([("p-a", 0.0)], flight, 1, now=60.0, timeout=60.0)
+    assert late.remove == 1 and late.removed == (("p-a", 3.0),)
+    assert late.outcome() == "pod p-a drain timeout, 3 in flight"
 
 
 def test_demand_partly_back_releases_the_busiest_and_a_gone_pod_is_forgotten() -> None:
