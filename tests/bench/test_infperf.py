@@ -436,3 +436,72 @@ def test_a_real_inference_perf_run_becomes_a_record_of_its_requests(tmp_path: Pa
     f = infperf.figures_of(rec, infperf_run.tool_name(), sc.objective)
     assert f.requests + f.warmup_requests == plan.requests and f.errors == 0
     assert f.hit_rate is not None and 0 < f.hit_rate < 1
+
+
+def test_the_command_compares_each_tool_against_its_own_best_peer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench infperf`` end to end with the runs replaced by seeded records: one row
+    per (contender, tool), seed medians, and one comparison per tool, paired by seed."""
+    import random
+
+    from fleetgate_tools.bench import peers
+
+    monkeypatch.setattr(infperf_run, "ensure", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(peers, "prepare", lambda *a, **k: {})
+    monkeypatch.setattr(infperf_run, "prepare_tokenizer", lambda src, dst: dst)
+    monkeypatch.setattr(infperf_run, "calibrate_ratio", lambda *a, **k: 2.5)
+
+    def record(sc: scenarios.Scenario, name: str, tool: str, slow: float) -> RunRecord:
+        rng = random.Random(sc.seed)  # the same requests for every contender of a seed
+        results = [
+            RequestResult(
+                f"p{i}", 0, "standard", i * 0.05, 200, rng.uniform(0.1, 1.0) * slow,
+                2.0, [], 124, cached_tokens=2000, prompt_tokens=3400,
+            )  # fmt: skip
+            for i in range(200)
+        ]
+        return RunRecord(
+            infperf_run.workload_label(sc, tool), name, sc.seed, 1.0, sc.duration_s,
+            sc.time_scale, [], results, 1.0, warmup_s=1.0,
+        )  # fmt: skip
+
+    slow = {"fleetgate-events": 0.5, "sglang-router-cache_aware": 1.0}
+    monkeypatch.setattr(
+        infperf_run,
+        "run_loadgen",
+        lambda sc, c, *a: record(sc, c.name, infperf_run.LOADGEN, slow[c.name]),
+    )
+    monkeypatch.setattr(
+        infperf_run,
+        "run_infperf",
+        lambda sc, c, *a: record(sc, c.name, infperf_run.tool_name(), slow[c.name] * 1.2),
+    )
+    parser = argparse.ArgumentParser()
+    bench_cli.build_parser(parser)
+    out = tmp_path / "out.json"
+    args = parser.parse_args(
+        ["infperf", "--contenders", "fleetgate-events,sglang-router-cache_aware",
+         "--engines", "2", "--duration", "10", "--warmup", "1", "--seeds", "0,1",
+         "--time-scale", "4", "--keep", str(tmp_path / "keep"), "--json", str(out),
+         "--bootstrap", "200"]
+    )  # fmt: skip
+    assert bench_cli.run(args) == 0
+    doc = json.loads(out.read_text())
+    assert len(doc["rows"]) == 8  # 2 contenders x 2 tools x 2 seeds
+    assert {r["requests"] for r in doc["rows"]} == {180}  # 20 sent in the warm-up
+    comps = {c["workload"]: c for c in doc["comparisons"]}
+    assert set(comps) == {
+        "shared-prefix (fleetgate loadgen)",
+        "shared-prefix (inference-perf 0.7.0)",
+    }
+    for c in comps.values():
+        assert (c["contender"], c["baseline"], c["seeds"]) == (
+            "fleetgate-events",
+            "sglang-router-cache_aware",
+            2,
+        )
+        p90 = c["figures"]["ttft_p90_ratio"]
+        assert p90["estimate"] == pytest.approx(0.5) and p90["verdict"] == "win"
+    text = capsys.readouterr().out
+    assert "| fleetgate-events | inference-perf 0.7.0 | 2 | 360 |" in text
