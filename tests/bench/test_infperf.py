@@ -319,7 +319,7 @@ def test_table_gives_seed_medians_with_ranges_and_keeps_errors() -> None:
         (["infperf", "--contenders", "nope"], "unknown contender"),
         (["infperf", "--duration", "0"], "--duration"),
         (["infperf", "--seeds", "0,x"], "--seeds"),
-        (["infperf", "--seeds", "1,1"], "none twice"),
+        (["infperf", "--seeds", "1,1"], "distinct"),
         (["infperf", "--duration", "10", "--warmup", "10"], "shorter than --duration"),
         (["infperf", "--warmup", "abc"], "--warmup"),
         (["infperf", "--source", "/nonexistent"], "no fleetgate package"),

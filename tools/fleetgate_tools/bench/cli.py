@@ -181,14 +181,9 @@ def parse_seeds(args: argparse.Namespace) -> list[int]:
         if args.seed is not None or args.repeats is not None:
             raise CliError("give --seeds, or --seed with --repeats, not both")
         try:
-            seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-        except ValueError:
-            raise CliError(f"--seeds {args.seeds!r}: expected integers like 0,1,2") from None
-        if not seeds or len(set(seeds)) != len(seeds):
-            raise CliError("--seeds: give distinct integers")
-        if len(seeds) > 20:
-            raise CliError("--seeds: at most 20")
-        return seeds
+            return scenarios.parse_seed_list(args.seeds)
+        except ValueError as e:
+            raise CliError(str(e)) from None
     first = 0 if args.seed is None else args.seed
     repeats = 1 if args.repeats is None else args.repeats
     if not 1 <= repeats <= 20:

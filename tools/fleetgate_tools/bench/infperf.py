@@ -61,7 +61,6 @@ import hashlib
 import ipaddress
 import json
 import math
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,7 +68,7 @@ from urllib.parse import urlsplit
 
 from fleetgate.sim.core import tokenizer as simtok
 from fleetgate_tools.bench import scenarios, workloads
-from fleetgate_tools.bench.stats import RequestResult, percentile, steady
+from fleetgate_tools.bench.stats import RequestResult, median_and_spread, percentile, steady
 from fleetgate_tools.bench.summary import RunRecord, summarise_run
 
 NAME = "inference-perf"
@@ -432,12 +431,11 @@ def fmt(v: float | None, fmt: str) -> str:
 def _spread(values: Sequence[float | None], spec: str, k: float = 1.0) -> str:
     """``median`` of the seeds' values, with ``(min-max)`` when there are several."""
     known = [v * k for v in values if v is not None]
-    if not known:
+    spread = median_and_spread(known)
+    if spread is None:
         return "n/a"
-    mid = format(statistics.median(known), spec)
-    if len(known) == 1:
-        return mid
-    return f"{mid} ({format(min(known), spec)}-{format(max(known), spec)})"
+    mid, low, high = (format(v, spec) for v in spread)
+    return mid if len(known) == 1 else f"{mid} ({low}-{high})"
 
 
 def table(rows: Sequence[Figures]) -> list[str]:

@@ -231,17 +231,8 @@ def run_infperf(
     left out of the figures); ``source`` as in :func:`fleetgate_tools.bench.runner.run_one`."""
     env = {"PYTHONPATH": str(source)} if source is not None else None
     plan = plan_for(scenario)
-    record = RunRecord(
-        workload=workload_label(scenario, tool_name()),
-        contender=contender.name,
-        repeat=scenario.seed,
-        load_factor=scenario.load_factor,
-        duration_s=scenario.duration_s,
-        time_scale=scenario.time_scale,
-        engines=[],
-        results=[],
-        router_cpu_s=None,
-        warmup_s=warmup_s,
+    record = runner.empty_record(
+        scenario, contender.name, scenario.seed, warmup_s, workload_label(scenario, tool_name())
     )
     fleet: runner.Fleet | None = None
     router: procs.Proc | None = None
@@ -342,16 +333,6 @@ def build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON")
 
 
-def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CliError(f"--seeds {text!r}: comma-separated integers") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise CliError("--seeds: at least one seed, none twice")
-    return seeds
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         chosen = cmod.parse_contenders(args.contenders)
@@ -363,8 +344,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--duration must be in (0, 600] modelled seconds")
     if args.bootstrap < 0:
         raise CliError("--bootstrap must be >= 0")
-    seeds = _seeds(args.seeds)
     try:
+        seeds = scenarios.parse_seed_list(args.seeds)
         value, percent = scenarios.parse_warmup(args.warmup)
     except ValueError as e:
         raise CliError(str(e)) from None
@@ -465,10 +446,7 @@ def run(args: argparse.Namespace) -> int:
 def _failed(
     sc: scenarios.Scenario, c: cmod.Contender, tool: str, error: str, warmup_s: float
 ) -> RunRecord:
-    return RunRecord(
-        workload_label(sc, tool), c.name, sc.seed, sc.load_factor, sc.duration_s,
-        sc.time_scale, [], [], None, error=error, warmup_s=warmup_s,
-    )  # fmt: skip
+    return runner.empty_record(sc, c.name, sc.seed, warmup_s, workload_label(sc, tool), error)
 
 
 def _progress(f: Figures, t0: float) -> None:

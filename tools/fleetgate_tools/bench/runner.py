@@ -716,6 +716,30 @@ async def _drive(
     return results, windows(fleet.engines, before, after), cpu, extra
 
 
+def empty_record(
+    scenario: Scenario,
+    contender: str,
+    repeat: int,
+    warmup_s: float,
+    workload: str | None = None,
+    error: str | None = None,
+) -> RunRecord:
+    """The record of one run before it has results (``workload``: the scenario's name)."""
+    return RunRecord(
+        workload=workload or scenario.name,
+        contender=contender,
+        repeat=repeat,
+        load_factor=scenario.load_factor,
+        duration_s=scenario.duration_s,
+        time_scale=scenario.time_scale,
+        engines=[],
+        results=[],
+        router_cpu_s=None,
+        error=error,
+        warmup_s=warmup_s,
+    )
+
+
 def run_one(
     scenario: Scenario,
     contender: cmod.Contender,
@@ -744,18 +768,7 @@ def run_one(
         raise ValueError("the warm-up must be shorter than the arrival window")
     env = {"PYTHONPATH": str(source)} if source is not None else None
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = RunRecord(
-        workload=scenario.name,
-        contender=contender.name,
-        repeat=repeat,
-        load_factor=scenario.load_factor,
-        duration_s=scenario.duration_s,
-        time_scale=scenario.time_scale,
-        engines=[],
-        results=[],
-        router_cpu_s=None,
-        warmup_s=warmup_s,
-    )
+    record = empty_record(scenario, contender.name, repeat, warmup_s)
     hooks = hooks or Hooks()
     fleet: Fleet | None = None
     routers: Routers | None = None

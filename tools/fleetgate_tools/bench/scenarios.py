@@ -259,6 +259,19 @@ def parse_warmup(text: str) -> tuple[float, bool]:
     return value, percent
 
 
+def parse_seed_list(text: str, most: int = 20) -> list[int]:
+    """``--seeds 0,1,2``: distinct integers, at most ``most`` of them."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: expected integers like 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError("--seeds: give distinct integers")
+    if len(seeds) > most:
+        raise ValueError(f"--seeds: at most {most}")
+    return seeds
+
+
 #: ``--time-scale auto``: the share of the machine's cores that the emulator, the
 #: router(s), the round-robin front and the load generator may use together.
 TARGET_CPU_SHARE = 0.7
