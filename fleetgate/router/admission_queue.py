@@ -214,6 +214,14 @@ class ClassQueueAdmission:
                 cache[key] = self.views(item.payload, now)
             return cache[key]
 
+        holders: dict[int, str | None] = {}
+
+        def prefer(item: QueueItem[Request]) -> str | None:
+            key = id(item.payload)
+            if key not in holders:
+                holders[key] = self.placer.holder(item.payload, now)
+            return holders[key]
+
         def pick(item: QueueItem[Request], available: tuple[str, ...]) -> str:
             e = self.placer.pick(item.payload, available, now)
             return e.id if e is not None else available[0]
@@ -226,6 +234,7 @@ class ClassQueueAdmission:
             pick=pick,
             in_flight=self._victims(),
             preempting_for=self.preempting_for.keys(),
+            prefer=prefer if self.cfg.affinity_wait_s is not None else None,
         )
         for a in actions:
             if isinstance(a, Shed):

@@ -66,6 +66,24 @@ class Placer:
                 return self.fleet.endpoints[eid]
         return None
 
+    def holder(self, req: Request, now: float) -> str | None:
+        """The endpoint the pipeline would choose for ``req`` among every eligible one,
+        busy or not, when that choice is a holder of its prompt prefix (decision
+        ``affinity-hit``); else None. Nothing is recorded (no decision metric, no
+        trace): the class queue asks this to match queued requests to the endpoint
+        that just freed (``priority.affinity_wait_s``)."""
+        allowed = {e.id for e in self.eligible(req, now)}
+        views = [
+            v for v in self.fleet.views(req.chain, req.order, now, req.prompt) if v.id in allowed
+        ]
+        if len(views) < 2:
+            return None
+        try:
+            decision = self.pipeline.schedule(req.view, views, self.rng)
+        except NoEndpointError:
+            return None
+        return decision.ranking[0] if decision.reason == "affinity-hit" else None
+
     def reserve(self, req: Request, e: Endpoint) -> Endpoint:
         cached, source = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)
         req.reserve(e, cached)

@@ -91,3 +91,56 @@ async def test_class_queue_refuses_a_full_class_at_once() -> None:
     assert isinstance(refused, Refusal) and refused.shed and refused.status == 429
     queued.cancel()
     adm.close()
+
+
+DOC = "a long shared document about fleets of engines. " * 40
+
+
+async def _affinity_case(priority: dict[str, object]) -> tuple[Endpoint, Endpoint, Endpoint]:
+    """Both engines full; ``a`` holds DOC. A question on DOC is queued first, then a
+    cold prompt; then ``b`` frees a slot, then ``a``. Returns (a, where the DOC
+    question went, where the cold prompt went)."""
+    s, _, (a, b) = services(ok, priority=priority)
+    assert s.config.priority is not None
+    adm = ClassQueueAdmission(s.config.priority, placer(s), s.classes, s.clock)
+    on_doc = request(s, {"prompt": DOC + "question one?"})
+    cold = request(s, {"prompt": "something else entirely " * 40})
+    assert on_doc.chain, "the prompt is long enough to have prefix blocks"
+    s.fleet.index.record(a.id, on_doc.chain)  # a answered an earlier question on DOC
+    now = s.clock()
+    saturate(a, now)
+    saturate(b, now)
+    loop = asyncio.get_running_loop()
+    doc_task = loop.create_task(adm.admit(on_doc))
+    await asyncio.sleep(0.01)
+    cold_task = loop.create_task(adm.admit(cold))
+    await asyncio.sleep(0.01)
+    assert on_doc.queued and cold.queued
+    b.scraped(LoadSnapshot(scraped_at=s.clock(), running=7, waiting=0, kv_usage=0.5,
+                           max_running=8))  # fmt: skip
+    adm.on_fleet_change()
+    done, _ = await asyncio.wait(
+        {doc_task, cold_task}, timeout=2, return_when=asyncio.FIRST_COMPLETED
+    )
+    await asyncio.sleep(0.01)
+    assert len(done) == 1 and not (doc_task.done() and cold_task.done()), "one slot: one placed"
+    a.scraped(LoadSnapshot(scraped_at=s.clock(), running=7, waiting=0, kv_usage=0.5,
+                           max_running=8))  # fmt: skip
+    adm.on_fleet_change()
+    doc_at, cold_at = await asyncio.wait_for(asyncio.gather(doc_task, cold_task), 2)
+    assert isinstance(doc_at, Endpoint) and isinstance(cold_at, Endpoint)
+    adm.forget(on_doc)
+    adm.forget(cold)
+    adm.close()
+    return a, doc_at, cold_at
+
+
+async def test_a_queued_request_waits_for_the_busy_holder_of_its_prefix() -> None:
+    a, doc_at, cold_at = await _affinity_case({})
+    assert doc_at is a, "the question on DOC waited for the engine that holds DOC"
+    assert cold_at is not a, "the cold prompt took the engine that freed first"
+
+
+async def test_without_affinity_dispatch_the_queue_head_takes_the_first_free_engine() -> None:
+    a, doc_at, cold_at = await _affinity_case({"affinity_wait_s": None})
+    assert doc_at is not a and cold_at is a

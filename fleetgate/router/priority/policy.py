@@ -9,6 +9,8 @@ and executes the returned actions in order:
   request whose client already has part of a stream, end that stream instead;
 * :class:`Dispatch`: send the item to ``endpoint`` (for a parked item, build its
   continuation with :func:`~.continuation.build_continuation`);
+  with ``prefer`` given, the item may be one queued behind the head of its class
+  (affinity dispatch, below);
 * :class:`Preempt`: cancel ``victim`` upstream (closing the upstream stream
   makes the engine free its blocks), then :meth:`~.queue.AdmissionQueue.park`
   it; the freed capacity triggers the next :func:`drain`, which dispatches the
@@ -19,6 +21,20 @@ Within one call, every dispatch counts against its endpoint (the local
 overfilling one; victims chosen in this call are not chosen twice; and a
 waiting request listed in ``preempting_for`` (a preemption already in progress
 for it) triggers no second one. Pure: the router's state is passed in.
+
+**Affinity dispatch** (``prefer``, ``config.affinity_wait_s``). Dispatching each
+free slot to the head of the queue sends the head to whichever engine freed first,
+so under saturation a request whose prompt prefix one engine holds lands on
+another one and prefills it again (the hit rate falls to a round robin's). With
+``prefer(item)`` (the engine the router would choose for it among ALL eligible
+ones, when that choice is a cache holder; None: no preference) a free endpoint
+goes to the first item of the head's class, in queue order, that prefers it, has
+no preference, or has waited ``affinity_wait_s``; among the head and the
+``affinity_window`` items behind it. If none does, the head takes it anyway: no
+free slot idles while the class has work. So every item waits at most
+``affinity_wait_s`` for its holder (past it, any free engine), a higher class is
+never overtaken, and a request placed on its holder the moment a slot frees runs
+at once: it cannot be evicted while it waits inside the engine.
 """
 
 from __future__ import annotations
@@ -67,6 +83,7 @@ def drain(
     pick: Callable[[QueueItem[T], tuple[str, ...]], str],
     in_flight: Sequence[InFlight],
     preempting_for: Collection[str] = (),
+    prefer: Callable[[QueueItem[T]], str | None] | None = None,
 ) -> list[Action[T]]:
     """Expire, dispatch while capacity lasts, then preempt for overdue requests.
 
@@ -74,6 +91,8 @@ def drain(
     ``views_for(item)`` gives the eligible endpoints of the item's pool;
     ``pick(item, available)`` chooses one of ``available`` (the router's scoring
     pipeline: prefix affinity, load) and must return a member of it.
+    ``prefer(item)``: the item's cache holder among all its eligible endpoints, or
+    None (see "Affinity dispatch" above; None for the argument: strict order).
     """
     limits = thresholds if thresholds is not None else config.saturation
     actions: list[Action[T]] = list(queue.expire(now))
@@ -88,11 +107,30 @@ def drain(
     def can_dispatch(item: QueueItem[T]) -> bool:
         return not pool_saturation(adjusted(item), limits).saturated
 
+    wait_s = config.affinity_wait_s
+
+    def choose(head: QueueItem[T]) -> QueueItem[T]:
+        """The item that takes the free capacity: the head, or one behind it."""
+        if prefer is None or wait_s is None:
+            return head
+        for item in (head, *queue.followers(head, now, config.affinity_window)):
+            if item.waited(now) >= wait_s:
+                return item
+            want = prefer(item)
+            if want is None or want in pool_saturation(adjusted(item), limits).available:
+                return item
+        return head
+
     while True:
-        item = queue.pop_next(now, can_dispatch)
-        if item is None:
+        head = queue.peek_next(now, can_dispatch)
+        if head is None:
             break
+        item = choose(head)
         available = pool_saturation(adjusted(item), limits).available
+        if not available:  # a follower whose own eligible endpoints are all busy
+            item = head
+            available = pool_saturation(adjusted(item), limits).available
+        queue.take(item)
         endpoint = pick(item, available)
         if endpoint not in available:
             raise ValueError(f"pick() returned {endpoint!r}, not one of {available}")

@@ -179,6 +179,15 @@ class AdmissionQueue(Generic[T]):
         Expired items are never returned: call :meth:`expire` first (``now``
         guards that contract).
         """
+        best = self.peek_next(now, can_dispatch)
+        if best is not None:
+            self.take(best)
+        return best
+
+    def peek_next(
+        self, now: float, can_dispatch: Callable[[QueueItem[T]], bool]
+    ) -> QueueItem[T] | None:
+        """The item :meth:`pop_next` would return, left in the queue."""
         best: QueueItem[T] | None = None
         for classes in self._pools.values():
             head = self._pool_head(classes, now)
@@ -186,13 +195,33 @@ class AdmissionQueue(Generic[T]):
                 continue
             if best is None or self.rank(head) < self.rank(best):
                 best = head
-        if best is None:
-            return None
-        self._pools[best.pool][best.class_name].served(best)
-        del self._where[best.request_id]
-        self._count[best.class_name] -= 1
-        self._drop_pool_if_empty(best.pool)
         return best
+
+    def followers(self, head: QueueItem[T], now: float, limit: int) -> list[QueueItem[T]]:
+        """Up to ``limit`` items queued behind ``head`` in its own pool AND class, in
+        queue order, expired ones left out: the only items that may take a free
+        endpoint before ``head`` (affinity dispatch, :func:`~.policy.drain`), so a
+        lower class never overtakes a higher one."""
+        cq = self._pools.get(head.pool, {}).get(head.class_name)
+        if cq is None or limit <= 0:
+            return []
+        out: list[QueueItem[T]] = []
+        for key, rid in heapq.nsmallest(limit + 1 + (len(cq.heap) - len(cq.live)), cq.heap):
+            item = cq.live.get(rid)
+            if item is None or cq.key(item) != key or item is head or self._expired(item, now):
+                continue
+            out.append(item)
+            if len(out) == limit:
+                break
+        return out
+
+    def take(self, item: QueueItem[T]) -> None:
+        """Remove ``item`` to be dispatched: WFQ counts it as served (its tenant's
+        virtual time moves), unlike :meth:`remove`."""
+        self._pools[item.pool][item.class_name].served(item)
+        del self._where[item.request_id]
+        self._count[item.class_name] -= 1
+        self._drop_pool_if_empty(item.pool)
 
     def expire(self, now: float) -> list[Shed[T]]:
         """Remove every item past its class's queue-time limit; the router answers them.

@@ -122,3 +122,109 @@ def test_bad_pick_is_an_error() -> None:
             pick=lambda item, available: "elsewhere",
             in_flight=(),
         )
+
+
+# -- affinity dispatch (prefer=) ---------------------------------------------
+
+
+def _affinity_run(
+    q: AdmissionQueue[str],
+    now: float,
+    views: Sequence[SaturationView],
+    holders: dict[str, str | None],
+    config: PriorityConfig | None = None,
+) -> list[tuple[str, str]]:
+    asked: list[str] = []
+
+    def prefer(item: QueueItem[str]) -> str | None:
+        asked.append(item.request_id)
+        return holders.get(item.request_id)
+
+    actions = drain(
+        q,
+        now,
+        config=config or CFG,
+        thresholds=T,
+        views_for=lambda item: views,
+        pick=_first,
+        in_flight=(),
+        prefer=prefer,
+    )
+    return [(a.item.request_id, a.endpoint) for a in actions if isinstance(a, Dispatch)]
+
+
+def test_a_free_engine_goes_to_the_first_queued_request_that_holds_its_prefix_there() -> None:
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for rid in ("a0", "a1", "b0", "a2"):
+        _offer(q, rid, "standard", 0.0)
+    # e0 is full, e1 has one free slot: the head a0 (and a1) wait for e0, b0 takes e1
+    got = _affinity_run(q, 0.5, _views(2, 1), {"a0": "e0", "a1": "e0", "b0": "e1", "a2": "e0"})
+    assert got == [("b0", "e1")]
+    assert [i.request_id for i in q.ordered()] == ["a0", "a1", "a2"]
+    # e0 frees a slot: the oldest request that prefers it goes first
+    got = _affinity_run(q, 0.6, _views(1, 2), {"a0": "e0", "a1": "e0", "a2": "e0"})
+    assert got == [("a0", "e0")]
+
+
+def test_no_slot_idles_while_the_class_has_work() -> None:
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for rid in ("a0", "a1"):
+        _offer(q, rid, "standard", 0.0)
+    # nobody prefers the free e1: the head takes it rather than leave it idle
+    assert _affinity_run(q, 0.1, _views(2, 1), {"a0": "e0", "a1": "e0"}) == [("a0", "e1")]
+
+
+def test_a_request_without_a_holder_takes_the_free_engine_before_the_waiting_head() -> None:
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for rid in ("a0", "cold"):
+        _offer(q, rid, "standard", 0.0)
+    assert _affinity_run(q, 0.1, _views(2, 1), {"a0": "e0", "cold": None}) == [("cold", "e1")]
+
+
+def test_past_affinity_wait_the_head_takes_any_free_engine() -> None:
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for rid in ("a0", "b0"):
+        _offer(q, rid, "standard", 0.0)
+    assert CFG.affinity_wait_s == 1.0
+    holders: dict[str, str | None] = {"a0": "e0", "b0": "e1"}
+    assert _affinity_run(q, 1.0, _views(2, 1), holders) == [("a0", "e1")]
+
+
+def test_affinity_dispatch_never_lets_a_lower_class_overtake() -> None:
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    _offer(q, "s0", "standard", 0.0)
+    _offer(q, "b0", "batch", 0.0)
+    # the batch request prefers the free engine, the standard head does not: the head
+    # still goes first (followers are only of the head's own class)
+    assert _affinity_run(q, 0.1, _views(2, 1), {"s0": "e0", "b0": "e1"}) == [("s0", "e1")]
+
+
+def test_affinity_window_bounds_how_far_behind_the_head_a_match_is_sought() -> None:
+    cfg = PriorityConfig(affinity_window=2)
+    q: AdmissionQueue[str] = AdmissionQueue(cfg)
+    for rid in ("a0", "a1", "a2", "b0"):
+        assert isinstance(q.offer(rid, cfg.get("standard"), "t", 0.0, rid), QueueItem)
+    holders: dict[str, str | None] = {"a0": "e0", "a1": "e0", "a2": "e0", "b0": "e1"}
+    assert _affinity_run(q, 0.1, _views(2, 1), holders, cfg) == [("a0", "e1")]
+
+
+def test_affinity_wait_null_dispatches_strictly_in_order() -> None:
+    cfg = PriorityConfig(affinity_wait_s=None)
+    q: AdmissionQueue[str] = AdmissionQueue(cfg)
+    for rid in ("a0", "b0"):
+        assert isinstance(q.offer(rid, cfg.get("standard"), "t", 0.0, rid), QueueItem)
+    assert _affinity_run(q, 0.1, _views(2, 1), {"a0": "e0", "b0": "e1"}, cfg) == [("a0", "e1")]
+
+
+def test_affinity_dispatch_fills_every_free_slot_once() -> None:
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for rid in ("a0", "a1", "b0", "b1", "b2"):
+        _offer(q, rid, "standard", 0.0)
+    holders: dict[str, str | None] = {r: ("e0" if r[0] == "a" else "e1") for r in q_ids(q)}
+    # e0 full, e1 has two free slots: b0 and b1 take them, b2 and the a's wait
+    assert _affinity_run(q, 0.1, _views(2, 0), holders) == [("b0", "e1"), ("b1", "e1")]
+    assert len(q) == 3
+
+
+def q_ids(q: AdmissionQueue[str]) -> list[str]:
+    return [i.request_id for i in q.ordered()]

@@ -314,3 +314,21 @@ def test_an_item_may_carry_a_tighter_queue_time_than_its_class() -> None:
         "loose",
         "plain",
     ]
+
+
+def test_followers_are_the_heads_own_class_in_order_and_take_serves_one_of_them() -> None:
+    cfg = PriorityConfig()
+    q: AdmissionQueue[str] = AdmissionQueue(cfg)
+    for rid, cls in (("s0", "standard"), ("b0", "batch"), ("s1", "standard"), ("s2", "standard")):
+        assert isinstance(q.offer(rid, cfg.get(cls), "t", 0.0, rid), QueueItem)
+    head = q.peek_next(0.0, lambda item: True)
+    assert head is not None and head.request_id == "s0"
+    assert len(q) == 4  # peeking removes nothing
+    assert [i.request_id for i in q.followers(head, 0.0, 8)] == ["s1", "s2"]
+    assert [i.request_id for i in q.followers(head, 0.0, 1)] == ["s1"]
+    s2 = q.followers(head, 0.0, 8)[1]
+    q.take(s2)
+    assert "s2" not in q and len(q) == 3
+    assert [i.request_id for i in q.ordered()] == ["s0", "s1", "b0"]
+    # expired followers are left out (standard: 30 s)
+    assert q.followers(head, 31.0, 8) == []

@@ -54,6 +54,12 @@ fleetgate ablations are configuration variations of the same router
   share, so two replicas may place one new prefix on two engines
 * ``fleetgate-events-no-prefill-cost-lb1`` the same with ``load_bound: 1.0``
 * ``fleetgate-events-flat-bound`` ``fleetgate-events`` with ``load_bound_tokens: null``
+* ``fleetgate-events-admission`` ``fleetgate-events`` with the admission queue on
+  (``priority: {}``, as the Helm chart deploys the router): under saturation a free
+  engine goes to the first queued request that prefers it (affinity dispatch,
+  ``priority.affinity_wait_s``)
+* ``fleetgate-events-admission-fifo`` the same with ``affinity_wait_s: null``: each
+  free engine goes to the head of the queue (the queue before affinity dispatch)
 * ``fleetgate-approx``       the same as ``fleetgate`` (the approximate prefix
   view, no events), under the name the issue's comparisons use
 * ``round-robin-no-classes`` the ``fleetgate demo`` baseline: what a plain load
@@ -84,7 +90,7 @@ from fleetgate.engines.trtllm.kv_events import KV_EVENTS_PATH, TRTLLM_KV_EVENTS_
 from fleetgate.engines.trtllm.kv_zmq import TRTLLM_ZMQ_FORMAT
 from fleetgate.engines.vllm import KV_EVENTS_TOPIC, VLLM_KV_EVENTS_FORMAT
 from fleetgate.router.config import ConfigError, Health, Scrape, Timeouts, parse_config
-from fleetgate.router.priority.config import DEFAULT_CLASSES, PriorityClass
+from fleetgate.router.priority.config import DEFAULT_CLASSES, PriorityClass, PriorityConfig
 
 ContenderKind = Literal["fleetgate", "vllm-router", "sglang-router"]
 
@@ -121,6 +127,9 @@ class Contender:
     kv_events: bool = False
     """fleetgate: engines publish KV-cache events and the router subscribes (exact
     prefix view with the emulator's tokenizer)."""
+    affinity_wait_s: float | None | Literal["default"] = "default"
+    """fleetgate with the admission queue: ``priority.affinity_wait_s`` in modelled
+    seconds (scaled by the time scale); ``"default"``: the router's."""
 
 
 CONTENDERS: dict[str, Contender] = {
@@ -187,6 +196,23 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             admission=True,
             description="default weights with the admission queue on for every workload",
+        ),
+        Contender(
+            "fleetgate-events-admission",
+            "fleetgate",
+            kv_events=True,
+            admission=True,
+            description="exact prefix view with the admission queue on (as the Helm chart "
+            "deploys it): a free engine goes to the first queued request that prefers it",
+        ),
+        Contender(
+            "fleetgate-events-admission-fifo",
+            "fleetgate",
+            kv_events=True,
+            admission=True,
+            affinity_wait_s=None,
+            description="exact prefix view, admission queue dispatched strictly in order "
+            "(priority.affinity_wait_s: null, the queue before affinity dispatch)",
         ),
         Contender(
             "fleetgate-no-prefill-cost",
@@ -378,6 +404,10 @@ def fleetgate_config(
         priority: dict[str, Any] = {} if contender.preemption else {"preemption_enabled": False}
         if time_scale != 1.0:
             priority["classes"] = [_scaled_class(c, time_scale) for c in DEFAULT_CLASSES]
+        wait = contender.affinity_wait_s
+        if wait == "default":
+            wait = PriorityConfig().affinity_wait_s
+        priority["affinity_wait_s"] = None if wait is None else wait * time_scale
         config["priority"] = priority
     if contender.weights is not None:
         prefix, load, kv = contender.weights
