@@ -257,6 +257,9 @@ class ClassQueueAdmission:
                     self.classes.m.child(self.classes.wait, req.model, req.cls.name).observe(
                         now - req.arrival
                     )
+                self.classes.m.child(
+                    self.classes.queue_dispatches, req.model, req.cls.name, a.how
+                ).inc()
                 e = self.fleet.endpoints[EndpointId(a.endpoint)]
                 _resolve(req, self.placer.reserve(req, e))
             elif isinstance(a, Preempt):

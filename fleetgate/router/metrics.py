@@ -403,6 +403,12 @@ class ClassMetrics:
         self.dispatches = Counter(
             "fleetgate_dispatches", "Requests (and resumes) sent to an engine.", mc, registry=r
         )
+        self.queue_dispatches = Counter(
+            "fleetgate_queue_dispatches",
+            "Requests dispatched from the admission queue, by how the drain chose them "
+            "(in-order | ahead | waited-out | head-elsewhere: priority.affinity_wait_s).",
+            ["model", "class", "how"], registry=r,
+        )  # fmt: skip
         self.preemptions = Counter(
             "fleetgate_preemptions", "In-flight requests preempted (class of the victim).",
             mc, registry=r,

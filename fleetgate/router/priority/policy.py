@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from fleetgate.router.priority.class_queue import QueueItem
 from fleetgate.router.priority.config import PriorityConfig
@@ -57,10 +57,20 @@ from fleetgate.router.priority.saturation import (
 T = TypeVar("T")
 
 
+#: How a dispatch chose its item (``fleetgate_queue_dispatches_total{how}``):
+#: ``in-order`` the head, to an endpoint it prefers or without a preference (or
+#: affinity dispatch off); ``ahead`` an item behind the head, to the endpoint it
+#: prefers; ``waited-out`` an item past ``affinity_wait_s`` whose holder was busy;
+#: ``head-elsewhere`` the head, away from its busy holder, because no item in the
+#: window wanted the free endpoint.
+DispatchHow = Literal["in-order", "ahead", "waited-out", "head-elsewhere"]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dispatch(Generic[T]):
     item: QueueItem[T]
     endpoint: str
+    how: DispatchHow = "in-order"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,33 +119,33 @@ def drain(
 
     wait_s = config.affinity_wait_s
 
-    def choose(head: QueueItem[T]) -> QueueItem[T]:
+    def choose(head: QueueItem[T]) -> tuple[QueueItem[T], DispatchHow]:
         """The item that takes the free capacity: the head, or one behind it."""
         if prefer is None or wait_s is None:
-            return head
+            return head, "in-order"
         for item in (head, *queue.followers(head, now, config.affinity_window)):
-            if item.waited(now) >= wait_s:
-                return item
             want = prefer(item)
             if want is None or want in pool_saturation(adjusted(item), limits).available:
-                return item
-        return head
+                return item, "in-order" if item is head else "ahead"
+            if item.waited(now) >= wait_s:
+                return item, "waited-out"
+        return head, "head-elsewhere"
 
     while True:
         head = queue.peek_next(now, can_dispatch)
         if head is None:
             break
-        item = choose(head)
+        item, how = choose(head)
         available = pool_saturation(adjusted(item), limits).available
         if not available:  # a follower whose own eligible endpoints are all busy
-            item = head
+            item, how = head, "head-elsewhere"
             available = pool_saturation(adjusted(item), limits).available
         queue.take(item)
         endpoint = pick(item, available)
         if endpoint not in available:
             raise ValueError(f"pick() returned {endpoint!r}, not one of {available}")
         extra[endpoint] += 1
-        actions.append(Dispatch(item, endpoint))
+        actions.append(Dispatch(item, endpoint, how))
 
     # Preemption: overdue fresh requests, most urgent first, one victim each.
     overdue: list[QueueItem[T]] = []

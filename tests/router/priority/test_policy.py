@@ -228,3 +228,20 @@ def test_affinity_dispatch_fills_every_free_slot_once() -> None:
 
 def q_ids(q: AdmissionQueue[str]) -> list[str]:
     return [i.request_id for i in q.ordered()]
+
+
+def test_each_dispatch_says_how_its_item_was_chosen() -> None:
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for rid in ("a0", "b0", "a1"):
+        _offer(q, rid, "standard", 0.0)
+
+    def hows(now: float, views: Sequence[SaturationView]) -> list[tuple[str, str, str]]:
+        actions = drain(
+            q, now, config=CFG, thresholds=T, views_for=lambda item: views, pick=_first,
+            in_flight=(), prefer=lambda item: {"a": "e0", "b": "e1"}[item.request_id[0]],
+        )  # fmt: skip
+        return [(a.item.request_id, a.endpoint, a.how) for a in actions if isinstance(a, Dispatch)]
+
+    assert hows(0.1, _views(2, 1)) == [("b0", "e1", "ahead")]
+    assert hows(0.2, _views(2, 1)) == [("a0", "e1", "head-elsewhere")]
+    assert hows(1.5, _views(2, 1)) == [("a1", "e1", "waited-out")]
