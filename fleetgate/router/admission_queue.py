@@ -214,12 +214,12 @@ class ClassQueueAdmission:
                 cache[key] = self.views(item.payload, now)
             return cache[key]
 
-        holders: dict[int, str | None] = {}
+        holders: dict[int, frozenset[str]] = {}
 
-        def prefer(item: QueueItem[Request]) -> str | None:
+        def prefer(item: QueueItem[Request]) -> frozenset[str]:
             key = id(item.payload)
             if key not in holders:
-                holders[key] = self.placer.holder(item.payload, now)
+                holders[key] = self.placer.holders(item.payload, now)
             return holders[key]
 
         def pick(item: QueueItem[Request], available: tuple[str, ...]) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.request import Request
 from fleetgate.router.scheduling.pipeline import NoEndpointError, Pipeline
-from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached
+from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached, cached_tokens
 from fleetgate.router.scheduling.types import Decision, EndpointView
 from fleetgate.router.state import Endpoint, Fleet
 
@@ -66,23 +66,22 @@ class Placer:
                 return self.fleet.endpoints[eid]
         return None
 
-    def holder(self, req: Request, now: float) -> str | None:
-        """The endpoint the pipeline would choose for ``req`` among every eligible one,
-        busy or not, when that choice is a holder of its prompt prefix (decision
-        ``affinity-hit``); else None. Nothing is recorded (no decision metric, no
-        trace): the class queue asks this to match queued requests to the endpoint
-        that just freed (``priority.affinity_wait_s``)."""
+    def holders(self, req: Request, now: float) -> frozenset[str]:
+        """The eligible endpoints that hold the most of ``req``'s prompt (exact view where
+        live, else the approximate one, pending placements included), busy or not;
+        empty when none holds any of it or all hold the same (nothing to wait for).
+        Load plays no part and nothing is recorded: the class queue asks this to match
+        queued requests to the endpoint that just freed (``priority.affinity_wait_s``)."""
         allowed = {e.id for e in self.eligible(req, now)}
         views = [
             v for v in self.fleet.views(req.chain, req.order, now, req.prompt) if v.id in allowed
         ]
-        if len(views) < 2:
-            return None
-        try:
-            decision = self.pipeline.schedule(req.view, views, self.rng)
-        except NoEndpointError:
-            return None
-        return decision.ranking[0] if decision.reason == "affinity-hit" else None
+        cached = {v.id: cached_tokens(req.view, v) for v in views}
+        best = max(cached.values(), default=0)
+        if best <= 0:
+            return frozenset()
+        top = frozenset(eid for eid, n in cached.items() if n == best)
+        return top if len(top) < len(cached) else frozenset()
 
     def reserve(self, req: Request, e: Endpoint) -> Endpoint:
         cached, source = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)

@@ -144,3 +144,17 @@ async def test_a_queued_request_waits_for_the_busy_holder_of_its_prefix() -> Non
 async def test_without_affinity_dispatch_the_queue_head_takes_the_first_free_engine() -> None:
     a, doc_at, cold_at = await _affinity_case({"affinity_wait_s": None})
     assert doc_at is not a and cold_at is a
+
+
+def test_holders_are_the_endpoints_with_the_most_of_the_prompt_and_none_on_a_tie() -> None:
+    s, _, (a, b) = services(ok, priority={})
+    req = request(s, {"prompt": DOC + "question two?"})
+    p = placer(s)
+    now = s.clock()
+    assert p.holders(req, now) == frozenset(), "nobody holds it: no preference"
+    s.fleet.index.record(b.id, req.chain)
+    assert p.holders(req, now) == {b.id}
+    b.scraped(LoadSnapshot(scraped_at=now, running=8, waiting=5, kv_usage=0.95, max_running=8))
+    assert p.holders(req, now) == {b.id}, "load plays no part"
+    s.fleet.index.record(a.id, req.chain)
+    assert p.holders(req, now) == frozenset(), "both hold it all: nothing to wait for"

@@ -26,8 +26,8 @@ for it) triggers no second one. Pure: the router's state is passed in.
 free slot to the head of the queue sends the head to whichever engine freed first,
 so under saturation a request whose prompt prefix one engine holds lands on
 another one and prefills it again (the hit rate falls to a round robin's). With
-``prefer(item)`` (the engine the router would choose for it among ALL eligible
-ones, when that choice is a cache holder; None: no preference) a free endpoint
+``prefer(item)`` (the endpoints holding the most of its prompt prefix among ALL
+eligible ones, load aside; empty: no preference) a free endpoint
 goes to the first item of the head's class, in queue order, that prefers it, has
 no preference, or has waited ``affinity_wait_s``; among the head and the
 ``affinity_window`` items behind it. If none does, the head takes it anyway: no
@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Generic, Literal, TypeVar
 
 from fleetgate.router.priority.class_queue import QueueItem
@@ -93,7 +94,7 @@ def drain(
     pick: Callable[[QueueItem[T], tuple[str, ...]], str],
     in_flight: Sequence[InFlight],
     preempting_for: Collection[str] = (),
-    prefer: Callable[[QueueItem[T]], str | None] | None = None,
+    prefer: Callable[[QueueItem[T]], AbstractSet[str]] | None = None,
 ) -> list[Action[T]]:
     """Expire, dispatch while capacity lasts, then preempt for overdue requests.
 
@@ -101,8 +102,9 @@ def drain(
     ``views_for(item)`` gives the eligible endpoints of the item's pool;
     ``pick(item, available)`` chooses one of ``available`` (the router's scoring
     pipeline: prefix affinity, load) and must return a member of it.
-    ``prefer(item)``: the item's cache holder among all its eligible endpoints, or
-    None (see "Affinity dispatch" above; None for the argument: strict order).
+    ``prefer(item)``: the endpoints holding the most of the item's prompt prefix
+    among all its eligible ones, busy or not; empty: no preference (see "Affinity
+    dispatch" above; None for the argument: strict order).
     """
     limits = thresholds if thresholds is not None else config.saturation
     actions: list[Action[T]] = list(queue.expire(now))
@@ -125,7 +127,7 @@ def drain(
             return head, "in-order"
         for item in (head, *queue.followers(head, now, config.affinity_window)):
             want = prefer(item)
-            if want is None or want in pool_saturation(adjusted(item), limits).available:
+            if not want or not want.isdisjoint(pool_saturation(adjusted(item), limits).available):
                 return item, "in-order" if item is head else "ahead"
             if item.waited(now) >= wait_s:
                 return item, "waited-out"

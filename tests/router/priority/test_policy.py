@@ -136,9 +136,10 @@ def _affinity_run(
 ) -> list[tuple[str, str]]:
     asked: list[str] = []
 
-    def prefer(item: QueueItem[str]) -> str | None:
+    def prefer(item: QueueItem[str]) -> frozenset[str]:
         asked.append(item.request_id)
-        return holders.get(item.request_id)
+        want = holders.get(item.request_id)
+        return frozenset() if want is None else frozenset({want})
 
     actions = drain(
         q,
@@ -238,7 +239,7 @@ def test_each_dispatch_says_how_its_item_was_chosen() -> None:
     def hows(now: float, views: Sequence[SaturationView]) -> list[tuple[str, str, str]]:
         actions = drain(
             q, now, config=CFG, thresholds=T, views_for=lambda item: views, pick=_first,
-            in_flight=(), prefer=lambda item: {"a": "e0", "b": "e1"}[item.request_id[0]],
+            in_flight=(), prefer=lambda item: {"a": {"e0"}, "b": {"e1"}}[item.request_id[0]],
         )  # fmt: skip
         return [(a.item.request_id, a.endpoint, a.how) for a in actions if isinstance(a, Dispatch)]
 
