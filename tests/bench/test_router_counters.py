@@ -149,3 +149,16 @@ def test_prediction_error_median_per_view_from_the_histogram_over_the_window() -
     assert got["prediction_error_p50_approximate"] == 0.1
     assert not [k for k in window if "bucket" in k]  # popped: no raw buckets in reports
     assert prediction_error_medians({}) == {}
+
+
+def test_decision_counts_also_count_how_queued_requests_left_the_queue() -> None:
+    text = """\
+fleetgate_queue_dispatches_total{class="standard",how="ahead",model="m"} 4.0
+fleetgate_queue_dispatches_total{class="critical",how="ahead",model="m"} 1.0
+fleetgate_queue_dispatches_total{class="standard",how="head-elsewhere",model="m"} 2.0
+fleetgate_queue_dispatches_created{class="standard",how="ahead",model="m"} 1.7e9
+"""
+    assert decision_counts(text) == {
+        "queue_dispatch_ahead": 5.0,
+        "queue_dispatch_head_elsewhere": 2.0,
+    }

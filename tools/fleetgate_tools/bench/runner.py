@@ -388,7 +388,9 @@ def decision_counts(metrics_text: str) -> dict[str, float]:
     """fleetgate's scheduling decisions by reason (``fleetgate_decisions_total``), as
     ``decisions_<reason>`` keys: how often affinity held, spilled or placed a new prefix;
     and by the cache view that spoke for the pick, as ``decisions_by_<source>``
-    (``events``: the exact KV index; ``approximate``)."""
+    (``events``: the exact KV index; ``approximate``); with the admission queue, how
+    queued requests left it (``fleetgate_queue_dispatches_total``), as
+    ``queue_dispatch_<how>``."""
     out: dict[str, float] = {}
     for labels, value in _DECISION.findall(metrics_text):
         for pattern, prefix in ((_REASON, "decisions_"), (_SOURCE, "decisions_by_")):
@@ -396,6 +398,11 @@ def decision_counts(metrics_text: str) -> dict[str, float]:
             if m:
                 key = prefix + m.group(1).replace("-", "_")
                 out[key] = out.get(key, 0.0) + float(value)
+    for labels, value in _QUEUE_DISPATCH.findall(metrics_text):
+        m = _HOW.search(labels)
+        if m:
+            key = "queue_dispatch_" + m.group(1).replace("-", "_")
+            out[key] = out.get(key, 0.0) + float(value)
     for labels, value in _PRED_ERR.findall(metrics_text):
         le, source = _LE.search(labels), _SOURCE.search(labels)
         if le and source:
@@ -404,6 +411,8 @@ def decision_counts(metrics_text: str) -> dict[str, float]:
     return out
 
 
+_QUEUE_DISPATCH = re.compile(r"^fleetgate_queue_dispatches_total\{([^}]*)\}\s+(\S+)$", re.M)
+_HOW = re.compile(r'how="([^"]+)"')
 _PRED_ERR = re.compile(r"^fleetgate_cache_prediction_error_ratio_bucket\{([^}]*)\}\s+(\S+)$", re.M)
 _LE = re.compile(r'le="([^"]+)"')
 _PRED_ERR_KEY = "prediction_error_bucket|"
