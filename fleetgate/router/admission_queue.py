@@ -219,7 +219,7 @@ class ClassQueueAdmission:
         def prefer(item: QueueItem[Request]) -> frozenset[str]:
             key = id(item.payload)
             if key not in holders:
-                holders[key] = self.placer.holders(item.payload, now)
+                holders[key] = self.placer.affinity_targets(item.payload, now)
             return holders[key]
 
         def pick(item: QueueItem[Request], available: tuple[str, ...]) -> str:

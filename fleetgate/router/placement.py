@@ -15,7 +15,11 @@ from typing import Any
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.request import Request
 from fleetgate.router.scheduling.pipeline import NoEndpointError, Pipeline
-from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached, cached_tokens
+from fleetgate.router.scheduling.plugins.prefix_affinity import (
+    approximate_cached,
+    cached_tokens,
+    may_reuse,
+)
 from fleetgate.router.scheduling.types import Decision, EndpointView
 from fleetgate.router.state import Endpoint, Fleet
 
@@ -66,10 +70,12 @@ class Placer:
                 return self.fleet.endpoints[eid]
         return None
 
-    def holders(self, req: Request, now: float) -> frozenset[str]:
-        """The eligible endpoints that hold the most of ``req``'s prompt (exact view where
-        live, else the approximate one, pending placements included), busy or not;
-        empty when none holds any of it or all hold the same (nothing to wait for).
+    def affinity_targets(self, req: Request, now: float) -> frozenset[str]:
+        """Where ``req`` should wait for a slot, busy or not: the eligible endpoints that
+        hold the most of its prompt (exact view where live, else the approximate one,
+        pending placements included); when none holds more than the others, its
+        prefix's rendezvous target, so every queued request on a prefix nobody holds
+        waits for the same endpoint; empty for a prompt with no prefix to reuse.
         Load plays no part and nothing is recorded: the class queue asks this to match
         queued requests to the endpoint that just freed (``priority.affinity_wait_s``)."""
         allowed = {e.id for e in self.eligible(req, now)}
@@ -78,10 +84,13 @@ class Placer:
         ]
         cached = {v.id: cached_tokens(req.view, v) for v in views}
         best = max(cached.values(), default=0)
-        if best <= 0:
-            return frozenset()
         top = frozenset(eid for eid, n in cached.items() if n == best)
-        return top if len(top) < len(cached) else frozenset()
+        if best > 0 and len(top) < len(cached):
+            return top
+        if not may_reuse(req.view, views):
+            return frozenset()
+        first = min(views, key=lambda v: v.rendezvous_rank, default=None)
+        return frozenset() if first is None else frozenset({first.id})
 
     def reserve(self, req: Request, e: Endpoint) -> Endpoint:
         cached, source = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)

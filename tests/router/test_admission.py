@@ -98,13 +98,17 @@ DOC = "a long shared document about fleets of engines. " * 40
 
 async def _affinity_case(priority: dict[str, object]) -> tuple[Endpoint, Endpoint, Endpoint]:
     """Both engines full; ``a`` holds DOC. A question on DOC is queued first, then a
-    cold prompt; then ``b`` frees a slot, then ``a``. Returns (a, where the DOC
-    question went, where the cold prompt went)."""
+    prompt nobody holds (its rendezvous target b); then ``b`` frees a slot, then
+    ``a``. Returns (a, where the DOC question went, where the cold prompt went)."""
     s, _, (a, b) = services(ok, priority=priority)
     assert s.config.priority is not None
     adm = ClassQueueAdmission(s.config.priority, placer(s), s.classes, s.clock)
     on_doc = request(s, {"prompt": DOC + "question one?"})
-    cold = request(s, {"prompt": "something else entirely " * 40})
+    cold = next(  # a prompt nobody holds whose rendezvous target is b
+        r
+        for i in range(64)
+        if (r := request(s, {"prompt": f"something else entirely {i} " * 40})).order[0] == b.id
+    )
     assert on_doc.chain, "the prompt is long enough to have prefix blocks"
     s.fleet.index.record(a.id, on_doc.chain)  # a answered an earlier question on DOC
     now = s.clock()
@@ -146,15 +150,19 @@ async def test_without_affinity_dispatch_the_queue_head_takes_the_first_free_eng
     assert doc_at is not a and cold_at is a
 
 
-def test_holders_are_the_endpoints_with_the_most_of_the_prompt_and_none_on_a_tie() -> None:
+def test_affinity_targets_are_the_best_holders_else_the_prefixs_rendezvous_target() -> None:
     s, _, (a, b) = services(ok, priority={})
     req = request(s, {"prompt": DOC + "question two?"})
     p = placer(s)
     now = s.clock()
-    assert p.holders(req, now) == frozenset(), "nobody holds it: no preference"
-    s.fleet.index.record(b.id, req.chain)
-    assert p.holders(req, now) == {b.id}
-    b.scraped(LoadSnapshot(scraped_at=now, running=8, waiting=5, kv_usage=0.95, max_running=8))
-    assert p.holders(req, now) == {b.id}, "load plays no part"
-    s.fleet.index.record(a.id, req.chain)
-    assert p.holders(req, now) == frozenset(), "both hold it all: nothing to wait for"
+    rendezvous = frozenset({req.order[0]})
+    assert p.affinity_targets(req, now) == rendezvous, "nobody holds it: its rendezvous target"
+    other = b if req.order[0] == a.id else a
+    s.fleet.index.record(other.id, req.chain)
+    assert p.affinity_targets(req, now) == {other.id}, "a holder wins over rendezvous"
+    other.scraped(LoadSnapshot(scraped_at=now, running=8, waiting=5, kv_usage=0.95, max_running=8))
+    assert p.affinity_targets(req, now) == {other.id}, "load plays no part"
+    s.fleet.index.record(req.order[0], req.chain)
+    assert p.affinity_targets(req, now) == rendezvous, "both hold it all: rendezvous decides"
+    short = request(s, {"prompt": "hi"})
+    assert not short.chain and p.affinity_targets(short, now) == frozenset()

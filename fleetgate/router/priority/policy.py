@@ -26,8 +26,9 @@ for it) triggers no second one. Pure: the router's state is passed in.
 free slot to the head of the queue sends the head to whichever engine freed first,
 so under saturation a request whose prompt prefix one engine holds lands on
 another one and prefills it again (the hit rate falls to a round robin's). With
-``prefer(item)`` (the endpoints holding the most of its prompt prefix among ALL
-eligible ones, load aside; empty: no preference) a free endpoint
+``prefer(item)`` (where the item should wait: the endpoints holding the most of
+its prompt prefix among ALL eligible ones, else its prefix's rendezvous target,
+load aside; empty: no preference) a free endpoint
 goes to the first item of the head's class, in queue order, that prefers it, has
 no preference, or has waited ``affinity_wait_s``; among the head and the
 ``affinity_window`` items behind it. If none does, the head takes it anyway: no
@@ -102,8 +103,8 @@ def drain(
     ``views_for(item)`` gives the eligible endpoints of the item's pool;
     ``pick(item, available)`` chooses one of ``available`` (the router's scoring
     pipeline: prefix affinity, load) and must return a member of it.
-    ``prefer(item)``: the endpoints holding the most of the item's prompt prefix
-    among all its eligible ones, busy or not; empty: no preference (see "Affinity
+    ``prefer(item)``: the endpoints the item should wait for, busy or not
+    (``Placer.affinity_targets``); empty: no preference (see "Affinity
     dispatch" above; None for the argument: strict order).
     """
     limits = thresholds if thresholds is not None else config.saturation
