@@ -180,11 +180,12 @@ class PriorityConfig(BaseModel):
     an error instead of looping on a request that kills engines."""
     saturation: SaturationThresholds = Field(default_factory=SaturationThresholds)
     affinity_wait_s: float | None = Field(default=1.0, gt=0, allow_inf_nan=False)
-    """Affinity dispatch from the queue: a queued request whose best engine (a holder
-    of its prompt prefix) is busy may let later requests of its class take a free
-    engine they prefer, for at most this long after it was queued; after that it
-    takes any free engine. ``null``: the queue is dispatched strictly in order, each
-    request to the best engine that is free then (the behaviour before)."""
+    """Affinity dispatch from the queue: a queued request whose engine (a holder of
+    its prompt prefix, else the prefix's rendezvous target) is busy lets later
+    requests of its class take a free engine they prefer, for at most this long
+    after it was first passed over; after that it takes any free engine. ``null``:
+    the queue is dispatched strictly in order, each request to the best engine that
+    is free then (the behaviour before)."""
     affinity_window: int = Field(default=32, ge=1)
     """How many queued requests of the head's class one dispatch looks at to find one
     whose preferred engine is the free one."""

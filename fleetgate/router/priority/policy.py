@@ -30,11 +30,12 @@ another one and prefills it again (the hit rate falls to a round robin's). With
 its prompt prefix among ALL eligible ones, else its prefix's rendezvous target,
 load aside; empty: no preference) a free endpoint
 goes to the first item of the head's class, in queue order, that prefers it, has
-no preference, or has waited ``affinity_wait_s``; among the head and the
-``affinity_window`` items behind it. If none does, the head takes it anyway: no
-free slot idles while the class has work. So every item waits at most
-``affinity_wait_s`` for its holder (past it, any free engine), a higher class is
-never overtaken, and a request placed on its holder the moment a slot frees runs
+no preference, or was first passed over (a free endpoint given to an item behind
+it) ``affinity_wait_s`` ago; among the head and the ``affinity_window`` items
+behind it. If none does, the head takes it anyway: no free slot idles while the
+class has work. So an item is passed over for at most ``affinity_wait_s`` (then it
+takes any free engine; time spent merely queued behind others does not count),
+a higher class is never overtaken, and a request placed on its holder the moment a slot frees runs
 at once: it cannot be evicted while it waits inside the engine.
 """
 
@@ -126,12 +127,19 @@ def drain(
         """The item that takes the free capacity: the head, or one behind it."""
         if prefer is None or wait_s is None:
             return head, "in-order"
+        skipped: list[QueueItem[T]] = []
         for item in (head, *queue.followers(head, now, config.affinity_window)):
             want = prefer(item)
             if not want or not want.isdisjoint(pool_saturation(adjusted(item), limits).available):
-                return item, "in-order" if item is head else "ahead"
-            if item.waited(now) >= wait_s:
-                return item, "waited-out"
+                how: DispatchHow = "in-order" if item is head else "ahead"
+            elif queue.passed_over_for(item, now) >= wait_s:
+                how = "waited-out"
+            else:
+                skipped.append(item)
+                continue
+            for passed in skipped:
+                queue.pass_over(passed, now)
+            return item, how
         return head, "head-elsewhere"
 
     while True:

@@ -92,6 +92,9 @@ class AdmissionQueue(Generic[T]):
         self._count: dict[str, int] = {c.name: 0 for c in self._order}
         self._seq = itertools.count()
         self._expiries: list[tuple[float, int, str]] = []
+        self._passed_over: dict[str, float] = {}
+        """request id -> when affinity dispatch first gave a free endpoint to an item
+        behind it (:meth:`pass_over`)."""
 
     # -- admission -------------------------------------------------------
 
@@ -157,6 +160,7 @@ class AdmissionQueue(Generic[T]):
     def remove(self, request_id: str) -> QueueItem[T] | None:
         """Drop a request (client went away); returns it, or None if not queued."""
         where = self._where.pop(request_id, None)
+        self._passed_over.pop(request_id, None)
         if where is None:
             return None
         pool, name = where
@@ -215,11 +219,22 @@ class AdmissionQueue(Generic[T]):
                 break
         return out
 
+    def pass_over(self, item: QueueItem[T], now: float) -> None:
+        """Note that a free endpoint went to an item behind ``item`` (it waits for the
+        endpoint it prefers); the first time counts."""
+        self._passed_over.setdefault(item.request_id, now)
+
+    def passed_over_for(self, item: QueueItem[T], now: float) -> float:
+        """Seconds since ``item`` was first passed over (0: never)."""
+        since = self._passed_over.get(item.request_id)
+        return 0.0 if since is None else now - since
+
     def take(self, item: QueueItem[T]) -> None:
         """Remove ``item`` to be dispatched: WFQ counts it as served (its tenant's
         virtual time moves), unlike :meth:`remove`."""
         self._pools[item.pool][item.class_name].served(item)
         del self._where[item.request_id]
+        self._passed_over.pop(item.request_id, None)
         self._count[item.class_name] -= 1
         self._drop_pool_if_empty(item.pool)
 

@@ -182,13 +182,17 @@ def test_a_request_without_a_holder_takes_the_free_engine_before_the_waiting_hea
     assert _affinity_run(q, 0.1, _views(2, 1), {"a0": "e0", "cold": None}) == [("cold", "e1")]
 
 
-def test_past_affinity_wait_the_head_takes_any_free_engine() -> None:
+def test_passed_over_for_affinity_wait_a_request_takes_any_free_engine() -> None:
     q: AdmissionQueue[str] = AdmissionQueue(CFG)
-    for rid in ("a0", "b0"):
-        _offer(q, rid, "standard", 0.0)
+    for rid in ("a0", "b0", "b1", "b2"):
+        _offer(q, rid, "standard", 5.0)
     assert CFG.affinity_wait_s == 1.0
-    holders: dict[str, str | None] = {"a0": "e0", "b0": "e1"}
-    assert _affinity_run(q, 1.0, _views(2, 1), holders) == [("a0", "e1")]
+    holders: dict[str, str | None] = {"a0": "e0", "b0": "e1", "b1": "e1", "b2": "e1"}
+    # queued 5 s already, but never passed over: it still waits for e0
+    assert _affinity_run(q, 10.0, _views(2, 1), holders) == [("b0", "e1")]
+    assert _affinity_run(q, 10.5, _views(2, 1), holders) == [("b1", "e1")]
+    # passed over since 10.0: at 11.0 it takes the free e1
+    assert _affinity_run(q, 11.0, _views(2, 1), holders) == [("a0", "e1")]
 
 
 def test_affinity_dispatch_never_lets_a_lower_class_overtake() -> None:
@@ -243,6 +247,9 @@ def test_each_dispatch_says_how_its_item_was_chosen() -> None:
         )  # fmt: skip
         return [(a.item.request_id, a.endpoint, a.how) for a in actions if isinstance(a, Dispatch)]
 
-    assert hows(0.1, _views(2, 1)) == [("b0", "e1", "ahead")]
+    assert hows(0.1, _views(2, 1)) == [("b0", "e1", "ahead")]  # a0 passed over at 0.1
     assert hows(0.2, _views(2, 1)) == [("a0", "e1", "head-elsewhere")]
-    assert hows(1.5, _views(2, 1)) == [("a1", "e1", "waited-out")]
+    _offer(q, "b1", "standard", 0.3)
+    assert hows(0.3, _views(2, 1)) == [("b1", "e1", "ahead")]  # a1 passed over at 0.3
+    _offer(q, "b2", "standard", 0.4)
+    assert hows(1.3, _views(2, 1)) == [("a1", "e1", "waited-out")]
