@@ -332,3 +332,19 @@ def test_followers_are_the_heads_own_class_in_order_and_take_serves_one_of_them(
     assert [i.request_id for i in q.ordered()] == ["s0", "s1", "b0"]
     # expired followers are left out (standard: 30 s)
     assert q.followers(head, 31.0, 8) == []
+
+
+def test_passed_over_counts_from_the_first_time_and_is_forgotten_when_the_item_leaves() -> None:
+    cfg = PriorityConfig()
+    q: AdmissionQueue[str] = AdmissionQueue(cfg)
+    for rid in ("x", "y"):
+        assert isinstance(q.offer(rid, cfg.get("standard"), "t", 0.0, rid), QueueItem)
+    x, y = q.ordered()
+    assert q.passed_over_for(x, 5.0) == 0.0, "never passed over"
+    q.pass_over(x, 1.0)
+    q.pass_over(x, 2.0)  # the first time counts
+    assert q.passed_over_for(x, 3.0) == 2.0
+    q.take(x)
+    q.pass_over(y, 1.0)
+    q.remove("y")
+    assert q._passed_over == {}  # nothing kept for items that left
