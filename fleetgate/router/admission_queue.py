@@ -222,6 +222,12 @@ class ClassQueueAdmission:
                 holders[key] = self.placer.affinity_targets(item.payload, now)
             return holders[key]
 
+        def kv_share(item: QueueItem[Request], endpoint: str) -> float:
+            snap = self.fleet.endpoints[EndpointId(endpoint)].snapshot
+            if snap is None or not snap.blocks_total or not snap.block_size:
+                return 0.0
+            return item.payload.kv_tokens / (snap.blocks_total * snap.block_size)
+
         def pick(item: QueueItem[Request], available: tuple[str, ...]) -> str:
             e = self.placer.pick(item.payload, available, now)
             return e.id if e is not None else available[0]
@@ -235,6 +241,7 @@ class ClassQueueAdmission:
             in_flight=self._victims(),
             preempting_for=self.preempting_for.keys(),
             prefer=prefer if self.cfg.affinity_wait_s is not None else None,
+            kv_share=kv_share,
         )
         for a in actions:
             if isinstance(a, Shed):

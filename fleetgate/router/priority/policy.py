@@ -17,8 +17,8 @@ and executes the returned actions in order:
   most urgent waiting request, normally ``for_item``.
 
 Within one call, every dispatch counts against its endpoint (the local
-``in_flight`` bump), so one call can fill several free slots without
-overfilling one; victims chosen in this call are not chosen twice; and a
+``in_flight`` bump, and its KV share with ``kv_share``), so one call can fill
+several free slots without overfilling one; victims chosen in this call are not chosen twice; and a
 waiting request listed in ``preempting_for`` (a preemption already in progress
 for it) triggers no second one. Pure: the router's state is passed in.
 
@@ -97,6 +97,7 @@ def drain(
     in_flight: Sequence[InFlight],
     preempting_for: Collection[str] = (),
     prefer: Callable[[QueueItem[T]], AbstractSet[str]] | None = None,
+    kv_share: Callable[[QueueItem[T], str], float] | None = None,
 ) -> list[Action[T]]:
     """Expire, dispatch while capacity lasts, then preempt for overdue requests.
 
@@ -107,14 +108,26 @@ def drain(
     ``prefer(item)``: the endpoints the item should wait for, busy or not
     (``Placer.affinity_targets``); empty: no preference (see "Affinity
     dispatch" above; None for the argument: strict order).
+    ``kv_share(item, endpoint)``: the share of the endpoint's KV cache the item will
+    take (0 when unknown), added to that endpoint's KV use for the rest of this
+    call, as each dispatch adds one to its in-flight count.
     """
     limits = thresholds if thresholds is not None else config.saturation
     actions: list[Action[T]] = list(queue.expire(now))
     extra: Counter[str] = Counter()
+    extra_kv: dict[str, float] = {}
 
     def adjusted(item: QueueItem[T]) -> list[SaturationView]:
         return [
-            dataclasses.replace(v, in_flight=v.in_flight + extra[v.endpoint])
+            dataclasses.replace(
+                v,
+                in_flight=v.in_flight + extra[v.endpoint],
+                kv_usage=(
+                    None
+                    if v.kv_usage is None
+                    else min(1.0, v.kv_usage + extra_kv.get(v.endpoint, 0.0))
+                ),
+            )
             for v in views_for(item)
         ]
 
@@ -156,6 +169,8 @@ def drain(
         if endpoint not in available:
             raise ValueError(f"pick() returned {endpoint!r}, not one of {available}")
         extra[endpoint] += 1
+        if kv_share is not None:
+            extra_kv[endpoint] = extra_kv.get(endpoint, 0.0) + max(0.0, kv_share(item, endpoint))
         actions.append(Dispatch(item, endpoint, how))
 
     # Preemption: overdue fresh requests, most urgent first, one victim each.

@@ -253,3 +253,24 @@ def test_each_dispatch_says_how_its_item_was_chosen() -> None:
     assert hows(0.3, _views(2, 1)) == [("b1", "e1", "ahead")]  # a1 passed over at 0.3
     _offer(q, "b2", "standard", 0.4)
     assert hows(1.3, _views(2, 1)) == [("a1", "e1", "waited-out")]
+
+
+def test_one_drain_counts_the_kv_each_dispatch_takes() -> None:
+    """A drain's views come from the last scrape; without the KV each dispatch takes,
+    one drain filled a freed engine up to its slot count (64 on the emulator) although
+    its KV cache held ~20 long prompts: measured, 16 running + 46 waiting."""
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for i in range(10):
+        _offer(q, f"r{i}", "standard", 0.0)
+    views = [SaturationView("e0", 0.70, 0, 10, 10, 0.0, 64)]
+
+    def run(kv_share: object) -> list[str]:
+        actions = drain(
+            q, 0.0, config=CFG, thresholds=T, views_for=lambda item: views, pick=_first,
+            in_flight=(), kv_share=kv_share,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return [a.item.request_id for a in actions if isinstance(a, Dispatch)]
+
+    # 0.70 + 0.06 per request: after four the estimate is 0.94, over kv_usage_max 0.9
+    assert run(lambda item, endpoint: 0.06) == ["r0", "r1", "r2", "r3"]
+    assert len(run(None)) == 6, "without it the queue empties into the engine"
