@@ -58,6 +58,7 @@ fleetgate ablations are configuration variations of the same router
   (``priority: {}``, as the Helm chart deploys the router): under saturation a free
   engine goes to the first queued request that prefers it (affinity dispatch,
   ``priority.affinity_wait_s``)
+* ``fleetgate-events-admission-kv1`` the same with ``saturation.kv_usage_max: 1.0``
 * ``fleetgate-events-admission-fifo`` the same with ``affinity_wait_s: null``: each
   free engine goes to the head of the queue (the queue before affinity dispatch)
 * ``fleetgate-approx``       the same as ``fleetgate`` (the approximate prefix
@@ -127,6 +128,8 @@ class Contender:
     kv_events: bool = False
     """fleetgate: engines publish KV-cache events and the router subscribes (exact
     prefix view with the emulator's tokenizer)."""
+    priority_settings: tuple[tuple[str, Any], ...] = ()
+    """Further fleetgate ``priority`` settings (with ``admission``), as (key, value) pairs."""
     affinity_wait_s: float | None | Literal["default"] = "default"
     """fleetgate with the admission queue: ``priority.affinity_wait_s`` in modelled
     seconds (scaled by the time scale); ``"default"``: the router's."""
@@ -204,6 +207,15 @@ CONTENDERS: dict[str, Contender] = {
             admission=True,
             description="exact prefix view with the admission queue on (as the Helm chart "
             "deploys it): a free engine goes to the first queued request that prefers it",
+        ),
+        Contender(
+            "fleetgate-events-admission-kv1",
+            "fleetgate",
+            kv_events=True,
+            admission=True,
+            priority_settings=(("saturation", {"kv_usage_max": 1.0}),),
+            description="fleetgate-events-admission with saturation.kv_usage_max 1.0: an "
+            "engine counts as saturated by its slots and its own queue, not by a KV estimate",
         ),
         Contender(
             "fleetgate-events-admission-fifo",
@@ -408,6 +420,7 @@ def fleetgate_config(
         if wait == "default":
             wait = PriorityConfig().affinity_wait_s
         priority["affinity_wait_s"] = None if wait is None else wait * time_scale
+        priority.update(contender.priority_settings)
         config["priority"] = priority
     if contender.weights is not None:
         prefix, load, kv = contender.weights
