@@ -15,11 +15,7 @@ from typing import Any
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.request import Request
 from fleetgate.router.scheduling.pipeline import NoEndpointError, Pipeline
-from fleetgate.router.scheduling.plugins.prefix_affinity import (
-    approximate_cached,
-    cached_tokens,
-    may_reuse,
-)
+from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached
 from fleetgate.router.scheduling.types import Decision, EndpointView
 from fleetgate.router.state import Endpoint, Fleet
 
@@ -78,19 +74,19 @@ class Placer:
         waits for the same endpoint; empty for a prompt with no prefix to reuse.
         Load plays no part and nothing is recorded: the class queue asks this to match
         queued requests to the endpoint that just freed (``priority.affinity_wait_s``)."""
-        allowed = {e.id for e in self.eligible(req, now)}
-        views = [
-            v for v in self.fleet.views(req.chain, req.order, now, req.prompt) if v.id in allowed
-        ]
-        cached = {v.id: cached_tokens(req.view, v) for v in views}
+        able = self.eligible(req, now)
+        cached = {
+            e.id: self.fleet.believed_cached(e, req.chain, req.prompt, req.view)[0] for e in able
+        }
         best = max(cached.values(), default=0)
         top = frozenset(eid for eid, n in cached.items() if n == best)
         if best > 0 and len(top) < len(cached):
             return top
-        if not may_reuse(req.view, views):
-            return frozenset()
-        first = min(views, key=lambda v: v.rendezvous_rank, default=None)
-        return frozenset() if first is None else frozenset({first.id})
+        if not req.chain and best <= 0:
+            return frozenset()  # nothing of this prompt is worth keeping together
+        rank = {eid: i for i, eid in enumerate(req.order)}
+        first = min(cached, key=lambda eid: rank.get(eid, len(rank)), default=None)
+        return frozenset() if first is None else frozenset({first})
 
     def reserve(self, req: Request, e: Endpoint) -> Endpoint:
         cached, source = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)

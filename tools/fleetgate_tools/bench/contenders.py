@@ -59,6 +59,7 @@ fleetgate ablations are configuration variations of the same router
   engine goes to the first queued request that prefers it (affinity dispatch,
   ``priority.affinity_wait_s``)
 * ``fleetgate-events-admission-kv1`` the same with ``saturation.kv_usage_max: 1.0``
+* ``fleetgate-events-admission-wm4`` the same with ``waiting_max: 4`` as well
 * ``fleetgate-events-admission-fifo`` the same with ``affinity_wait_s: null``: each
   free engine goes to the head of the queue (the queue before affinity dispatch)
 * ``fleetgate-approx``       the same as ``fleetgate`` (the approximate prefix
@@ -216,6 +217,15 @@ CONTENDERS: dict[str, Contender] = {
             priority_settings=(("saturation", {"kv_usage_max": 1.0}),),
             description="fleetgate-events-admission with saturation.kv_usage_max 1.0: an "
             "engine counts as saturated by its slots and its own queue, not by a KV estimate",
+        ),
+        Contender(
+            "fleetgate-events-admission-wm4",
+            "fleetgate",
+            kv_events=True,
+            admission=True,
+            priority_settings=(("saturation", {"kv_usage_max": 1.0, "waiting_max": 4}),),
+            description="fleetgate-events-admission-kv1 with saturation.waiting_max 4: each "
+            "engine keeps up to 4 requests of its own queue, so its prefill budget never idles",
         ),
         Contender(
             "fleetgate-events-admission-fifo",
