@@ -54,6 +54,8 @@ fleetgate ablations are configuration variations of the same router
   share, so two replicas may place one new prefix on two engines
 * ``fleetgate-events-no-prefill-cost-lb1`` the same with ``load_bound: 1.0``
 * ``fleetgate-events-flat-bound`` ``fleetgate-events`` with ``load_bound_tokens: null``
+* ``fleetgate-fifo``         ``fleetgate`` whose class queue (class workloads) is
+  dispatched strictly in order (``priority.affinity_wait_s: null``)
 * ``fleetgate-events-admission`` ``fleetgate-events`` with the admission queue on
   (``priority: {}``, as the Helm chart deploys the router): under saturation a free
   engine goes to the first queued request that prefers it (affinity dispatch,
@@ -200,6 +202,13 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate",
             admission=True,
             description="default weights with the admission queue on for every workload",
+        ),
+        Contender(
+            "fleetgate-fifo",
+            "fleetgate",
+            affinity_wait_s=None,
+            description="default weights; with classes, the class queue dispatched strictly "
+            "in order (priority.affinity_wait_s: null, the queue before affinity dispatch)",
         ),
         Contender(
             "fleetgate-events-admission",
