@@ -71,12 +71,17 @@ def test_fleetgate_configs_validate_against_the_router_model(name: str) -> None:
     assert config.scheduling.effective_cold_choices() == c.cold_choices  # None: all
     assert config.scheduling.load_bound == c.load_bound
     assert config.scheduling.effective_load_bound() == (c.load_bound or 1.0)
+    wait = c.affinity_wait_s
+    if wait == "default":
+        wait = PrioritySection().affinity_wait_s
     if c.admission:
-        assert config.priority == PrioritySection(), "the admission queue on for every workload"
+        assert config.priority == PrioritySection(affinity_wait_s=wait), (
+            "the admission queue on for every workload"
+        )
     else:
         assert config.priority is None, "no classes unless the workload sends them"
     with_classes = parse_config(cmod.fleetgate_config(c, BACKENDS, 3, priority_classes=True))
-    expected_section = PrioritySection(preemption_enabled=c.preemption)
+    expected_section = PrioritySection(preemption_enabled=c.preemption, affinity_wait_s=wait)
     if c.classes:
         assert with_classes.priority == expected_section
     else:
@@ -180,6 +185,7 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         "fleetgate-rendezvous",
         "fleetgate-flat-bound",
         "fleetgate-approx",
+        "fleetgate-fifo",
     }
 
 
