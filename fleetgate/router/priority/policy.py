@@ -18,9 +18,10 @@ and executes the returned actions in order:
 
 Within one call, every dispatch counts against its endpoint (the local
 ``in_flight`` bump, and its KV share with ``kv_share``), so one call can fill
-several free slots without overfilling one; victims chosen in this call are not chosen twice; and a
-waiting request listed in ``preempting_for`` (a preemption already in progress
-for it) triggers no second one. Pure: the router's state is passed in.
+several free slots without overfilling one; victims chosen in this call are not
+chosen twice; and a waiting request listed in ``preempting_for`` (a preemption
+already in progress for it) triggers no second one. Pure but for the queue it is
+given (items taken, pass-over times noted): the router's state is passed in.
 
 **Affinity dispatch** (``prefer``, ``config.affinity_wait_s``). Dispatching each
 free slot to the head of the queue sends the head to whichever engine freed first,
@@ -28,15 +29,15 @@ so under saturation a request whose prompt prefix one engine holds lands on
 another one and prefills it again (the hit rate falls to a round robin's). With
 ``prefer(item)`` (where the item should wait: the endpoints holding the most of
 its prompt prefix among ALL eligible ones, else its prefix's rendezvous target,
-load aside; empty: no preference) a free endpoint
-goes to the first item of the head's class, in queue order, that prefers it, has
-no preference, or was first passed over (a free endpoint given to an item behind
-it) ``affinity_wait_s`` ago; among the head and the ``affinity_window`` items
-behind it. If none does, the head takes it anyway: no free slot idles while the
-class has work. So an item is passed over for at most ``affinity_wait_s`` (then it
-takes any free engine; time spent merely queued behind others does not count),
-a higher class is never overtaken, and a request placed on its holder the moment a slot frees runs
-at once: it cannot be evicted while it waits inside the engine.
+load aside; empty: no preference) a free endpoint goes to the first item of the
+head's class, in queue order, that prefers it, has no preference, or was first
+passed over (a free endpoint given to an item behind it) ``affinity_wait_s`` ago;
+among the head and the ``affinity_window`` items behind it. If none does, the head
+takes it anyway: no free slot idles while the class has work. So an item is
+passed over for at most ``affinity_wait_s`` (then it takes any free engine; time
+spent merely queued behind others does not count), a higher class is never
+overtaken, and a request placed on its holder the moment a slot frees runs at
+once: it cannot be evicted while it waits inside the engine.
 """
 
 from __future__ import annotations
