@@ -96,6 +96,13 @@ class LoadSnapshot:
     """Name of the :class:`MetricsSource` this came from."""
 
     @property
+    def total_kv_tokens(self) -> int | None:
+        """The KV pool in tokens, when blocks and block size are known (and non-zero)."""
+        if not self.blocks_total or not self.block_size:
+            return None
+        return self.blocks_total * self.block_size
+
+    @property
     def free_kv_tokens(self) -> int | None:
         """KV capacity left, in tokens, when blocks and block size are known."""
         if self.blocks_total is None or self.block_size is None:

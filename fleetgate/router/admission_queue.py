@@ -219,14 +219,14 @@ class ClassQueueAdmission:
         def prefer(item: QueueItem[Request]) -> frozenset[str]:
             key = id(item.payload)
             if key not in holders:
-                holders[key] = self.placer.affinity_targets(item.payload, now)
+                able = [self.fleet.endpoints[EndpointId(v.endpoint)] for v in views_for(item)]
+                holders[key] = self.placer.affinity_targets(item.payload, able)
             return holders[key]
 
         def kv_share(item: QueueItem[Request], endpoint: str) -> float:
             snap = self.fleet.endpoints[EndpointId(endpoint)].snapshot
-            if snap is None or not snap.blocks_total or not snap.block_size:
-                return 0.0
-            return item.payload.kv_tokens / (snap.blocks_total * snap.block_size)
+            pool = snap.total_kv_tokens if snap else None
+            return item.payload.kv_tokens / pool if pool else 0.0
 
         def pick(item: QueueItem[Request], available: tuple[str, ...]) -> str:
             e = self.placer.pick(item.payload, available, now)

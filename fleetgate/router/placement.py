@@ -66,15 +66,15 @@ class Placer:
                 return self.fleet.endpoints[eid]
         return None
 
-    def affinity_targets(self, req: Request, now: float) -> frozenset[str]:
-        """Where ``req`` should wait for a slot, busy or not: the eligible endpoints that
+    def affinity_targets(self, req: Request, able: Sequence[Endpoint]) -> frozenset[str]:
+        """Where ``req`` should wait for a slot, busy or not: the endpoints of ``able``
+        (those that may serve it, :meth:`eligible`, which the caller has) that
         hold the most of its prompt (exact view where live, else the approximate one,
         pending placements included); when none holds more than the others, its
         prefix's rendezvous target, so every queued request on a prefix nobody holds
         waits for the same endpoint; empty for a prompt with no prefix to reuse.
         Load plays no part and nothing is recorded: the class queue asks this to match
         queued requests to the endpoint that just freed (``priority.affinity_wait_s``)."""
-        able = self.eligible(req, now)
         cached = {
             e.id: self.fleet.believed_cached(e, req.chain, req.prompt, req.view)[0] for e in able
         }

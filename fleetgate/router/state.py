@@ -403,9 +403,10 @@ class Fleet:
         if waiting:
             waiting = max(0, waiting - max(0, at_scrape - c.in_flight))
         kv = snap.kv_usage if snap else None
-        if kv is not None and snap is not None and snap.blocks_total and snap.block_size:
+        pool = snap.total_kv_tokens if snap else None
+        if kv is not None and pool:
             delta = c.dispatched_tokens_since_scrape - c.freed_tokens_since_scrape
-            kv = min(1.0, max(0.0, kv + delta / (snap.blocks_total * snap.block_size)))
+            kv = min(1.0, max(0.0, kv + delta / pool))
         return SaturationView(
             endpoint=e.id,
             kv_usage=kv,

@@ -11,6 +11,7 @@ from fleetgate.engines.base import LoadSnapshot
 from fleetgate.router.admission import ImmediateAdmission, Refusal
 from fleetgate.router.admission_queue import ClassQueueAdmission
 from fleetgate.router.placement import Placer
+from fleetgate.router.request import Request
 from fleetgate.router.services import Services
 from fleetgate.router.state import Endpoint
 
@@ -156,13 +157,17 @@ def test_affinity_targets_are_the_best_holders_else_the_prefixs_rendezvous_targe
     p = placer(s)
     now = s.clock()
     rendezvous = frozenset({req.order[0]})
-    assert p.affinity_targets(req, now) == rendezvous, "nobody holds it: its rendezvous target"
+
+    def targets(r: Request) -> frozenset[str]:
+        return p.affinity_targets(r, p.eligible(r, now))
+
+    assert targets(req) == rendezvous, "nobody holds it: its rendezvous target"
     other = b if req.order[0] == a.id else a
     s.fleet.index.record(other.id, req.chain)
-    assert p.affinity_targets(req, now) == {other.id}, "a holder wins over rendezvous"
+    assert targets(req) == {other.id}, "a holder wins over rendezvous"
     other.scraped(LoadSnapshot(scraped_at=now, running=8, waiting=5, kv_usage=0.95, max_running=8))
-    assert p.affinity_targets(req, now) == {other.id}, "load plays no part"
+    assert targets(req) == {other.id}, "load plays no part"
     s.fleet.index.record(req.order[0], req.chain)
-    assert p.affinity_targets(req, now) == rendezvous, "both hold it all: rendezvous decides"
+    assert targets(req) == rendezvous, "both hold it all: rendezvous decides"
     short = request(s, {"prompt": "hi"})
-    assert not short.chain and p.affinity_targets(short, now) == frozenset()
+    assert not short.chain and targets(short) == frozenset()
