@@ -186,6 +186,7 @@ def test_only_default_weight_contenders_route_by_engine_speed() -> None:
         "fleetgate-flat-bound",
         "fleetgate-approx",
         "fleetgate-fifo",
+        "fleetgate-w1",
     }
 
 

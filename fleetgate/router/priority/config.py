@@ -179,11 +179,13 @@ class PriorityConfig(BaseModel):
     preemptions, which each class caps); past it the router ends the answer with
     an error instead of looping on a request that kills engines."""
     saturation: SaturationThresholds = Field(default_factory=SaturationThresholds)
-    affinity_wait_s: float | None = Field(default=1.0, gt=0, allow_inf_nan=False)
+    affinity_wait_s: float | None = Field(default=10.0, gt=0, allow_inf_nan=False)
     """Affinity dispatch from the queue: a queued request whose engine (a holder of
     its prompt prefix, else the prefix's rendezvous target) is busy lets later
     requests of its class take a free engine they prefer, for at most this long
-    after it was first passed over; after that it takes any free engine. ``null``:
+    after it was first passed over; after that it takes any free engine (long by
+    default: an engine nobody in the window wants goes to the head anyway, so the
+    bound only guards against a holder that stays busy). ``null``:
     the queue is dispatched strictly in order, each request to the best engine that
     is free then (the behaviour before)."""
     affinity_window: int = Field(default=32, ge=1)

@@ -56,12 +56,15 @@ fleetgate ablations are configuration variations of the same router
 * ``fleetgate-events-flat-bound`` ``fleetgate-events`` with ``load_bound_tokens: null``
 * ``fleetgate-fifo``         ``fleetgate`` whose class queue (class workloads) is
   dispatched strictly in order (``priority.affinity_wait_s: null``)
+* ``fleetgate-w1``           ``fleetgate`` with ``affinity_wait_s`` 1 modelled second
 * ``fleetgate-events-admission`` ``fleetgate-events`` with the admission queue on
   (``priority: {}``, as the Helm chart deploys the router): under saturation a free
   engine goes to the first queued request that prefers it (affinity dispatch,
   ``priority.affinity_wait_s``)
 * ``fleetgate-events-admission-kv1`` the same with ``saturation.kv_usage_max: 1.0``
 * ``fleetgate-events-admission-wm4`` the same with ``waiting_max: 4`` as well
+* ``fleetgate-events-admission-w1``, ``-w4``, ``-w30`` the same with
+  ``affinity_wait_s`` 1 (the default before 2026-12-05), 4 and 30 modelled seconds
 * ``fleetgate-events-admission-fifo`` the same with ``affinity_wait_s: null``: each
   free engine goes to the head of the queue (the queue before affinity dispatch)
 * ``fleetgate-approx``       the same as ``fleetgate`` (the approximate prefix
@@ -211,6 +214,13 @@ CONTENDERS: dict[str, Contender] = {
             "in order (priority.affinity_wait_s: null, the queue before affinity dispatch)",
         ),
         Contender(
+            "fleetgate-w1",
+            "fleetgate",
+            affinity_wait_s=1.0,
+            description="default weights; with classes, affinity_wait_s 1 (modelled s; the "
+            "default before 2026-12-05, third session)",
+        ),
+        Contender(
             "fleetgate-events-admission",
             "fleetgate",
             kv_events=True,
@@ -235,6 +245,32 @@ CONTENDERS: dict[str, Contender] = {
             priority_settings=(("saturation", {"kv_usage_max": 1.0, "waiting_max": 4}),),
             description="fleetgate-events-admission-kv1 with saturation.waiting_max 4: each "
             "engine keeps up to 4 requests of its own queue, so its prefill budget never idles",
+        ),
+        Contender(
+            "fleetgate-events-admission-w1",
+            "fleetgate",
+            kv_events=True,
+            admission=True,
+            affinity_wait_s=1.0,
+            description="fleetgate-events-admission with affinity_wait_s 1 (modelled s; the "
+            "default before 2026-12-05, third session)",
+        ),
+        Contender(
+            "fleetgate-events-admission-w4",
+            "fleetgate",
+            kv_events=True,
+            admission=True,
+            affinity_wait_s=4.0,
+            description="fleetgate-events-admission with affinity_wait_s 4 (modelled s)",
+        ),
+        Contender(
+            "fleetgate-events-admission-w30",
+            "fleetgate",
+            kv_events=True,
+            admission=True,
+            affinity_wait_s=30.0,
+            description="fleetgate-events-admission with affinity_wait_s 30: a queued request "
+            "waits for its holder unless a free engine has no taker in the window",
         ),
         Contender(
             "fleetgate-events-admission-fifo",
