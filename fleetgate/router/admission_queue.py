@@ -214,14 +214,20 @@ class ClassQueueAdmission:
                 cache[key] = self.views(item.payload, now)
             return cache[key]
 
-        holders: dict[int, frozenset[str]] = {}
+        holders: dict[int, tuple[frozenset[str], int]] = {}
 
-        def prefer(item: QueueItem[Request]) -> frozenset[str]:
+        def affinity(item: QueueItem[Request]) -> tuple[frozenset[str], int]:
             key = id(item.payload)
             if key not in holders:
                 able = [self.fleet.endpoints[EndpointId(v.endpoint)] for v in views_for(item)]
-                holders[key] = self.placer.affinity_targets(item.payload, able)
+                holders[key] = self.placer.affinity(item.payload, able)
             return holders[key]
+
+        def prefer(item: QueueItem[Request]) -> frozenset[str]:
+            return affinity(item)[0]
+
+        def stake(item: QueueItem[Request]) -> float:
+            return affinity(item)[1]
 
         def kv_share(item: QueueItem[Request], endpoint: str) -> float:
             snap = self.fleet.endpoints[EndpointId(endpoint)].snapshot
@@ -242,6 +248,7 @@ class ClassQueueAdmission:
             preempting_for=self.preempting_for.keys(),
             prefer=prefer if self.cfg.affinity_wait_s is not None else None,
             kv_share=kv_share,
+            stake=stake,
         )
         for a in actions:
             if isinstance(a, Shed):

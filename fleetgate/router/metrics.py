@@ -406,7 +406,8 @@ class ClassMetrics:
         self.queue_dispatches = Counter(
             "fleetgate_queue_dispatches",
             "Requests dispatched from the admission queue, by how the drain chose them "
-            "(in-order | ahead | waited-out | head-elsewhere: priority.affinity_wait_s).",
+            "(in-order | ahead | waited-out | head-elsewhere | cheapest-elsewhere: "
+            "priority.affinity_wait_s).",
             ["model", "class", "how"], registry=r,
         )  # fmt: skip
         self.preemptions = Counter(

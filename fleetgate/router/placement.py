@@ -67,6 +67,10 @@ class Placer:
         return None
 
     def affinity_targets(self, req: Request, able: Sequence[Endpoint]) -> frozenset[str]:
+        """The endpoints of :meth:`affinity` alone."""
+        return self.affinity(req, able)[0]
+
+    def affinity(self, req: Request, able: Sequence[Endpoint]) -> tuple[frozenset[str], int]:
         """Where ``req`` should wait for a slot, busy or not: the endpoints of ``able``
         (those that may serve it, :meth:`eligible`, which the caller has) that
         hold the most of its prompt (exact view where live, else the approximate one,
@@ -74,19 +78,21 @@ class Placer:
         prefix's rendezvous target, so every queued request on a prefix nobody holds
         waits for the same endpoint; empty for a prompt with no prefix to reuse.
         Load plays no part and nothing is recorded: the class queue asks this to match
-        queued requests to the endpoint that just freed (``priority.affinity_wait_s``)."""
+        queued requests to the endpoint that just freed (``priority.affinity_wait_s``).
+        Also returns the prompt tokens believed cached on those endpoints (0 for a
+        rendezvous target): what the request loses by running elsewhere."""
         cached = {
             e.id: self.fleet.believed_cached(e, req.chain, req.prompt, req.view)[0] for e in able
         }
         best = max(cached.values(), default=0)
         top = frozenset(eid for eid, n in cached.items() if n == best)
         if best > 0 and len(top) < len(cached):
-            return top
+            return top, best
         if not req.chain and best <= 0:
-            return frozenset()  # nothing of this prompt is worth keeping together
+            return frozenset(), 0  # nothing of this prompt is worth keeping together
         rank = {eid: i for i, eid in enumerate(req.order)}
         first = min(cached, key=lambda eid: rank.get(eid, len(rank)), default=None)
-        return frozenset() if first is None else frozenset({first})
+        return (frozenset() if first is None else frozenset({first})), 0
 
     def reserve(self, req: Request, e: Endpoint) -> Endpoint:
         cached, source = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)

@@ -162,9 +162,13 @@ def test_affinity_targets_are_the_best_holders_else_the_prefixs_rendezvous_targe
         return p.affinity_targets(r, p.eligible(r, now))
 
     assert targets(req) == rendezvous, "nobody holds it: its rendezvous target"
+    assert p.affinity(req, p.eligible(req, now))[1] == 0, "nothing cached: nothing at stake"
     other = b if req.order[0] == a.id else a
     s.fleet.index.record(other.id, req.chain)
     assert targets(req) == {other.id}, "a holder wins over rendezvous"
+    stake = p.affinity(req, p.eligible(req, now))[1]
+    held = s.fleet.believed_cached(other, req.chain, req.prompt, req.view)[0]
+    assert stake == held > 0, "what it loses elsewhere: the tokens its holder has"
     other.scraped(LoadSnapshot(scraped_at=now, running=8, waiting=5, kv_usage=0.95, max_running=8))
     assert targets(req) == {other.id}, "load plays no part"
     s.fleet.index.record(req.order[0], req.chain)

@@ -32,8 +32,10 @@ its prompt prefix among ALL eligible ones, else its prefix's rendezvous target,
 load aside; empty: no preference) a free endpoint goes to the first item of the
 head's class, in queue order, that prefers it, has no preference, or was first
 passed over (a free endpoint given to an item behind it) ``affinity_wait_s`` ago;
-among the head and the ``affinity_window`` items behind it. If none does, the head
-takes it anyway: no free slot idles while the class has work. So an item is
+among the head and the ``affinity_window`` items behind it. If none does, the item
+of the window that loses the least cached prefix by going there takes it (``stake``;
+the head without one, or among equals): no free slot idles while the class has work,
+and the engines' backlogs even out at the smallest cost in prefills. So an item is
 passed over for at most ``affinity_wait_s`` (then it takes any free engine; time
 spent merely queued behind others does not count), a higher class is never
 overtaken, and a request placed on its holder the moment a slot frees runs at
@@ -66,8 +68,9 @@ T = TypeVar("T")
 #: affinity dispatch off); ``ahead`` an item behind the head, to the endpoint it
 #: prefers; ``waited-out`` an item past ``affinity_wait_s`` whose holder was busy;
 #: ``head-elsewhere`` the head, away from its busy holder, because no item in the
-#: window wanted the free endpoint.
-DispatchHow = Literal["in-order", "ahead", "waited-out", "head-elsewhere"]
+#: window wanted the free endpoint; ``cheapest-elsewhere`` likewise an item behind
+#: the head, the one that loses the least cached prefix by going there (``stake``).
+DispatchHow = Literal["in-order", "ahead", "waited-out", "head-elsewhere", "cheapest-elsewhere"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,6 +102,7 @@ def drain(
     preempting_for: Collection[str] = (),
     prefer: Callable[[QueueItem[T]], AbstractSet[str]] | None = None,
     kv_share: Callable[[QueueItem[T], str], float] | None = None,
+    stake: Callable[[QueueItem[T]], float] | None = None,
 ) -> list[Action[T]]:
     """Expire, dispatch while capacity lasts, then preempt for overdue requests.
 
@@ -112,6 +116,10 @@ def drain(
     ``kv_share(item, endpoint)``: the share of the endpoint's KV cache the item will
     take (0 when unknown), added to that endpoint's KV use for the rest of this
     call, as each dispatch adds one to its in-flight count.
+    ``stake(item)``: what the item loses by running away from ``prefer(item)`` (the
+    prompt tokens believed cached there); when no item of the window wants a free
+    endpoint, the one with the smallest stake takes it (queue order among equals)
+    rather than the head. None: the head takes it.
     """
     limits = thresholds if thresholds is not None else config.saturation
     actions: list[Action[T]] = list(queue.expire(now))
@@ -154,7 +162,16 @@ def drain(
             for passed in skipped:
                 queue.pass_over(passed, now)
             return item, how
-        return head, "head-elsewhere"
+        # Nobody wants a free endpoint: the item that loses least by going there.
+        cheapest = head
+        if stake is not None:
+            able = [i for i in skipped if pool_saturation(adjusted(i), limits).available]
+            cheapest = min(able, key=stake, default=head)  # min keeps the first of equals
+        if cheapest is head:
+            return head, "head-elsewhere"
+        for passed in skipped[: skipped.index(cheapest)]:
+            queue.pass_over(passed, now)
+        return cheapest, "cheapest-elsewhere"
 
     while True:
         head = queue.peek_next(now, can_dispatch)

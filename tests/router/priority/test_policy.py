@@ -273,6 +273,31 @@ def test_each_dispatch_says_how_its_item_was_chosen() -> None:
     assert hows(1.3, _views(2, 1)) == [("a1", "e1", "waited-out")]
 
 
+def test_a_free_engine_nobody_waits_for_goes_to_the_request_with_least_cached() -> None:
+    """e1 is free, every queued request waits for busy e0: the one with the fewest
+    tokens cached on e0 goes (it loses least), not the head with a whole document."""
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for rid in ("doc0", "doc1", "cold0", "cold1"):
+        _offer(q, rid, "standard", 0.0)
+    cached = {"doc0": 3000, "doc1": 3000, "cold0": 0, "cold1": 0}
+
+    def run(now: float, stake: bool = True) -> list[tuple[str, str, str]]:
+        actions = drain(
+            q, now, config=CFG, thresholds=T, views_for=lambda item: _views(2, 1),
+            pick=_first, in_flight=(), prefer=lambda item: frozenset({"e0"}),
+            stake=(lambda item: cached[item.request_id]) if stake else None,
+        )  # fmt: skip
+        return [(a.item.request_id, a.endpoint, a.how) for a in actions if isinstance(a, Dispatch)]
+
+    assert run(0.1) == [("cold0", "e1", "cheapest-elsewhere")]
+    assert q.passed_over_for(q.peek_next(0.2, lambda item: True), 0.2) > 0, "head passed over"
+    assert run(0.2) == [("cold1", "e1", "cheapest-elsewhere")]
+    # only document holders left, equal stakes: queue order, the head
+    assert run(0.3) == [("doc0", "e1", "head-elsewhere")]
+    _offer(q, "cold2", "standard", 0.4)
+    assert run(0.4, stake=False) == [("doc1", "e1", "head-elsewhere")], "no stake: the head"
+
+
 def test_one_drain_counts_the_kv_each_dispatch_takes() -> None:
     """A drain's views come from the last scrape; without the KV each dispatch takes,
     one drain filled a freed engine up to its slot count (64 on the emulator) although
