@@ -184,8 +184,9 @@ class PriorityConfig(BaseModel):
     its prompt prefix, else the prefix's rendezvous target) is busy lets later
     requests of its class take a free engine they prefer, for at most this long
     after it was first passed over; after that it takes any free engine (long by
-    default: an engine nobody in the window wants goes to the head anyway, so the
-    bound only guards against a holder that stays busy). ``null``:
+    default: an engine nobody in the window wants goes to the queued request that
+    loses least by moving anyway, so the bound only guards against a holder that
+    stays busy). ``null``:
     the queue is dispatched strictly in order, each request to the best engine that
     is free then (the behaviour before)."""
     affinity_window: int = Field(default=32, ge=1)
