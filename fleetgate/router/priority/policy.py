@@ -150,14 +150,18 @@ def drain(
         if prefer is None or wait_s is None:
             return head, "in-order"
         skipped: list[QueueItem[T]] = []
+        movable: list[QueueItem[T]] = []  # skipped items with a free endpoint to go to
         for item in (head, *queue.followers(head, now, config.affinity_window)):
             want = prefer(item)
-            if not want or not want.isdisjoint(pool_saturation(adjusted(item), limits).available):
+            free = pool_saturation(adjusted(item), limits).available if want else ()
+            if not want or not want.isdisjoint(free):
                 how: DispatchHow = "in-order" if item is head else "ahead"
             elif queue.passed_over_for(item, now) >= wait_s:
                 how = "waited-out"
             else:
                 skipped.append(item)
+                if free:
+                    movable.append(item)
                 continue
             for passed in skipped:
                 queue.pass_over(passed, now)
@@ -165,8 +169,7 @@ def drain(
         # Nobody wants a free endpoint: the item that loses least by going there.
         cheapest = head
         if stake is not None:
-            able = [i for i in skipped if pool_saturation(adjusted(i), limits).available]
-            cheapest = min(able, key=stake, default=head)  # min keeps the first of equals
+            cheapest = min(movable, key=stake, default=head)  # min keeps the first of equals
         if cheapest is head:
             return head, "head-elsewhere"
         for passed in skipped[: skipped.index(cheapest)]:
