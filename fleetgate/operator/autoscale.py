@@ -14,10 +14,16 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   ``load_forecast`` scales what runs on the engines (never a backlog: queued or held
   requests) by the arrival rate forecast at ``now + coldStart`` over the rate now
   (least-squares trend of the recent rates, only upwards, at most x2): a ramp is met
-  by replicas that are Ready when it arrives, not after the queue has built. A trend
-  counts only over rate samples spanning max(coldStart, :data:`MIN_TREND_SPAN_SECONDS`)
-  whose slope exceeds :data:`TREND_SIGNIFICANCE` standard errors (the larger of the
-  residuals' and a Poisson rate's noise), and the history of a service at zero
+  by replicas that are Ready when it arrives, not after the queue has built. The
+  trend is fitted over the last max(coldStart, :data:`MIN_TREND_SPAN_SECONDS`) of
+  rate samples only (over a minute, a line through 40 s of flat traffic and the first
+  seconds of a ramp read a fraction of its slope: with a 15 s cold start the second
+  replica was asked for when the first was already saturated, and 22 standard
+  requests of the ramp missed their objective), counts only when the samples cover
+  :data:`MIN_TREND_COVER` of that span and its slope exceeds
+  :data:`TREND_SIGNIFICANCE` standard errors (the larger of the residuals' and a
+  Poisson rate's noise), and is added to the rate the load was read at (the recent
+  mean for Little's mean, this tick's rate for a sample); the history of a service at zero
   replicas with nothing arriving is empty: the run at aacdde1 woke from zero, read the
   step 0 -> 3 req/s over a few ticks as a slope, doubled the released backlog and went
   to 3 replicas 1.3 s after the first was Ready, and a trend through the zeros kept
@@ -125,12 +131,14 @@ DEFAULT_IDLE_SECONDS = 300
 #: The arrival forecast may at most double the current load (a trend over a few
 #: samples extrapolated over a long cold start must not ask for the whole cluster).
 MAX_FORECAST_GROWTH = 2.0
-#: Rate samples older than this many seconds (or cold starts, if longer) leave the trend.
+#: Rate samples older than this many seconds (or a cold start, if longer) are dropped.
 TREND_WINDOW_SECONDS = 60.0
 #: A trend counts only over rate samples spanning at least this many seconds (or a cold
 #: start, if longer): over a few ticks a step (a service woken from zero: 0 -> r) reads
 #: as a steep slope.
-MIN_TREND_SPAN_SECONDS = 10.0
+MIN_TREND_SPAN_SECONDS = 20.0
+#: The rate samples of a trend must cover this share of its span.
+MIN_TREND_COVER = 0.75
 #: A trend counts only when its slope exceeds this many standard errors (one-sided,
 #: ~2.3% of flat Poisson streams pass by chance).
 TREND_SIGNIFICANCE = 2.0
@@ -441,14 +449,19 @@ class Decision:
         return self.reason.startswith(("ScaledUp", "ScaledDown"))
 
 
-def _trend(rates: Sequence[tuple[float, float]], min_span: float) -> float:
-    """Least-squares slope (requests/s per s) of the rate samples, or 0 when it is not
-    evidence of a trend: fewer than 3 samples, spanning less than ``min_span`` seconds,
-    or a slope within :data:`TREND_SIGNIFICANCE` standard errors of 0. The standard
-    error takes the larger of the residuals' variance and a Poisson rate's (the mean
-    rate over the mean tick), so a short flat stream's chance wiggle is no trend."""
+def _trend(rates: Sequence[tuple[float, float]], span: float) -> float:
+    """Least-squares slope (requests/s per s) of the rate samples of the last ``span``
+    seconds, or 0 when it is not evidence of a trend: fewer than 3 samples, covering
+    less than :data:`MIN_TREND_COVER` of ``span``, or a slope within
+    :data:`TREND_SIGNIFICANCE` standard errors of 0. The standard error takes the
+    larger of the residuals' variance and a Poisson rate's (the mean rate over the
+    mean tick), so a short flat stream's chance wiggle is no trend. Only the last
+    ``span`` seconds: a line through a minute of flat history and the start of a ramp
+    reads a fraction of the ramp's slope."""
+    if rates:
+        rates = [(t, r) for t, r in rates if t >= rates[-1][0] - span]
     n = len(rates)
-    if n < 3 or rates[-1][0] - rates[0][0] < min_span:
+    if n < 3 or rates[-1][0] - rates[0][0] < MIN_TREND_COVER * span:
         return 0.0
     mt = sum(t for t, _ in rates) / n
     mr = sum(r for _, r in rates) / n
@@ -548,11 +561,17 @@ def decide(
         rates = ()
     elif demand.arrival_rate is not None:
         rates = (*rates, (now, demand.arrival_rate))
-    rate = demand.arrival_rate
-    growth = 1.0
-    if rate and rate > 0:
-        slope = _trend(rates, max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
-        growth = min(MAX_FORECAST_GROWTH, (rate + slope * policy.cold_start) / rate)
+    # the forecast: the rate a load was read at plus the trend over a cold start, over
+    # that rate (at most MAX_FORECAST_GROWTH)
+    slope = _trend(rates, max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
+
+    def growth_from(rate: float | None) -> float:
+        if not rate or rate <= 0:
+            return 1.0
+        return min(MAX_FORECAST_GROWTH, (rate + slope * policy.cold_start) / rate)
+
+    # what one sample of the load follows: this tick's arrivals
+    growth = growth_from(demand.arrival_rate)
 
     # -- the service time, by Little's law on the service's own endpoints: in-flight
     # seconds over completions, summed over a window. A ratio per tick is biased and
@@ -609,6 +628,8 @@ def decide(
             # is the sample, unforecast: the engines of the replicas already up, and the
             # rest is backlog, not a rate.
             batches = max(1.0, policy.cold_start / service_time)
+            if steady is not None:  # Little's mean follows the recent mean rate
+                growth = growth_from(_recent_rate(rates, now))
             running = demand.in_flight if steady is None else steady * growth
             backlog = demand.queued + demand.held
             need = running + backlog / batches

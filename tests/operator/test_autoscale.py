@@ -281,12 +281,12 @@ def test_held_requests_during_a_cold_start_keep_the_starting_replica_only() -> N
     already starting while nothing says how fast it drains."""
     p = policy(min_replicas=0, idle_window=60.0, cold_start=4.0)
     state, current = State(), 0
-    for i in range(1, 14):
+    for i in range(1, 17):  # 15 s of samples: a trend over MIN_TREND_SPAN_SECONDS
         d = Demand(held=float(i), arrival_rate=1.0 + 0.5 * i)  # rising: growth > 1
         dec = decide(p, d, current, 0, float(i), state)  # none Ready yet
         state, current = dec.state, dec.desired
         assert current == 1, (i, dec.reason)
-    assert "13 held wait for the 1 starting (service time not measured yet)" in dec.reason
+    assert "16 held wait for the 1 starting (service time not measured yet)" in dec.reason
     assert "arrivals x" in dec.reason  # the forecast is there, it only spares the held
 
 
@@ -567,3 +567,27 @@ def test_demand_partly_back_releases_the_busiest_and_a_gone_pod_is_forgotten() -
     # p-x was removed (or deleted by someone): not draining, not released, not counted
     gone = plan_drain([("p-x", 5.0)], flight, 1, 9.0, 60.0)
     assert gone.released == () and gone.new == ("p-b",) and gone.remove == 0
+
+
+def test_the_trend_is_read_over_the_recent_span_not_the_last_minute() -> None:
+    """The heavy trace with a 15 s cold start (bench/results/autoscale-cold15.md): 40 s
+    of flat traffic, then a ramp. A line through the last minute read a fraction of
+    the ramp (x1.16 when the rate had doubled), the second replica was asked for when
+    the first was already full, and the ramp's requests missed their objective. Over
+    the last max(coldStart, 20 s) the slope is the ramp's, and the replica comes a
+    cold start ahead."""
+    p = policy(cold_start=16.0, target_in_flight=4.0)
+    state, current, dec = State(service_time=0.45), 1, None
+    for t in range(73):
+        rate = 3.0 if t < 60 else 3.0 + 0.4 * (t - 59)  # 0.4 req/s per s from t = 60
+        d = Demand(in_flight=rate * 0.45, arrival_rate=rate, completion_rate=rate)
+        dec = decide(p, d, current, current, float(t), state)
+        state, current = dec.state, dec.desired
+        if t == 59:
+            assert (current, "in 16s)" in dec.reason) == (1, False), dec.reason
+    assert dec is not None
+    # Little's mean 2.7 in flight (the recent mean rate x S); the slope over the last
+    # 20 s (8 flat samples, 13 rising) x 16 s: x1.73 -> 4.7 in flight -> 2 replicas.
+    # Fitted over the last minute (before): x1.10, 3.0 in flight, 1 replica.
+    assert current == 2, dec.reason
+    assert "arrivals x1.73 in 16s" in dec.reason, dec.reason
