@@ -274,6 +274,16 @@ class Setup:
         return len(live), len(trt)
 
 
+def hpa_status(cluster: Any, ns: str) -> tuple[str | None, int | None, str | None]:
+    """The bench HPA's last metric reading (per-pod average), desired replicas and last
+    scale time, from its status."""
+    st = cluster.kubectl_json("-n", ns, "get", "hpa", NAME).get("status", {})
+    current = None
+    for m in st.get("currentMetrics") or []:
+        current = ((m.get("pods") or {}).get("current") or {}).get("averageValue")
+    return current, st.get("desiredReplicas"), st.get("lastScaleTime")
+
+
 def engine_spec(kind: str, slots: int) -> tuple[dict[str, Any], str]:
     """The CRD engine block and routing role of a bench service of engine ``kind``,
     ``slots`` sequences per batch (vLLM ``maxNumSeqs``, TensorRT-LLM ``maxBatchSize``)."""
@@ -365,6 +375,9 @@ async def run_contender(
     rng = random.Random(args.seed)
     plan = arrivals(trace(args.scale, args.base_rate), rng)
     samples: list[tuple[float, int, int, int]] = []  # t, live pods, in flight, TRT-LLM pods
+    # hpa-prometheus: each change of the HPA's status (t, the metric's per-pod average it
+    # last read, desired replicas, its last scale time): when it synced and what it saw
+    hpa_log: list[tuple[float, str | None, int | None, str | None]] = []
     outcomes: list[Outcome] = []
     in_flight = 0
     try:
@@ -431,6 +444,11 @@ async def run_contender(
                     with contextlib.suppress(Exception):
                         live, trt = await asyncio.to_thread(setup.live_pods)
                         samples.append((time.monotonic() - t0, live, in_flight, trt))
+                    if stack is not None:
+                        with contextlib.suppress(Exception):
+                            seen = await asyncio.to_thread(hpa_status, cluster, ns)
+                            if not hpa_log or hpa_log[-1][1:] != seen:
+                                hpa_log.append((time.monotonic() - t0, *seen))
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), 1.0)
 
@@ -469,6 +487,8 @@ async def run_contender(
         setup.stop()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     result = summarise(contender, outcomes, samples, arrivals_text, end)
+    if stack is not None:
+        result["hpa_status"] = hpa_log
     result["cold_request"].update(cold_path(result["cold_request"], cold_sent, work))
     return result
 
@@ -751,6 +771,9 @@ def main() -> int:
                 print(f"{r['contender']} {cls} served by: {r['attainment'][cls]['served_by']}")
         if r["errors"]:
             print(f"{r['contender']} errors: {r['errors']}")
+        if r.get("hpa_status"):
+            changes = ", ".join(f"{t:.1f}s: {v} -> {n}" for t, v, n, _ in r["hpa_status"])
+            print(f"{r['contender']} HPA status changes (metric per pod -> desired): {changes}")
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
                              "plot": str(args.plot)}, "results": results}, indent=1))  # fmt: skip
