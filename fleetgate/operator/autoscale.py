@@ -18,7 +18,7 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   trend is fitted over the last max(coldStart, :data:`MIN_TREND_SPAN_SECONDS`) of
   rate samples only (over a minute, a line through 40 s of flat traffic and the first
   seconds of a ramp read a fraction of its slope: with a 15 s cold start the second
-  replica was asked for when the first was already saturated, and 22 standard
+  replica was asked for when the first was already saturated, and 21 standard
   requests of the ramp missed their objective), counts only when the samples cover
   :data:`MIN_TREND_COVER` of that span and its slope exceeds
   :data:`TREND_SIGNIFICANCE` standard errors (the larger of the residuals' and a
