@@ -69,10 +69,6 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
 * **KV cache**: HPA's ratio, ``ceil(ready * meanKvUsage / target)``;
 * **TTFT attainment**: one more replica while a class misses its attainment over
   the last decision interval (a reaction, so it only ever adds);
-* **no scale-down while requests wait**: with requests in the routers' queues (not
-  counting held ones) the recommendation is at least the current replicas: they wait
-  for a free slot, and one replica fewer cannot serve them sooner (Little's mean reads
-  a fleet run at ~100% of its slots as just enough);
 * **held at zero**: a request held by a router while the service has no replica
   recommends 1 at once, bypassing the scale-up window;
 * **idle**: with ``minReplicas: 0``, nothing arriving, running, queued or held for
@@ -692,14 +688,6 @@ def decide(
                 )
             )
     raw, why = max(candidates, key=lambda c: c[0]) if candidates else (current, "no signal")
-    if raw < current and demand.queued > 0:
-        # requests wait in the routers for a free engine slot: a replica fewer cannot
-        # serve them sooner. Little's mean reads a fleet run at ~100% of its slots as
-        # just enough (a rate estimate 5% low recommends one replica fewer); the run at
-        # cold start 15 s, seed 1, removed one of 3 at the peak with 3 queued and asked
-        # for it back 2 s later, a cold start without it (autoscale-cold15.md)
-        raw = current
-        why += f"; {_fmt(demand.queued)} queued: no scale-down while requests wait"
     to_zero = False
     if current == 0 and not demand.idle:
         raw = max(raw, 1)

@@ -591,21 +591,3 @@ def test_the_trend_is_read_over_the_recent_span_not_the_last_minute() -> None:
     # Fitted over the last minute (before): x1.10, 3.0 in flight, 1 replica.
     assert current == 2, dec.reason
     assert "arrivals x1.73 in 16s" in dec.reason, dec.reason
-
-
-def test_no_scale_down_while_requests_wait_in_the_routers() -> None:
-    """Cold start 15 s, seed 1 (bench/results/autoscale-cold15.md): at the peak Little's
-    mean read 7.5 in flight (15 req/s x 0.5 s) for 3 replicas of 4 slots, i.e. 2, while
-    3 requests waited in the router; one replica went, and came back 2 s later, after a
-    cold start without it. Requests waiting for a slot keep the replicas; once nothing
-    waits, the same reading scales down."""
-    p = policy(cold_start=16.0, down_window=0.0)
-    rates = tuple((float(t), 15.0) for t in range(20))
-    state = State(service_time=0.5, rates=rates, last_tick=19.0, last_in_flight=12.0)
-    busy = Demand(in_flight=12.0, queued=3.0, arrival_rate=15.0, completion_rate=24.0)
-    dec = decide(p, busy, 3, 3, 20.0, state)
-    assert (dec.desired, dec.recommendation) == (3, 3), dec.reason
-    assert "3 queued: no scale-down while requests wait" in dec.reason
-    quiet = dataclasses.replace(busy, queued=0.0)
-    dec = decide(p, quiet, 3, 3, 20.0, state)
-    assert dec.desired == 2, dec.reason  # ceil(7.5 / 4)
