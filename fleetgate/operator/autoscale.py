@@ -69,6 +69,10 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
 * **KV cache**: HPA's ratio, ``ceil(ready * meanKvUsage / target)``;
 * **TTFT attainment**: one more replica while a class misses its attainment over
   the last decision interval (a reaction, so it only ever adds);
+* **no scale-down while requests keep waiting**: when every decision of the last
+  :data:`QUEUED_HOLD_SECONDS` saw requests in the routers' queues (held ones apart), the
+  recommendation is at least the current replicas: one replica fewer cannot serve them
+  sooner, and Little's mean reads a fleet at ~100% of its slots as just enough;
 * **held at zero**: a request held by a router while the service has no replica
   recommends 1 at once, bypassing the scale-up window;
 * **idle**: with ``minReplicas: 0``, nothing arriving, running, queued or held for
@@ -432,6 +436,9 @@ class State:
     last_in_flight: float = 0.0
     """The requests in flight at the previous decision (memory only): a tick's mean in
     flight is taken as the mean of its two ends."""
+    queued_since: float | None = None
+    """Since when every decision has seen requests in the routers' queues (memory only;
+    None: none queued at the last one)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -498,6 +505,11 @@ def _fmt(x: float) -> str:
 #: The lag it adds on a ramp (half the window x the slope) is what the forecast adds
 #: back over a cold start.
 STEADY_WINDOW_SECONDS = 10.0
+#: Requests seen in the routers' queues at every decision for this many seconds hold
+#: the replicas (no scale-down). Not one tick: a request queued between two scrapes of
+#: a free engine is no shortage (a 7d1e0c8 guard on any queued request undid the e2e
+#: test's drain under a 2-stream trickle).
+QUEUED_HOLD_SECONDS = 3.0
 #: Little's mean within this fraction of ``target x current`` keeps ``current`` (the
 #: HPA's default ``--horizontal-pod-autoscaler-tolerance``): a mean estimated from a
 #: few seconds of a Poisson stream is that uncertain.
@@ -688,6 +700,18 @@ def decide(
                 )
             )
     raw, why = max(candidates, key=lambda c: c[0]) if candidates else (current, "no signal")
+    queued_since = (
+        (state.queued_since if state.queued_since is not None else now)
+        if demand.queued > 0
+        else None
+    )
+    if raw < current and queued_since is not None and now - queued_since >= QUEUED_HOLD_SECONDS:
+        # requests have waited for a slot at every decision for a while: one replica
+        # fewer cannot serve them sooner. Little's mean reads a fleet at ~100% of its
+        # slots as just enough, and a rate estimate 5% low then removes a replica the
+        # queue still needs (bench/results/autoscale-cold15.md, run c)
+        raw = current
+        why += f"; requests queued for {_fmt(now - queued_since)}s: no scale-down"
     to_zero = False
     if current == 0 and not demand.idle:
         raw = max(raw, 1)
@@ -746,6 +770,7 @@ def decide(
             released_at=released_at,
             last_tick=now,
             last_in_flight=demand.in_flight,
+            queued_since=queued_since,
         ),
     )
 

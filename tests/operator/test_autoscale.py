@@ -591,3 +591,29 @@ def test_the_trend_is_read_over_the_recent_span_not_the_last_minute() -> None:
     # Fitted over the last minute (before): x1.10, 3.0 in flight, 1 replica.
     assert current == 2, dec.reason
     assert "arrivals x1.73 in 16s" in dec.reason, dec.reason
+
+
+def test_no_scale_down_while_requests_keep_waiting_in_the_routers() -> None:
+    """Cold start 15 s, seed 1 (bench/results/autoscale-cold15.md run c): at the peak
+    Little's mean read 7.5 in flight (15 req/s x 0.5 s) for 3 replicas of 4 slots, i.e.
+    2, while requests waited in the router; one replica went, and came back 2 s later,
+    after a cold start without it. Requests queued at every decision for 3 s keep the
+    replicas; a request seen queued at one tick does not (the e2e trickle's drain)."""
+    p = policy(cold_start=16.0, down_window=0.0)
+    rates = tuple((float(t), 15.0) for t in range(17))
+    start = State(service_time=0.5, rates=rates, last_tick=16.0, last_in_flight=12.0)
+    busy = Demand(in_flight=12.0, queued=3.0, arrival_rate=15.0, completion_rate=24.0)
+    state, dec = start, None
+    for t in (17.0, 18.0, 19.0, 20.0):  # queued at every decision from 17 s
+        dec = decide(p, busy, 3, 3, t, state)
+        state = dec.state
+        if t < 20.0:  # not yet 3 s: Little's mean decides (the window is 0 here)
+            assert dec.desired == 2, (t, dec.reason)
+    assert dec is not None
+    assert (dec.desired, dec.recommendation) == (3, 3), dec.reason
+    assert "requests queued for 3s: no scale-down" in dec.reason
+    # one tick with requests queued after one without: a blip, the reading decides
+    quiet = dataclasses.replace(busy, queued=0.0)
+    state = decide(p, quiet, 3, 3, 21.0, state).state
+    dec = decide(p, busy, 3, 3, 22.0, state)
+    assert dec.desired == 2, dec.reason  # ceil(7.5 / 4)
