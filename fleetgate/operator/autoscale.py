@@ -137,9 +137,10 @@ DEFAULT_IDLE_SECONDS = 300
 MAX_FORECAST_GROWTH = 2.0
 #: Rate samples older than this many seconds (or a cold start, if longer) are dropped.
 TREND_WINDOW_SECONDS = 60.0
-#: A trend counts only over rate samples spanning at least this many seconds (or a cold
-#: start, if longer): over a few ticks a step (a service woken from zero: 0 -> r) reads
-#: as a steep slope.
+#: The trend is fitted over the rate samples of the last this many seconds (or a cold
+#: start, if longer) and counts only when they cover :data:`MIN_TREND_COVER` of it: over
+#: a few ticks a step (a service woken from zero: 0 -> r) reads as a steep slope, and
+#: over a minute a ramp's first seconds after flat traffic read a fraction of its slope.
 MIN_TREND_SPAN_SECONDS = 20.0
 #: The rate samples of a trend must cover this share of its span.
 MIN_TREND_COVER = 0.75
@@ -548,17 +549,6 @@ def _recent_rate(rates: Sequence[tuple[float, float]], now: float) -> float | No
     return count / span if span > 0 else None
 
 
-def _steady_in_flight(
-    rates: Sequence[tuple[float, float]], now: float, service_time: float | None
-) -> float | None:
-    """Mean requests in flight by Little's law: the recent arrival rate
-    (:func:`_recent_rate`) x the measured service time; None while either is unknown."""
-    if not service_time or service_time <= 0:
-        return None
-    rate = _recent_rate(rates, now)
-    return None if rate is None else rate * service_time
-
-
 def decide(
     policy: Policy, demand: Demand, current: int, ready: int, now: float, state: State
 ) -> Decision:
@@ -629,7 +619,10 @@ def decide(
         # pods' Ready condition says (a pod can be Ready before its engine answers)
         starting = demand.held > 0
         note = ""
-        steady = None if starting else _steady_in_flight(rates, now, service_time)
+        # Little's mean: the recent arrival rate x the measured service time (None while
+        # either is unknown, or while requests are held)
+        recent = None if starting or not service_time else _recent_rate(rates, now)
+        steady = None if recent is None or not service_time else recent * service_time
         if service_time and (starting or steady is not None):
             # With a measured service time S: what runs on the engines, plus the router
             # queue and the held requests as a backlog drained within a cold start
@@ -641,7 +634,7 @@ def decide(
             # rest is backlog, not a rate.
             batches = max(1.0, policy.cold_start / service_time)
             if steady is not None:  # Little's mean follows the recent mean rate
-                growth = growth_from(_recent_rate(rates, now))
+                growth = growth_from(recent)
             running = demand.in_flight if steady is None else steady * growth
             backlog = demand.queued + demand.held
             need = running + backlog / batches
