@@ -206,12 +206,24 @@ class ClassQueueAdmission:
         self.drains += 1
         now = self.clock()
         self._refuse_unservable(now)
+        # One drain reads the fleet at one ``now``: its views and each endpoint's
+        # saturation inputs once, each queued request's eligible subset of them once
+        # (per request, these were most of the router's CPU under a queue).
+        fleet_views = self.fleet.views((), [], now)
+        saturation: dict[str, SaturationView] = {}
         cache: dict[int, list[SaturationView]] = {}
+
+        def saturation_of(e: Endpoint) -> SaturationView:
+            v = saturation.get(e.id)
+            if v is None:
+                v = saturation[e.id] = self.fleet.saturation_view(e, now)
+            return v
 
         def views_for(item: QueueItem[Request]) -> list[SaturationView]:
             key = id(item.payload)
             if key not in cache:
-                cache[key] = self.views(item.payload, now)
+                able = self.placer.eligible(item.payload, now, fleet_views)
+                cache[key] = [saturation_of(e) for e in able]
             return cache[key]
 
         holders: dict[int, tuple[frozenset[str], int]] = {}
@@ -244,7 +256,7 @@ class ClassQueueAdmission:
             config=self.cfg,
             views_for=views_for,
             pick=pick,
-            in_flight=self._victims(),
+            in_flight=self._victims,
             preempting_for=self.preempting_for.keys(),
             prefer=prefer if self.cfg.affinity_wait_s is not None else None,
             kv_share=kv_share,
@@ -338,7 +350,9 @@ class ClassQueueAdmission:
 
     # -- helpers ---------------------------------------------------------------
 
-    def _victims(self) -> list[VictimView]:
+    def _victims(self, below: int | None = None) -> list[VictimView]:
+        """The running requests as preemption sees them; with ``below``, only those of
+        a class level under it (the only ones a request at that level may preempt)."""
         # A chat answer streaming from an engine that returns no token ids could only
         # resume from text (``chat-assistant-prefix``), whose seam is not exact: it is
         # never chosen as a victim (an engine failure still resumes it that way).
@@ -358,6 +372,7 @@ class ClassQueueAdmission:
                 and (r.kind != "chat" or r.holding.adapter.returns_token_ids),
             )
             for r in self.running.values()
+            if below is None or r.cls.level < below
         ]
 
     def _warn_unknown_slot_limits(self) -> None:

@@ -31,11 +31,18 @@ class Placer:
         self.metrics = metrics
         self.rng = rng
 
-    def eligible(self, req: Request, now: float) -> list[Endpoint]:
+    def eligible(
+        self, req: Request, now: float, fleet_views: Sequence[EndpointView] | None = None
+    ) -> list[Endpoint]:
         """Endpoints that can serve ``req`` (pipeline hard filters), preferring the ones
         it has not failed on, and for a text-only chat resume the ones that continue a
-        partial assistant message (with no such engine, any: documented risk)."""
-        views = self.pipeline.eligible(req.view, self.fleet.views((), [], now))
+        partial assistant message (with no such engine, any: documented risk).
+
+        ``fleet_views``: ``Fleet.views((), [], now)`` when the caller already has it
+        (a queue drain asks this for every queued request at one ``now``)."""
+        if fleet_views is None:
+            fleet_views = self.fleet.views((), [], now)
+        views = self.pipeline.eligible(req.view, fleet_views)
         out = [self.fleet.endpoints[v.id] for v in views]
         if req.failed:
             out = [e for e in out if e.id not in req.failed] or out

@@ -175,3 +175,49 @@ def test_affinity_targets_are_the_best_holders_else_the_prefixs_rendezvous_targe
     assert targets(req) == rendezvous, "both hold it all: rendezvous decides"
     short = request(s, {"prompt": "hi"})
     assert not short.chain and targets(short) == frozenset()
+
+
+async def test_one_drain_reads_the_fleet_once_however_long_the_queue() -> None:
+    """A drain looks at every request of the affinity window; the fleet's views and
+    each endpoint's saturation inputs are read once per drain, not once per request
+    (plus the pipeline's own read for each dispatch)."""
+    s, _, (a, b) = services(ok, priority={})
+    assert s.config.priority is not None
+    adm = ClassQueueAdmission(s.config.priority, placer(s), s.classes, s.clock)
+    for e in (a, b):
+        saturate(e, s.clock())
+    loop = asyncio.get_running_loop()
+    queued = [request(s, {"prompt": DOC + f"question {i}?"}) for i in range(12)]
+    s.fleet.index.record(a.id, queued[0].chain)  # a holds DOC: all of them prefer a
+    tasks = [loop.create_task(adm.admit(r)) for r in queued]
+    await asyncio.sleep(0.01)
+    assert all(r.queued for r in queued)
+
+    reads: dict[str, int] = {"views": 0, "saturation": 0}
+    views, saturation_view = s.fleet.views, s.fleet.saturation_view
+
+    def counted_views(*args: object, **kw: object) -> object:
+        reads["views"] += 1
+        return views(*args, **kw)  # type: ignore[arg-type]
+
+    def counted_saturation(*args: object, **kw: object) -> object:
+        reads["saturation"] += 1
+        return saturation_view(*args, **kw)  # type: ignore[arg-type]
+
+    s.fleet.views = counted_views  # type: ignore[method-assign]
+    s.fleet.saturation_view = counted_saturation  # type: ignore[method-assign]
+    # b frees one slot: the drain weighs the whole window (each waits for a), then
+    # gives b to the one that loses least by moving
+    b.scraped(LoadSnapshot(scraped_at=s.clock(), running=7, waiting=0, kv_usage=0.5,
+                           max_running=8))  # fmt: skip
+    drains = adm.drains
+    adm.on_fleet_change()
+    await asyncio.sleep(0.01)
+    assert adm.drains == drains + 1
+    placed = [t for t in tasks if t.done()]
+    assert len(placed) == 1 and placed[0].result() is b
+    assert reads == {"views": 1 + len(placed), "saturation": 2}
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    adm.close()

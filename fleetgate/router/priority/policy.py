@@ -98,7 +98,7 @@ def drain(
     thresholds: SaturationThresholds | None = None,
     views_for: Callable[[QueueItem[T]], Sequence[SaturationView]],
     pick: Callable[[QueueItem[T], tuple[str, ...]], str],
-    in_flight: Sequence[InFlight],
+    in_flight: Sequence[InFlight] | Callable[[int], Sequence[InFlight]],
     preempting_for: Collection[str] = (),
     prefer: Callable[[QueueItem[T]], AbstractSet[str]] | None = None,
     kv_share: Callable[[QueueItem[T], str], float] | None = None,
@@ -107,6 +107,9 @@ def drain(
     """Expire, dispatch while capacity lasts, then preempt for overdue requests.
 
     ``thresholds`` defaults to ``config.saturation``.
+    ``in_flight``: the running requests preemption may choose from, or a function
+    of a level that lists (at least) those below it, called only when an overdue
+    item could preempt at all, with the highest such item's level.
     ``views_for(item)`` gives the eligible endpoints of the item's pool;
     ``pick(item, available)`` chooses one of ``available`` (the router's scoring
     pipeline: prefix affinity, load) and must return a member of it.
@@ -126,7 +129,9 @@ def drain(
     extra: Counter[str] = Counter()
     extra_kv: dict[str, float] = {}
 
-    def adjusted(item: QueueItem[T]) -> list[SaturationView]:
+    def adjusted(item: QueueItem[T]) -> Sequence[SaturationView]:
+        if not extra and not extra_kv:
+            return views_for(item)  # nothing dispatched yet in this call
         return [
             dataclasses.replace(
                 v,
@@ -194,21 +199,30 @@ def drain(
             extra_kv[endpoint] = extra_kv.get(endpoint, 0.0) + max(0.0, kv_share(item, endpoint))
         actions.append(Dispatch(item, endpoint, how))
 
-    # Preemption: overdue fresh requests, most urgent first, one victim each.
+    # Preemption: overdue fresh requests, most urgent first, one victim each. A
+    # victim runs at a strictly lower level, so the lowest class never preempts.
     overdue: list[QueueItem[T]] = []
+    top: int | None = None  # the highest level with an overdue item
+    lowest = min((c.level for c in config.classes), default=0)
     for cls in config.by_level_desc():
         threshold = cls.preempt_after_s
-        if threshold is None or not config.preemption_enabled:
+        if threshold is None or not config.preemption_enabled or cls.level <= lowest:
             continue
-        overdue.extend(
+        found = [
             i
             for i in queue.items(cls.name)
             if not i.parked
             and now - i.enqueued_at >= threshold
             and i.request_id not in preempting_for
-        )
+        ]
+        if found and top is None:
+            top = cls.level
+        overdue.extend(found)
+    if top is None:
+        return actions
     overdue.sort(key=queue.rank)
-    free = [r for r in in_flight if r.resumable]
+    running = in_flight(top) if callable(in_flight) else in_flight
+    free = [r for r in running if r.resumable]
     for item in overdue:
         if not free:
             break

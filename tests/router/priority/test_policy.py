@@ -94,6 +94,66 @@ def test_preempts_one_distinct_victim_per_overdue_waiter() -> None:
     assert all(not isinstance(a, Dispatch) for a in actions)
 
 
+def test_running_requests_are_listed_only_when_an_overdue_item_can_preempt() -> None:
+    """``in_flight`` as a function of a level: called once, with the level of the most
+    urgent overdue item, and the preemptions are those of the list form."""
+    running = [_busy("b0", "batch", 5), _busy("b1", "batch", 50, "e1"), _busy("s0", "standard", 1)]
+    asked: list[int] = []
+
+    def lister(below: int) -> list[InFlight]:
+        asked.append(below)
+        return [r for r in running if r.level < below]
+
+    def preempts(in_flight: object, now: float) -> list[tuple[str, str]]:
+        q: AdmissionQueue[str] = AdmissionQueue(CFG)
+        _offer(q, "c0", "critical", 0.0)
+        _offer(q, "c1", "critical", 0.0)
+        _offer(q, "b9", "batch", 0.0)
+        got = drain(
+            q,
+            now,
+            config=CFG,
+            thresholds=T,
+            views_for=lambda item: _views(2, 2),
+            pick=_first,
+            in_flight=in_flight,  # type: ignore[arg-type]
+        )
+        return [(a.for_item.request_id, a.victim.request_id) for a in got if isinstance(a, Preempt)]
+
+    assert preempts(lister, 0.05) == [] and asked == []  # nobody overdue yet
+    listed = preempts(lister, 0.2)
+    assert asked == [CFG.get("critical").level]
+    assert listed == preempts(running, 0.2) == [("c0", "s0"), ("c1", "b0")]
+
+
+def test_the_lowest_class_never_asks_for_running_requests() -> None:
+    """Nothing runs below the lowest level, so its overdue items cannot preempt."""
+    lowest = min(CFG.classes, key=lambda c: c.level)
+    cfg = PriorityConfig(
+        classes=tuple(
+            c.model_copy(update={"preempt_after_fraction": 0.1}) if c is lowest else c
+            for c in CFG.classes
+        )
+    )
+    q: AdmissionQueue[str] = AdmissionQueue(cfg)
+    assert isinstance(q.offer("x", cfg.get(lowest.name), "t", 0.0, "x"), QueueItem)
+    assert cfg.get(lowest.name).preempt_after_s is not None
+
+    def lister(below: int) -> list[InFlight]:
+        raise AssertionError(f"asked for running requests below {below}")
+
+    got = drain(
+        q,
+        5.0,  # past its 1 s preemption threshold, within its 10 s queue time
+        config=cfg,
+        thresholds=T,
+        views_for=lambda item: _views(2, 2),
+        pick=_first,
+        in_flight=lister,
+    )
+    assert got == []  # the pool is saturated: nothing dispatched, shed or preempted
+
+
 def test_no_second_preemption_for_a_waiter_already_served() -> None:
     q: AdmissionQueue[str] = AdmissionQueue(CFG)
     _offer(q, "c0", "critical", 0.0)
