@@ -23,7 +23,9 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   :data:`MIN_TREND_COVER` of that span and its slope exceeds
   :data:`TREND_SIGNIFICANCE` standard errors (the larger of the residuals' and a
   Poisson rate's noise), and is added to the rate the load was read at (the recent
-  mean for Little's mean, this tick's rate for a sample); the history of a service at zero
+  mean for Little's mean, this tick's rate for a sample), and only from the samples
+  after the last :data:`NO_TRAFFIC_SECONDS` without arrivals (a step after a pause is no
+  ramp); the history of a service at zero
   replicas with nothing arriving is empty: the run at aacdde1 woke from zero, read the
   step 0 -> 3 req/s over a few ticks as a slope, doubled the released backlog and went
   to 3 replicas 1.3 s after the first was Ready, and a trend through the zeros kept
@@ -144,6 +146,12 @@ TREND_WINDOW_SECONDS = 60.0
 MIN_TREND_SPAN_SECONDS = 20.0
 #: The rate samples of a trend must cover this share of its span.
 MIN_TREND_COVER = 0.75
+#: A trend is read only from samples after the last stretch of at least this many
+#: seconds without arrivals: traffic that starts after a pause is a step (0 -> r), and a
+#: line through the zeros before it reads a steep ramp. At 3 req/s a 5 s gap happens by
+#: chance once in ~3 million stretches; at 0.2 req/s every third one, where one replica
+#: serves anyway.
+NO_TRAFFIC_SECONDS = 5.0
 #: A trend counts only when its slope exceeds this many standard errors (one-sided,
 #: ~2.3% of flat Poisson streams pass by chance).
 TREND_SIGNIFICANCE = 2.0
@@ -485,6 +493,21 @@ def _trend(rates: Sequence[tuple[float, float]], span: float) -> float:
     return slope
 
 
+def _since_traffic(rates: Sequence[tuple[float, float]]) -> Sequence[tuple[float, float]]:
+    """The rate samples after the last run of zero rates spanning at least
+    :data:`NO_TRAFFIC_SECONDS` (all of them when there is none)."""
+    run_end: int | None = None  # index of the newest zero of the run being walked
+    for k in range(len(rates) - 1, -1, -1):
+        t, r = rates[k]
+        if r > 0:
+            run_end = None
+        elif run_end is None:
+            run_end = k
+        elif rates[run_end][0] - t >= NO_TRAFFIC_SECONDS:
+            return rates[run_end + 1 :]
+    return rates
+
+
 def _window(recs: Sequence[tuple[float, int]], now: float, window: float) -> list[int]:
     """Recommendations in force at some time within ``[now - window, now]``."""
     cutoff = now - window
@@ -565,7 +588,10 @@ def decide(
         rates = (*rates, (now, demand.arrival_rate))
     # the forecast: the rate a load was read at plus the trend over a cold start, over
     # that rate (at most MAX_FORECAST_GROWTH)
-    slope = _trend(rates, max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
+    # since traffic (re)started: a step after a pause is no ramp (the heavy trace's
+    # start read x1.5-x2 over the idle seconds before it, and a replica came and went
+    # in the quiet phase in 5 of 8 runs, 12-28 replica-seconds each)
+    slope = _trend(_since_traffic(rates), max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
 
     def growth_from(rate: float | None) -> float:
         if not rate or rate <= 0:

@@ -593,6 +593,34 @@ def test_the_trend_is_read_over_the_recent_span_not_the_last_minute() -> None:
     assert "arrivals x1.73 in 16s" in dec.reason, dec.reason
 
 
+def test_traffic_after_a_pause_is_a_step_not_a_ramp() -> None:
+    """The heavy trace starts at 3 req/s after the service sat idle at 1 replica. A line
+    through the idle zeros and the first seconds of traffic read x1.5-x2 over the cold
+    start, and a second replica came and went in the quiet phase (5 of 6 runs on
+    2026-12-05, 12-28 replica-seconds each). The trend is read only since the traffic
+    started; a ramp that follows is still seen once it has a span of its own."""
+    p = policy(cold_start=16.0, target_in_flight=2.0)
+    state, current = State(service_time=0.45), 1
+    desired = []
+    for t in range(100):
+        if t < 30:
+            rate = 0.0  # idle at minReplicas 1
+        elif t < 70:
+            rate = 3.0  # the quiet phase: 1.35 in flight, one replica
+        else:
+            rate = 3.0 + 0.4 * (t - 69)  # the ramp
+        d = Demand(in_flight=rate * 0.45, arrival_rate=rate, completion_rate=rate)
+        dec = decide(p, d, current, current, float(t), state)
+        state, current = dec.state, dec.desired
+        desired.append(current)
+        if t == 40:  # before: x2.00, read through the zeros; a replica followed
+            assert " in 16s)" not in dec.reason, dec.reason
+    assert desired[30:70] == [1] * 40, desired
+    assert max(desired[70:]) >= 2  # the ramp still asks for replicas
+    ramp_up = 70 + desired[70:].index(2)
+    assert ramp_up <= 78, desired  # about where a ramp after flat traffic is seen
+
+
 def test_no_scale_down_while_requests_keep_waiting_in_the_routers() -> None:
     """Cold start 15 s, seed 1 (bench/results/autoscale-cold15.md run c): at the peak
     Little's mean read 7.5 in flight (15 req/s x 0.5 s) for 3 replicas of 4 slots, i.e.
