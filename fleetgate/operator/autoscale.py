@@ -590,7 +590,7 @@ def decide(
     # that rate (at most MAX_FORECAST_GROWTH)
     # since traffic (re)started: a step after a pause is no ramp (the heavy trace's
     # start read x1.5-x2 over the idle seconds before it, and a replica came and went
-    # in the quiet phase in 5 of 8 runs, 12-28 replica-seconds each)
+    # in the quiet phase in 5 of 6 runs, 12-28 replica-seconds each)
     slope = _trend(_since_traffic(rates), max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
 
     def growth_from(rate: float | None) -> float:
