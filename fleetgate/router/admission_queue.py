@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Sequence
 
 from fleetgate.router.admission import Clock, Holds, Refusal
 from fleetgate.router.config import RouterConfig
@@ -30,7 +31,7 @@ from fleetgate.router.priority.preemption import InFlight as VictimView
 from fleetgate.router.priority.queue import AdmissionQueue, Shed
 from fleetgate.router.priority.saturation import SaturationView, pool_saturation
 from fleetgate.router.request import Request
-from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.router.scheduling.types import EndpointId, EndpointView
 from fleetgate.router.state import Endpoint
 
 log = logging.getLogger("fleetgate.router.admission")
@@ -176,9 +177,25 @@ class ClassQueueAdmission:
         self.kick()
         return None
 
-    def views(self, req: Request, now: float) -> list[SaturationView]:
-        """Saturation inputs of every endpoint that may serve ``req``."""
-        return [self.fleet.saturation_view(e, now) for e in self.placer.eligible(req, now)]
+    def views(
+        self,
+        req: Request,
+        now: float,
+        fleet_views: Sequence[EndpointView] | None = None,
+        known: dict[str, SaturationView] | None = None,
+    ) -> list[SaturationView]:
+        """Saturation inputs of every endpoint that may serve ``req``. A drain passes
+        the fleet's views and a per-endpoint cache (``known``, filled here) so that it
+        reads the fleet once however many queued requests it looks at."""
+        out = []
+        for e in self.placer.eligible(req, now, fleet_views):
+            v = known.get(e.id) if known is not None else None
+            if v is None:
+                v = self.fleet.saturation_view(e, now)
+                if known is not None:
+                    known[e.id] = v
+            out.append(v)
+        return out
 
     def _request_preempt(self, req: Request) -> bool:
         """Stop the request's running attempt (closing its upstream); False if none runs."""
@@ -213,17 +230,10 @@ class ClassQueueAdmission:
         saturation: dict[str, SaturationView] = {}
         cache: dict[int, list[SaturationView]] = {}
 
-        def saturation_of(e: Endpoint) -> SaturationView:
-            v = saturation.get(e.id)
-            if v is None:
-                v = saturation[e.id] = self.fleet.saturation_view(e, now)
-            return v
-
         def views_for(item: QueueItem[Request]) -> list[SaturationView]:
             key = id(item.payload)
             if key not in cache:
-                able = self.placer.eligible(item.payload, now, fleet_views)
-                cache[key] = [saturation_of(e) for e in able]
+                cache[key] = self.views(item.payload, now, fleet_views, saturation)
             return cache[key]
 
         holders: dict[int, tuple[frozenset[str], int]] = {}
