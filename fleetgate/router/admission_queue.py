@@ -154,6 +154,8 @@ class ClassQueueAdmission:
         if not self._queued[req.model]:
             views = [self.fleet.saturation_view(e, now) for e in able]
             sat = pool_saturation(views, self.cfg.saturation)
+            if any(v.queue_only for v in sat.verdicts):  # its holders' short queues count
+                sat = pool_saturation(views, self.cfg.saturation, self._holders(req, able))
             if not sat.saturated:
                 e = self.placer.pick(req, sat.available, now)
                 if e is not None:
@@ -196,6 +198,12 @@ class ClassQueueAdmission:
                     known[e.id] = v
             out.append(v)
         return out
+
+    def _holders(self, req: Request, able: Sequence[Endpoint]) -> frozenset[str]:
+        """The endpoints of ``able`` holding the most of the request's prompt, if any
+        holds part of it (``Placer.affinity`` without its rendezvous fallback)."""
+        targets, cached = self.placer.affinity(req, able)
+        return targets if cached > 0 else frozenset()
 
     def _request_preempt(self, req: Request) -> bool:
         """Stop the request's running attempt (closing its upstream); False if none runs."""
@@ -248,6 +256,10 @@ class ClassQueueAdmission:
         def prefer(item: QueueItem[Request]) -> frozenset[str]:
             return affinity(item)[0]
 
+        def holds(item: QueueItem[Request]) -> frozenset[str]:
+            targets, cached = affinity(item)
+            return targets if cached > 0 else frozenset()
+
         def stake(item: QueueItem[Request]) -> float:
             return affinity(item)[1]
 
@@ -271,6 +283,7 @@ class ClassQueueAdmission:
             prefer=prefer if self.cfg.affinity_wait_s is not None else None,
             kv_share=kv_share,
             stake=stake,
+            holds=holds,
         )
         for a in actions:
             if isinstance(a, Shed):

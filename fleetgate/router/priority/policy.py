@@ -55,6 +55,7 @@ from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.priority.preemption import InFlight, Waiting, choose_victim
 from fleetgate.router.priority.queue import AdmissionQueue, Shed
 from fleetgate.router.priority.saturation import (
+    PoolSaturation,
     SaturationThresholds,
     SaturationView,
     pool_saturation,
@@ -103,6 +104,7 @@ def drain(
     prefer: Callable[[QueueItem[T]], AbstractSet[str]] | None = None,
     kv_share: Callable[[QueueItem[T], str], float] | None = None,
     stake: Callable[[QueueItem[T]], float] | None = None,
+    holds: Callable[[QueueItem[T]], AbstractSet[str]] | None = None,
 ) -> list[Action[T]]:
     """Expire, dispatch while capacity lasts, then preempt for overdue requests.
 
@@ -123,6 +125,8 @@ def drain(
     prompt tokens believed cached there); when no item of the window wants a free
     endpoint, the one with the smallest stake takes it (queue order among equals)
     rather than the head. None: the head takes it.
+    ``holds(item)``: the endpoints holding the item's prompt prefix, available to it
+    while over only by their own queue (:func:`~.saturation.pool_saturation`).
     """
     limits = thresholds if thresholds is not None else config.saturation
     actions: list[Action[T]] = list(queue.expire(now))
@@ -145,10 +149,22 @@ def drain(
             for v in views_for(item)
         ]
 
-    def can_dispatch(item: QueueItem[T]) -> bool:
-        return not pool_saturation(adjusted(item), limits).saturated
+    def saturation(item: QueueItem[T]) -> PoolSaturation:
+        return pool_saturation(adjusted(item), limits, holds(item) if holds else frozenset())
 
     wait_s = config.affinity_wait_s
+    by_affinity = prefer is not None and wait_s is not None
+
+    def can_dispatch(head: QueueItem[T]) -> bool:
+        """The head can go, or (affinity dispatch) an item of its window can: with
+        ``holds``, a follower's holder may be open to it while the head has nowhere."""
+        if not saturation(head).saturated:
+            return True
+        if not by_affinity or holds is None:
+            return False
+        return any(
+            not saturation(f).saturated for f in queue.followers(head, now, config.affinity_window)
+        )
 
     def choose(head: QueueItem[T]) -> tuple[QueueItem[T], DispatchHow]:
         """The item that takes the free capacity: the head, or one behind it."""
@@ -156,9 +172,14 @@ def drain(
             return head, "in-order"
         skipped: list[QueueItem[T]] = []
         movable: list[QueueItem[T]] = []  # skipped items with a free endpoint to go to
+        head_can_go = True
         for item in (head, *queue.followers(head, now, config.affinity_window)):
             want = prefer(item)
-            free = pool_saturation(adjusted(item), limits).available if want else ()
+            free = saturation(item).available
+            if not free:  # nowhere to go now (its holder's relief is not the head's)
+                if item is head:
+                    head_can_go = False
+                continue
             if not want or not want.isdisjoint(free):
                 how: DispatchHow = "in-order" if item is head else "ahead"
             elif queue.passed_over_for(item, now) >= wait_s:
@@ -173,8 +194,9 @@ def drain(
             return item, how
         # Nobody wants a free endpoint: the item that loses least by going there.
         cheapest = head
-        if stake is not None:
-            cheapest = min(movable, key=stake, default=head)  # min keeps the first of equals
+        if stake is not None or not head_can_go:
+            # min keeps the first of equals; can_dispatch saw a follower that can go
+            cheapest = min(movable, key=stake or (lambda _: 0.0), default=head)
         if cheapest is head:
             return head, "head-elsewhere"
         for passed in skipped[: skipped.index(cheapest)]:
@@ -186,10 +208,10 @@ def drain(
         if head is None:
             break
         item, how = choose(head)
-        available = pool_saturation(adjusted(item), limits).available
+        available = saturation(item).available
         if not available:  # a follower whose own eligible endpoints are all busy
             item, how = head, "head-elsewhere"
-            available = pool_saturation(adjusted(item), limits).available
+            available = saturation(item).available
         queue.take(item)
         endpoint = pick(item, available)
         if endpoint not in available:

@@ -19,6 +19,18 @@ An endpoint with fresh metrics is **over** when any of these holds:
   way a burst cannot overfill an endpoint between two scrapes;
 * ``max_in_flight`` is set and ``in_flight >= max_in_flight``.
 
+**A holder's short queue** (``holders``). An endpoint over only by its own queue
+(``waiting > waiting_max`` while KV use and slots are under their bounds: the
+engine's step budget is spent on a long prefill) stays available to a request
+whose prompt prefix it holds: that request starts there a step or a few later
+with its prefix cached, whereas held in the router it goes, when a slot frees, to
+whichever engine freed, where its prefix is rarely cached. The scheduling pipeline
+then weighs the holder against the free endpoints with its own cost model.
+Measured (``bench/results/shared-prefix-16-class-queue.md``): with 16 engines and
+long shared documents at 70% load, short engine queues behind cold prefills made
+every endpoint "over" at once; the router queued nearly every request from then on
+and the hit rate fell from 73% to 38%.
+
 **Stale-metrics policy (documented, never "idle").** Metrics older than
 ``max_scrape_age_s``, never scraped, or missing the KV/queue fields are
 *unknown*. An unknown endpoint is treated as saturated unless the router's own
@@ -36,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -84,6 +97,8 @@ class EndpointVerdict:
     endpoint: str
     verdict: Verdict
     reason: str
+    queue_only: bool = False
+    """Over only by the engine's own queue (KV use and slots under their bounds)."""
 
     @property
     def available(self) -> bool:
@@ -94,11 +109,8 @@ class EndpointVerdict:
 class PoolSaturation:
     saturated: bool
     verdicts: tuple[EndpointVerdict, ...]
-
-    @property
-    def available(self) -> tuple[str, ...]:
-        """Endpoints a request may be dispatched to now."""
-        return tuple(v.endpoint for v in self.verdicts if v.available)
+    available: tuple[str, ...]
+    """Endpoints the request may be dispatched to now (a holder's short queue included)."""
 
 
 def endpoint_verdict(view: SaturationView, t: SaturationThresholds) -> EndpointVerdict:
@@ -123,21 +135,29 @@ def endpoint_verdict(view: SaturationView, t: SaturationThresholds) -> EndpointV
         )
     if view.kv_usage >= t.kv_usage_max:
         return EndpointVerdict(view.endpoint, "over", f"kv_usage {view.kv_usage:.3f}")
-    if view.waiting > t.waiting_max:
-        return EndpointVerdict(view.endpoint, "over", f"waiting {view.waiting}")
     if view.max_running is not None:
         load = view.estimated_load()
         if load >= view.max_running + t.waiting_max:
             return EndpointVerdict(
                 view.endpoint, "over", f"load {load} >= max_running {view.max_running}"
             )
+    if view.waiting > t.waiting_max:
+        return EndpointVerdict(view.endpoint, "over", f"waiting {view.waiting}", queue_only=True)
     return EndpointVerdict(view.endpoint, "free", "under all bounds")
 
 
-def pool_saturation(views: Sequence[SaturationView], t: SaturationThresholds) -> PoolSaturation:
-    """Saturated iff no eligible endpoint is available (an empty pool is saturated)."""
+def pool_saturation(
+    views: Sequence[SaturationView],
+    t: SaturationThresholds,
+    holders: AbstractSet[str] = frozenset(),
+) -> PoolSaturation:
+    """Saturated iff no eligible endpoint is available to the request (an empty pool is
+    saturated). ``holders``: the endpoints holding the request's prompt prefix, which
+    stay available to it while over only by their own queue (module docstring)."""
     verdicts = tuple(endpoint_verdict(v, t) for v in views)
-    return PoolSaturation(
-        saturated=not any(v.available for v in verdicts),
-        verdicts=verdicts,
+    available = tuple(
+        v.endpoint
+        for v in verdicts
+        if v.available or (v.queue_only and holders and v.endpoint in holders)
     )
+    return PoolSaturation(saturated=not available, verdicts=verdicts, available=available)

@@ -377,3 +377,37 @@ def test_one_drain_counts_the_kv_each_dispatch_takes() -> None:
     # 0.70 + 0.06 per request: after four the estimate is 0.94, over kv_usage_max 0.9
     assert run(lambda item, endpoint: 0.06) == ["r0", "r1", "r2", "r3"]
     assert len(run(None)) == 6, "without it the queue empties into the engine"
+
+
+def test_a_queued_request_goes_to_its_holder_whose_only_bound_is_a_short_queue() -> None:
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for rid in ("cold", "a0", "b0"):
+        _offer(q, rid, "standard", 0.0)
+    # both engines have a free slot and one request waiting inside (a long prefill ran):
+    # the pool is saturated for a request without a holder, not for a holder's own
+    views = [SaturationView(f"e{i}", 0.1, 1, 1, 1, 0.0, 4) for i in range(2)]
+    held = {"a0": "e0", "b0": "e1"}
+
+    def holds(item: QueueItem[str]) -> frozenset[str]:
+        want = held.get(item.request_id)
+        return frozenset() if want is None else frozenset({want})
+
+    actions = drain(
+        q,
+        0.1,
+        config=CFG,
+        thresholds=T,
+        views_for=lambda item: views,
+        pick=_first,
+        in_flight=(),
+        prefer=holds,
+        holds=holds,
+    )
+    got = [(a.item.request_id, a.endpoint, a.how) for a in actions if isinstance(a, Dispatch)]
+    assert got == [("a0", "e0", "ahead"), ("b0", "e1", "ahead")]
+    assert [i.request_id for i in q.ordered()] == ["cold"]
+    # without the holders' relief nothing leaves the queue
+    q2: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for rid in ("cold", "a0", "b0"):
+        _offer(q2, rid, "standard", 0.0)
+    assert _affinity_run(q2, 0.1, views, {"a0": "e0", "b0": "e1"}) == []

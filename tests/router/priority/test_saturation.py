@@ -159,3 +159,26 @@ def test_preempted_slot_is_free_before_the_next_scrape() -> None:
     stale_full = _view(running=4, in_flight=3, in_flight_at_scrape=4)
     assert endpoint_verdict(stale_full, T).verdict == "free"
     assert endpoint_verdict(_view(running=4, in_flight=3), T).verdict == "over"
+
+
+def test_a_holders_short_queue_stays_available_to_its_own_requests() -> None:
+    # every endpoint has one request waiting behind a long prefill, with free slots
+    views = [_view(endpoint="a", waiting=1), _view(endpoint="b", waiting=1)]
+    assert pool_saturation(views, T).saturated
+    got = pool_saturation(views, T, holders={"a"})
+    assert not got.saturated and got.available == ("a",)
+    assert [v.queue_only for v in got.verdicts] == [True, True]
+
+
+@pytest.mark.parametrize(
+    "holder",
+    [
+        pytest.param(_view(endpoint="a", waiting=1, kv_usage=0.85), id="kv-full"),
+        pytest.param(_view(endpoint="a", waiting=1, running=3, in_flight=3), id="slots-full"),
+        pytest.param(_view(endpoint="a", waiting=1, scrape_age_s=9.0), id="stale"),
+    ],
+)
+def test_a_holder_over_by_more_than_its_queue_is_not_available(holder: SaturationView) -> None:
+    got = pool_saturation([holder, _view(endpoint="b", waiting=1)], T, holders={"a"})
+    assert got.saturated and got.available == ()
+    assert not got.verdicts[0].queue_only
