@@ -150,7 +150,11 @@ def drain(
         ]
 
     def saturation(item: QueueItem[T]) -> PoolSaturation:
-        return pool_saturation(adjusted(item), limits, holds(item) if holds else frozenset())
+        views = adjusted(item)
+        sat = pool_saturation(views, limits)
+        if holds is None or not any(v.queue_only for v in sat.verdicts):
+            return sat  # no short queue to open: the item's holders are not looked up
+        return pool_saturation(views, limits, holds(item))
 
     wait_s = config.affinity_wait_s
     by_affinity = prefer is not None and wait_s is not None

@@ -411,3 +411,39 @@ def test_a_queued_request_goes_to_its_holder_whose_only_bound_is_a_short_queue()
     for rid in ("cold", "a0", "b0"):
         _offer(q2, rid, "standard", 0.0)
     assert _affinity_run(q2, 0.1, views, {"a0": "e0", "b0": "e1"}) == []
+
+
+def test_a_drain_looks_up_holders_only_where_a_short_queue_could_open() -> None:
+    # the holders lookup is a prefix match per queued request: under real overload
+    # (KV use over its bound everywhere) no holder can take a request, so a drain that
+    # cannot dispatch does not pay for the window's lookups
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for i in range(5):
+        _offer(q, f"r{i}", "standard", 0.0)
+    looked_up: list[str] = []
+
+    def holds(item: QueueItem[str]) -> frozenset[str]:
+        looked_up.append(item.request_id)
+        return frozenset({"e0"})
+
+    def run(views: list[SaturationView]) -> list[str]:
+        actions = drain(
+            q,
+            0.1,
+            config=CFG,
+            thresholds=T,
+            views_for=lambda item: views,
+            pick=_first,
+            in_flight=(),
+            prefer=holds,
+            holds=holds,
+        )
+        return [a.item.request_id for a in actions if isinstance(a, Dispatch)]
+
+    kv_full = [SaturationView(f"e{i}", 0.95, 1, 1, 1, 0.0, 4) for i in range(2)]
+    assert run(kv_full) == []
+    assert looked_up == []
+    # one engine over only by its queue: the holders are looked up and r0 goes there
+    short_queue = [SaturationView("e0", 0.1, 1, 1, 1, 0.0, 4), kv_full[1]]
+    assert run(short_queue)[:1] == ["r0"]
+    assert "r0" in looked_up
