@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -392,18 +392,7 @@ def test_a_queued_request_goes_to_its_holder_whose_only_bound_is_a_short_queue()
         want = held.get(item.request_id)
         return frozenset() if want is None else frozenset({want})
 
-    actions = drain(
-        q,
-        0.1,
-        config=CFG,
-        thresholds=T,
-        views_for=lambda item: views,
-        pick=_first,
-        in_flight=(),
-        prefer=holds,
-        holds=holds,
-    )
-    got = [(a.item.request_id, a.endpoint, a.how) for a in actions if isinstance(a, Dispatch)]
+    got = _holds_run(q, views, holds)
     assert got == [("a0", "e0", "ahead"), ("b0", "e1", "ahead")]
     assert [i.request_id for i in q.ordered()] == ["cold"]
     # without the holders' relief nothing leaves the queue
@@ -427,18 +416,7 @@ def test_a_drain_looks_up_holders_only_where_a_short_queue_could_open() -> None:
         return frozenset({"e0"})
 
     def run(views: list[SaturationView]) -> list[str]:
-        actions = drain(
-            q,
-            0.1,
-            config=CFG,
-            thresholds=T,
-            views_for=lambda item: views,
-            pick=_first,
-            in_flight=(),
-            prefer=holds,
-            holds=holds,
-        )
-        return [a.item.request_id for a in actions if isinstance(a, Dispatch)]
+        return [rid for rid, _, _ in _holds_run(q, views, holds)]
 
     kv_full = [SaturationView(f"e{i}", 0.95, 1, 1, 1, 0.0, 4) for i in range(2)]
     assert run(kv_full) == []
@@ -447,3 +425,23 @@ def test_a_drain_looks_up_holders_only_where_a_short_queue_could_open() -> None:
     short_queue = [SaturationView("e0", 0.1, 1, 1, 1, 0.0, 4), kv_full[1]]
     assert run(short_queue)[:1] == ["r0"]
     assert "r0" in looked_up
+
+
+def _holds_run(
+    q: AdmissionQueue[str],
+    views: Sequence[SaturationView],
+    holds: Callable[[QueueItem[str]], frozenset[str]],
+) -> list[tuple[str, str, str]]:
+    """A drain at t=0.1 with affinity dispatch whose holders are also ``holds``."""
+    actions = drain(
+        q,
+        0.1,
+        config=CFG,
+        thresholds=T,
+        views_for=lambda item: views,
+        pick=_first,
+        in_flight=(),
+        prefer=holds,
+        holds=holds,
+    )
+    return [(a.item.request_id, a.endpoint, a.how) for a in actions if isinstance(a, Dispatch)]
