@@ -153,9 +153,9 @@ class ClassQueueAdmission:
             return self._queue(req, now, max_wait_s=bound)
         if not self._queued[req.model]:
             views = [self.fleet.saturation_view(e, now) for e in able]
-            sat = pool_saturation(views, self.cfg.saturation)
-            if any(v.queue_only for v in sat.verdicts):  # its holders' short queues count
-                sat = pool_saturation(views, self.cfg.saturation, self._holders(req, able))
+            sat = pool_saturation(
+                views, self.cfg.saturation, lambda: _holding(self.placer.affinity(req, able))
+            )
             if not sat.saturated:
                 e = self.placer.pick(req, sat.available, now)
                 if e is not None:
@@ -198,12 +198,6 @@ class ClassQueueAdmission:
                     known[e.id] = v
             out.append(v)
         return out
-
-    def _holders(self, req: Request, able: Sequence[Endpoint]) -> frozenset[str]:
-        """The endpoints of ``able`` holding the most of the request's prompt, if any
-        holds part of it (``Placer.affinity`` without its rendezvous fallback)."""
-        targets, cached = self.placer.affinity(req, able)
-        return targets if cached > 0 else frozenset()
 
     def _request_preempt(self, req: Request) -> bool:
         """Stop the request's running attempt (closing its upstream); False if none runs."""
@@ -257,8 +251,7 @@ class ClassQueueAdmission:
             return affinity(item)[0]
 
         def holds(item: QueueItem[Request]) -> frozenset[str]:
-            targets, cached = affinity(item)
-            return targets if cached > 0 else frozenset()
+            return _holding(affinity(item))
 
         def stake(item: QueueItem[Request]) -> float:
             return affinity(item)[1]
@@ -444,3 +437,10 @@ class ClassQueueAdmission:
 def _resolve(req: Request, value: Endpoint | Shed[Request] | Refusal) -> None:
     if req.waiter is not None and not req.waiter.done():
         req.waiter.set_result(value)
+
+
+def _holding(affinity: tuple[frozenset[str], int]) -> frozenset[str]:
+    """The holders of a request's prompt from ``Placer.affinity``'s answer: its targets
+    when they hold part of the prompt, none for its rendezvous fallback."""
+    targets, cached = affinity
+    return targets if cached > 0 else frozenset()

@@ -150,11 +150,9 @@ def drain(
         ]
 
     def saturation(item: QueueItem[T]) -> PoolSaturation:
-        views = adjusted(item)
-        sat = pool_saturation(views, limits)
-        if holds is None or not any(v.queue_only for v in sat.verdicts):
-            return sat  # no short queue to open: the item's holders are not looked up
-        return pool_saturation(views, limits, holds(item))
+        return pool_saturation(
+            adjusted(item), limits, None if holds is None else lambda: holds(item)
+        )
 
     wait_s = config.affinity_wait_s
     by_affinity = prefer is not None and wait_s is not None

@@ -47,7 +47,7 @@ its injected clock.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Literal
 
@@ -149,15 +149,14 @@ def endpoint_verdict(view: SaturationView, t: SaturationThresholds) -> EndpointV
 def pool_saturation(
     views: Sequence[SaturationView],
     t: SaturationThresholds,
-    holders: AbstractSet[str] = frozenset(),
+    holders: Callable[[], AbstractSet[str]] | None = None,
 ) -> PoolSaturation:
     """Saturated iff no eligible endpoint is available to the request (an empty pool is
     saturated). ``holders``: the endpoints holding the request's prompt prefix, which
-    stay available to it while over only by their own queue (module docstring)."""
+    stay available to it while over only by their own queue (module docstring); asked
+    only when some endpoint is (the lookup is a prefix match)."""
     verdicts = tuple(endpoint_verdict(v, t) for v in views)
-    available = tuple(
-        v.endpoint
-        for v in verdicts
-        if v.available or (v.queue_only and holders and v.endpoint in holders)
-    )
+    short = {v.endpoint for v in verdicts if v.queue_only}
+    open_to_it = short.intersection(holders()) if short and holders is not None else set()
+    available = tuple(v.endpoint for v in verdicts if v.available or v.endpoint in open_to_it)
     return PoolSaturation(saturated=not available, verdicts=verdicts, available=available)

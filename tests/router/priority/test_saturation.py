@@ -165,7 +165,7 @@ def test_a_holders_short_queue_stays_available_to_its_own_requests() -> None:
     # every endpoint has one request waiting behind a long prefill, with free slots
     views = [_view(endpoint="a", waiting=1), _view(endpoint="b", waiting=1)]
     assert pool_saturation(views, T).saturated
-    got = pool_saturation(views, T, holders={"a"})
+    got = pool_saturation(views, T, holders=lambda: {"a"})
     assert not got.saturated and got.available == ("a",)
     assert [v.queue_only for v in got.verdicts] == [True, True]
 
@@ -179,6 +179,21 @@ def test_a_holders_short_queue_stays_available_to_its_own_requests() -> None:
     ],
 )
 def test_a_holder_over_by_more_than_its_queue_is_not_available(holder: SaturationView) -> None:
-    got = pool_saturation([holder, _view(endpoint="b", waiting=1)], T, holders={"a"})
+    got = pool_saturation([holder, _view(endpoint="b", waiting=1)], T, holders=lambda: {"a"})
     assert got.saturated and got.available == ()
     assert not got.verdicts[0].queue_only
+
+
+def test_holders_are_asked_only_when_a_short_queue_could_open() -> None:
+    asked: list[int] = []
+
+    def holders() -> set[str]:
+        asked.append(1)
+        return {"a"}
+
+    kv_full = [_view(endpoint="a", kv_usage=0.95), _view(endpoint="b", kv_usage=0.95)]
+    assert pool_saturation(kv_full, T, holders).saturated
+    assert pool_saturation([_view(endpoint="a")], T, holders).available == ("a",)
+    assert asked == []
+    assert pool_saturation([_view(endpoint="a", waiting=1)], T, holders).available == ("a",)
+    assert asked == [1]
