@@ -149,10 +149,19 @@ def drain(
             for v in views_for(item)
         ]
 
+    # An item's verdict changes only when a dispatch adds to an endpoint's load, so it
+    # is computed once per item between dispatches: the head and its window are asked
+    # by ``can_dispatch``, again by ``choose`` and once more for the one that goes (each
+    # a pass over its endpoints, and a follower's may be a prefix match, ``holds``).
+    known: dict[int, PoolSaturation] = {}
+
     def saturation(item: QueueItem[T]) -> PoolSaturation:
-        return pool_saturation(
-            adjusted(item), limits, None if holds is None else lambda: holds(item)
-        )
+        got = known.get(id(item))
+        if got is None:
+            got = known[id(item)] = pool_saturation(
+                adjusted(item), limits, None if holds is None else lambda: holds(item)
+            )
+        return got
 
     wait_s = config.affinity_wait_s
     by_affinity = prefer is not None and wait_s is not None
@@ -219,6 +228,7 @@ def drain(
         if endpoint not in available:
             raise ValueError(f"pick() returned {endpoint!r}, not one of {available}")
         extra[endpoint] += 1
+        known.clear()
         if kv_share is not None:
             extra_kv[endpoint] = extra_kv.get(endpoint, 0.0) + max(0.0, kv_share(item, endpoint))
         actions.append(Dispatch(item, endpoint, how))

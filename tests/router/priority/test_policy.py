@@ -427,6 +427,34 @@ def test_a_drain_looks_up_holders_only_where_a_short_queue_could_open() -> None:
     assert "r0" in looked_up
 
 
+def test_a_drain_reads_each_queued_request_once_between_dispatches() -> None:
+    # can_dispatch, choose and the dispatch itself all ask for the head's and its
+    # window's verdicts; between two dispatches nothing they depend on changes
+    q: AdmissionQueue[str] = AdmissionQueue(CFG)
+    for i in range(6):
+        _offer(q, f"r{i}", "standard", 0.0)
+    asked: dict[str, int] = {}
+    views = [SaturationView("e0", 0.1, 0, 1, 1, 0.0, 2), SaturationView("e1", 0.1, 0, 2, 2, 0.0, 2)]
+
+    def views_for(item: QueueItem[str]) -> Sequence[SaturationView]:
+        asked[item.request_id] = asked.get(item.request_id, 0) + 1
+        return views
+
+    def holds(item: QueueItem[str]) -> frozenset[str]:
+        return frozenset({"e1"}) if item.request_id == "r1" else frozenset()
+
+    actions = drain(
+        q, 0.1, config=CFG, thresholds=T, views_for=views_for, pick=_first, in_flight=(),
+        prefer=holds, holds=holds,
+    )  # fmt: skip
+    sent = [(a.item.request_id, a.endpoint) for a in actions if isinstance(a, Dispatch)]
+    assert sent == [("r0", "e0")]  # e0's one free slot; e1 full, r1 waits for it
+    # one read before the dispatch and one after it (which finds nothing free)
+    assert asked["r0"] == 1
+    assert max(asked.values()) <= 2
+    assert set(asked) == {f"r{i}" for i in range(6)}
+
+
 def _holds_run(
     q: AdmissionQueue[str],
     views: Sequence[SaturationView],
