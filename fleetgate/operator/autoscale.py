@@ -29,12 +29,8 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   replicas with nothing arriving is empty: the run at aacdde1 woke from zero, read the
   step 0 -> 3 req/s over a few ticks as a slope, doubled the released backlog and went
   to 3 replicas 1.3 s after the first was Ready, and a trend through the zeros kept
-  inflating the quiet phase after. Until the service time ``S`` is measured (below),
-  ``load`` is this tick's sample, and a scale-up needs the mean in flight over the
-  ticks since traffic began (each tick the mean of its two ends) to ask for it too:
-  one sample of 4 in flight at 3 req/s asked for a replica 2 s into the heavy trace
-  that then idled through the scale-down window. Once ``S`` is measured, ``load`` is
-  the mean by Little's law instead of one sample: the recent arrival rate
+  inflating the quiet phase after. Once the service time ``S`` is measured (below),
+  ``load`` is the mean by Little's law instead of one sample: the recent arrival rate
   x ``S``, plus the router queue as a backlog drained within a cold start (``queued /
   max(1, coldStart / S)``). The recent rate is the mean of the last
   :data:`STEADY_WINDOW_SECONDS`, cut where it changed (walking back from the newest
@@ -434,9 +430,9 @@ class State:
     service_time: float | None = None
     """Smoothed seconds a request spends on an engine (Little's law: in flight over
     completions per second); memory only, None until the service has served."""
-    service_samples: tuple[tuple[float, float, float, float], ...] = ()
-    """Recent ``(time, seconds, in-flight x seconds, completions)`` per tick, the
-    service time is measured over (:data:`SERVICE_WINDOW_SECONDS`); memory only."""
+    service_samples: tuple[tuple[float, float, float], ...] = ()
+    """Recent ``(time, in-flight x seconds, completions)`` per tick, the service time is
+    measured over (:data:`SERVICE_WINDOW_SECONDS`); memory only."""
     woken: bool = False
     """Scaled up from zero with the service time not measured yet (cleared once it is,
     or a cold start after the backlog was released): until then what its engines run
@@ -452,10 +448,6 @@ class State:
     queued_since: float | None = None
     """Since when every decision has seen requests in the routers' queues (memory only;
     None: none queued at the last one)."""
-    settled_at: float | None = None
-    """When a woken service's released backlog stopped counting as a backlog: the mean
-    in flight before the service time is measured leaves out the ticks up to it (memory
-    only)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -514,21 +506,6 @@ def _since_traffic(rates: Sequence[tuple[float, float]]) -> Sequence[tuple[float
         elif rates[run_end][0] - t >= NO_TRAFFIC_SECONDS:
             return rates[run_end + 1 :]
     return rates
-
-
-def _mean_in_flight(
-    samples: Sequence[tuple[float, float, float, float]],
-    since: float | None,
-    after: float | None = None,
-) -> float | None:
-    """Requests in flight on average over the ticks ending at or after ``since`` and
-    strictly after ``after`` (None: no bound): their in-flight seconds over their
-    spans. None when no tick is left."""
-    span = busy = 0.0
-    for t, dt, f, _ in samples:
-        if (since is None or t >= since) and (after is None or t > after):
-            span, busy = span + dt, busy + f
-    return busy / span if span > 0 else None
 
 
 def _window(recs: Sequence[tuple[float, int]], now: float, window: float) -> list[int]:
@@ -614,9 +591,7 @@ def decide(
     # since traffic (re)started: a step after a pause is no ramp (the heavy trace's
     # start read x1.5-x2 over the idle seconds before it, and a replica came and went
     # in the quiet phase in 5 of 6 runs, 12-28 replica-seconds each)
-    since_traffic = _since_traffic(rates)
-    slope = _trend(since_traffic, max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
-    traffic_from = since_traffic[0][0] if since_traffic else None
+    slope = _trend(_since_traffic(rates), max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
 
     def growth_from(rate: float | None) -> float:
         if not rate or rate <= 0:
@@ -635,10 +610,10 @@ def decide(
         dt = now - state.last_tick
         if dt > 0:
             mean = (state.last_in_flight + demand.in_flight) / 2
-            samples = (*samples, (now, dt, mean * dt, demand.completion_rate * dt))
+            samples = (*samples, (now, mean * dt, demand.completion_rate * dt))
     service_time = state.service_time
     busy = completed = 0.0
-    for _, _, f, c in reversed(samples):
+    for _, f, c in reversed(samples):
         if completed >= SERVICE_COMPLETIONS:
             break
         busy, completed = busy + f, completed + c
@@ -650,11 +625,10 @@ def decide(
     # even when requests so long that 10 have not completed leave S unmeasured (the
     # e2e burst of 8 s streams in the CI run of e70fedb stayed at 1 replica for its 15 s).
     released_at = state.released_at if woken else None
-    settled_at = state.settled_at
     if woken and released_at is None and ready > 0 and demand.held == 0:
         released_at = now
     if released_at is not None and now - released_at >= policy.cold_start:
-        woken, released_at, settled_at = False, None, now
+        woken, released_at = False, None
 
     # -- idle bookkeeping
     idle_since = (
@@ -706,22 +680,6 @@ def decide(
                 note = f"; {_fmt(steady)} mean in flight (arrivals x {_fmt(service_time)}s)"
         elif not starting and not woken:
             want = math.ceil(demand.load * growth / target - 1e-9)
-            # S not measured yet: a scale-up needs the mean in flight since traffic
-            # began (a tick's samples, by their spans) to ask for it as well as this
-            # tick's sample, which follows each burst (at 3 req/s a first sample of 4
-            # in flight asked for a second replica 2 s into the heavy trace, and it
-            # idled through the scale-down window: bench/results/autoscale-cold15.md,
-            # run x)
-            mean_in_flight = _mean_in_flight(samples, traffic_from, settled_at)
-            if want > current and mean_in_flight is not None:
-                backlog = demand.queued + demand.held
-                damped = math.ceil((mean_in_flight + backlog) * growth / target - 1e-9)
-                if damped < want:
-                    want = max(damped, current)
-                    note = (
-                        f"; {_fmt(mean_in_flight)} in flight on average since traffic "
-                        f"began, {_fmt(demand.in_flight)} now"
-                    )
         else:
             # not measured yet, and requests held, or released by the replicas started
             # from zero: a backlog, whose size alone says nothing about how fast it
@@ -832,7 +790,6 @@ def decide(
             last_tick=now,
             last_in_flight=demand.in_flight,
             queued_since=queued_since,
-            settled_at=settled_at,
         ),
     )
 
