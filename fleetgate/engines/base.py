@@ -371,3 +371,11 @@ class EngineAdapter(Protocol):
         buffered batch from sequence number ``start`` on sent again (pure). The replies
         are decoded by :meth:`decode_kv_events`; its ``()`` marks the replay's end."""
         ...
+
+    def kv_salt(self, card: Mapping[str, Any]) -> str | None:
+        """The ``lora_name`` the engine's KV events carry for the blocks of requests to
+        the model of this ``/v1/models`` card (a LoRA adapter served under its own model
+        name), or None for a model whose blocks carry none (the base model) (pure). The
+        router salts such a request's block keys with it, as the index salts the
+        blocks (:func:`fleetgate.router.scheduling.kvindex.block_keys`)."""
+        ...

@@ -435,6 +435,18 @@ class VllmAdapter:
         """``(b"", start as 8-byte big-endian)`` to the replay ROUTER socket."""
         return (b"", start.to_bytes(8, "big"))
 
+    def kv_salt(self, card: Mapping[str, Any]) -> str | None:
+        """A LoRA adapter's name. vLLM lists each adapter as a model card whose
+        ``parent`` is the base model (the base model's own card has ``parent: null``),
+        serves a request whose ``model`` is that name with the adapter's
+        ``LoRARequest``, and publishes its blocks with ``lora_name`` = that name
+        (``vllm/v1/core/block_pool.py``: ``lora_name=request.lora_request.name``);
+        the block hashes differ from the base model's for the same tokens."""
+        model, parent = card.get("id"), card.get("parent")
+        if isinstance(model, str) and model and isinstance(parent, str) and parent:
+            return model
+        return None
+
     # ---------------------------------------------------------------- container
     def container(self, launch: LaunchSpec) -> ContainerPlan:
         """``python3 -m vllm.entrypoints.openai.api_server`` with settings as flags."""

@@ -164,7 +164,7 @@ class RequestHandler:
             log.warning("%s: tokenizing failed (%s): approximate view", req.label, e)
             return
         if ids:
-            req.set_tokens(ids)
+            req.set_tokens(ids, salt=self.s.fleet.kv_salt(req.model))
 
     def _check_head(self, scope: Scope) -> tuple[int, str] | None:
         """Refuse before reading the body: too many / too large headers (431), a body

@@ -183,10 +183,12 @@ class Request:
 
     # -- the router's accounting on the endpoint it holds (one place) ----------
 
-    def set_tokens(self, token_ids: Sequence[int]) -> None:
+    def set_tokens(self, token_ids: Sequence[int], *, salt: str | None = None) -> None:
         """The prompt's token ids are known: the exact view applies, and the prompt
-        length (prefill and KV estimates) becomes exact."""
-        self.prompt = PromptKeys(token_ids)
+        length (prefill and KV estimates) becomes exact. ``salt``: what the engines'
+        KV events salt this model's blocks with (a LoRA adapter's name), so its keys
+        match its own blocks and never the base model's."""
+        self.prompt = PromptKeys(token_ids, salt=salt)
         self.view = dataclasses.replace(self.view, prompt_tokens=len(self.prompt))
         self.kv_tokens = kv_tokens_needed(len(self.prompt), self.view.max_tokens, 1)
 

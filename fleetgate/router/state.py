@@ -27,7 +27,7 @@ scrape leaves it alone.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from fleetgate.engines.base import EngineAdapter, KvEventsEndpoint, LoadSnapshot, MetricsSource
 from fleetgate.router.priority.saturation import SaturationView
@@ -66,6 +66,9 @@ class Endpoint:
     engine_model: str | None = None
     """The engine's own name for :attr:`served_model` when it lists another (else None)."""
     models: frozenset[str] = frozenset()
+    kv_salts: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Model -> the ``lora_name`` its blocks carry in the engine's KV events (LoRA
+    adapters served under their own model name; ``EngineAdapter.kv_salt``)."""
     max_model_len: int | None = None
     healthy: bool = False
     """Last /health probe answered 200 (False until the first probe); probes that time
@@ -119,9 +122,11 @@ class Endpoint:
         name can go upstream as it is."""
         return bool(getattr(self.adapter, "accepts_any_model_name", False))
 
-    def set_models(self, listed: Iterable[str]) -> None:
-        """The engine's ``/v1/models`` ids, in order; the served name replaces its own."""
+    def set_models(self, listed: Iterable[str], kv_salts: Mapping[str, str] | None = None) -> None:
+        """The engine's ``/v1/models`` ids, in order; the served name replaces its own.
+        ``kv_salts``: the models whose blocks the engine's KV events salt (adapters)."""
         self.models, self.engine_model = served_models(listed, self.served_model)
+        self.kv_salts = dict(kv_salts or {})
 
     def model_rename(self) -> ModelRename | None:
         """A rewriter of answer bytes naming the engine's model, or None (names agree)."""
@@ -290,6 +295,16 @@ class Fleet:
         if not healthy_only:
             out.update(self.standby)
         return sorted(out)
+
+    def kv_salt(self, model: str) -> str | None:
+        """The salt of ``model``'s blocks in the engines' KV events (a LoRA adapter's
+        name), as the first endpoint that lists it as salted says; None for a model
+        no endpoint salts (a base model)."""
+        for e in self.endpoints.values():
+            salt = e.kv_salts.get(model)
+            if salt is not None:
+                return salt
+        return None
 
     def exact_cached(self, e: Endpoint, prompt: PromptKeys | None) -> int | None:
         """Prompt tokens resident on ``e`` by the exact view; None when it does not

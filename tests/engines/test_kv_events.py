@@ -6,6 +6,7 @@ import json
 
 import msgpack
 import pytest
+from recordings import VLLM_032
 
 from fleetgate.engines import get_adapter
 from fleetgate.engines.base import (
@@ -165,3 +166,18 @@ def test_trtllm_drain_body() -> None:
 def test_trtllm_malformed_bodies_raise(body: bytes) -> None:
     with pytest.raises(KvEventsDecodeError):
         TRT.decode_kv_events([body])
+
+
+def test_vllm_salts_a_lora_adapters_blocks_with_its_name_and_trtllm_lists_none() -> None:
+    """vLLM lists an adapter as a card whose ``parent`` is the base model and publishes
+    its blocks with ``lora_name`` = that card's id; the base model's card has ``parent:
+    null`` (the recorded 0.32 list). trtllm-serve lists only its model."""
+    listed = json.loads((VLLM_032 / "models.json").read_text())["response"]["body_json"]["data"]
+    vllm, trtllm = VLLM, TRT
+    assert [vllm.kv_salt(card) for card in listed] == [None] * len(listed)
+    adapter = {"id": "sql-lora", "object": "model", "root": "/adapters/sql",
+               "parent": listed[0]["id"]}  # fmt: skip
+    assert vllm.kv_salt(adapter) == "sql-lora"
+    assert vllm.kv_salt({"id": "x", "parent": ""}) is None
+    assert vllm.kv_salt({"parent": "base"}) is None  # no id: nothing to salt
+    assert trtllm.kv_salt(adapter) is None

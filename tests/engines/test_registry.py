@@ -131,6 +131,9 @@ class ToyAdapter:
     def kv_replay_request(self, start):
         raise NotImplementedError("publishes no events: nothing to replay")
 
+    def kv_salt(self, card):
+        return None  # no adapters
+
 
 ADAPTER = ToyAdapter()
 '''

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -120,6 +120,11 @@ class TrtllmAdapter:
         if len(frames) == 1:
             return decode_trtllm_kv_events(frames)
         return decode_trtllm_zmq(frames)
+
+    def kv_salt(self, card: Mapping[str, Any]) -> str | None:
+        """None: trtllm-serve lists only its model; a LoRA adapter is named per request
+        (``lora_request``), which the router does not key (docs/router.md)."""
+        return None
 
     def kv_replay_request(self, start: int) -> tuple[bytes, ...]:
         """The streaming publisher's replay request: ``(b"", start as 8-byte big-endian)``."""
