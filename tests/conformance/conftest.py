@@ -12,14 +12,17 @@ PID at the end of the session.
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from collections.abc import Iterator
 
 import pytest
+import zmq
 from realvllm import real_vllm
 
+from . import kv_scenario as sc
 from .backends import Backend, run_emulator
 
-__all__ = ["backend", "emulator", "real_vllm"]
+__all__ = ["backend", "emulator", "real_vllm", "sub_socket"]
 
 
 @pytest.fixture(scope="session")
@@ -62,3 +65,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.when == "call":
         item.rep_call = rep  # type: ignore[attr-defined]
     return rep
+
+
+@pytest.fixture
+def sub_socket() -> Iterator[tuple[zmq.Socket[bytes], str]]:
+    """A SUB socket connected (retrying until it exists) to an ipc:// endpoint that
+    the engine binds; a short path, as unix socket paths are limited to ~107 bytes."""
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, sc.TOPIC.encode())
+    with tempfile.TemporaryDirectory(prefix="fg-kv-") as tmp:
+        endpoint = f"ipc://{tmp}/pub.ipc"
+        sc.watch_connection(sub)
+        sub.connect(endpoint)
+        try:
+            yield sub, endpoint
+        finally:
+            sub.close()

@@ -10,8 +10,6 @@ decode without a server. The emulator half runs the same scenario and checks.
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,24 +28,6 @@ from fleetgate.engines.vllm import decode_vllm_kv_events, encode_vllm_kv_batch
 
 from . import kv_scenario as sc
 from .backends import BLOCK_SIZE, NUM_BLOCKS, run_emulator
-
-
-@pytest.fixture
-def sub_socket() -> Iterator[tuple[zmq.Socket[bytes], str]]:
-    """A SUB socket connected (retrying until it exists) to an ipc:// endpoint that
-    the engine binds; a short path, as unix socket paths are limited to ~107 bytes."""
-    ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, sc.TOPIC.encode())
-    with tempfile.TemporaryDirectory(prefix="fg-kv-") as tmp:
-        endpoint = f"ipc://{tmp}/pub.ipc"
-        sc.watch_connection(sub)
-        sub.connect(endpoint)
-        try:
-            yield sub, endpoint
-        finally:
-            sub.close()
 
 
 @pytest.mark.realvllm
