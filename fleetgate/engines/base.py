@@ -273,6 +273,16 @@ class KvEventsEndpoint:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    """A LoRA adapter an engine lists as a model of its own (``EngineAdapter.lora_adapter``)."""
+
+    salt: str
+    """The ``lora_name`` its blocks carry in the engine's KV events."""
+    base_model: str
+    """The model it adapts, as the engine lists that model."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class TokenEventShapes:
     """How an engine writes a *plain token event* of a stream, byte for byte.
 
@@ -372,10 +382,11 @@ class EngineAdapter(Protocol):
         are decoded by :meth:`decode_kv_events`; its ``()`` marks the replay's end."""
         ...
 
-    def kv_salt(self, card: Mapping[str, Any]) -> str | None:
-        """The ``lora_name`` the engine's KV events carry for the blocks of requests to
-        the model of this ``/v1/models`` card (a LoRA adapter served under its own model
-        name), or None for a model whose blocks carry none (the base model) (pure). The
+    def lora_adapter(self, card: Mapping[str, Any]) -> LoraAdapter | None:
+        """What this ``/v1/models`` card says of a LoRA adapter served under its own
+        model name (pure): the ``lora_name`` the engine's KV events carry for its
+        requests' blocks and the base model it adapts; None for a base model. The
         router salts such a request's block keys with it, as the index salts the
-        blocks (:func:`fleetgate.router.scheduling.kvindex.block_keys`)."""
+        blocks (:func:`fleetgate.router.scheduling.kvindex.block_keys`), and tokenizes
+        it with the base model's tokenizer."""
         ...

@@ -77,6 +77,7 @@ from fleetgate.engines.base import (
     KvEventsEndpoint,
     LaunchSpec,
     LoadSnapshot,
+    LoraAdapter,
     MetricsParseError,
     MetricsSource,
     Probe,
@@ -435,16 +436,16 @@ class VllmAdapter:
         """``(b"", start as 8-byte big-endian)`` to the replay ROUTER socket."""
         return (b"", start.to_bytes(8, "big"))
 
-    def kv_salt(self, card: Mapping[str, Any]) -> str | None:
-        """A LoRA adapter's name. vLLM lists each adapter as a model card whose
-        ``parent`` is the base model (the base model's own card has ``parent: null``),
-        serves a request whose ``model`` is that name with the adapter's
-        ``LoRARequest``, and publishes its blocks with ``lora_name`` = that name
-        (``vllm/v1/core/block_pool.py``: ``lora_name=request.lora_request.name``);
-        the block hashes differ from the base model's for the same tokens."""
+    def lora_adapter(self, card: Mapping[str, Any]) -> LoraAdapter | None:
+        """vLLM lists each adapter as a model card whose ``parent`` is the base model
+        (the base model's own card has ``parent: null``), serves a request whose
+        ``model`` is that name with the adapter's ``LoRARequest``, and publishes its
+        blocks with ``lora_name`` = that name (``vllm/v1/core/block_pool.py``:
+        ``lora_name=request.lora_request.name``), hashed apart from the base model's
+        blocks of the same tokens (checked: tests/conformance/test_lora_kv_events.py)."""
         model, parent = card.get("id"), card.get("parent")
         if isinstance(model, str) and model and isinstance(parent, str) and parent:
-            return model
+            return LoraAdapter(salt=model, base_model=parent)
         return None
 
     # ---------------------------------------------------------------- container

@@ -155,6 +155,9 @@ class RequestHandler:
         if self.s.fleet.kv_index is None:
             return
         tok = self.s.tokenizers.get(req.model)
+        if tok is None:  # a LoRA adapter: its base model's tokenizer
+            base = self.s.fleet.base_model(req.model)
+            tok = self.s.tokenizers.get(base) if base is not None else None
         try:
             if tok is not None and tok.off_loop and len(req.body) > OFF_LOOP_BYTES:
                 ids = await asyncio.to_thread(prompt_token_ids, req.doc, tok)

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from fleetgate.engines.base import EngineError
+from fleetgate.engines.base import EngineError, LoraAdapter
 from fleetgate.router.config import RouterConfig
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.rawhttp import RawUpstream
@@ -202,18 +202,18 @@ class Poller:
             log.warning("endpoint %s: cannot list models: %s", e.id, err)
             return
         models: list[str] = []
-        salts: dict[str, str] = {}
+        adapters: dict[str, LoraAdapter] = {}
         max_len: int | None = None
         for card in data if isinstance(data, list) else []:
             if isinstance(card, dict) and isinstance(card.get("id"), str):
                 models.append(card["id"])
-                salt = e.adapter.kv_salt(card)
-                if salt is not None:
-                    salts[card["id"]] = salt
+                lora = e.adapter.lora_adapter(card)
+                if lora is not None:
+                    adapters[card["id"]] = lora
                 value: Any = card.get("max_model_len")
                 if isinstance(value, int) and value > 0:
                     max_len = value if max_len is None else min(max_len, value)
-        e.set_models(models, salts)
+        e.set_models(models, adapters)
         e.max_model_len = max_len
         self._models_at[e.id] = self.clock()
         if self.on_change is not None:

@@ -29,7 +29,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 
-from fleetgate.engines.base import EngineAdapter, KvEventsEndpoint, LoadSnapshot, MetricsSource
+from fleetgate.engines.base import (
+    EngineAdapter,
+    KvEventsEndpoint,
+    LoadSnapshot,
+    LoraAdapter,
+    MetricsSource,
+)
 from fleetgate.router.priority.saturation import SaturationView
 from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.kvindex import KvIndex
@@ -66,9 +72,9 @@ class Endpoint:
     engine_model: str | None = None
     """The engine's own name for :attr:`served_model` when it lists another (else None)."""
     models: frozenset[str] = frozenset()
-    kv_salts: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    """Model -> the ``lora_name`` its blocks carry in the engine's KV events (LoRA
-    adapters served under their own model name; ``EngineAdapter.kv_salt``)."""
+    lora_adapters: Mapping[str, LoraAdapter] = dataclasses.field(default_factory=dict)
+    """Model -> the LoRA adapter it is (served under its own model name; its blocks
+    carry ``salt`` in the engine's KV events; ``EngineAdapter.lora_adapter``)."""
     max_model_len: int | None = None
     healthy: bool = False
     """Last /health probe answered 200 (False until the first probe); probes that time
@@ -122,11 +128,13 @@ class Endpoint:
         name can go upstream as it is."""
         return bool(getattr(self.adapter, "accepts_any_model_name", False))
 
-    def set_models(self, listed: Iterable[str], kv_salts: Mapping[str, str] | None = None) -> None:
+    def set_models(
+        self, listed: Iterable[str], adapters: Mapping[str, LoraAdapter] | None = None
+    ) -> None:
         """The engine's ``/v1/models`` ids, in order; the served name replaces its own.
-        ``kv_salts``: the models whose blocks the engine's KV events salt (adapters)."""
+        ``adapters``: the listed models that are LoRA adapters."""
         self.models, self.engine_model = served_models(listed, self.served_model)
-        self.kv_salts = dict(kv_salts or {})
+        self.lora_adapters = dict(adapters or {})
 
     def model_rename(self) -> ModelRename | None:
         """A rewriter of answer bytes naming the engine's model, or None (names agree)."""
@@ -298,12 +306,25 @@ class Fleet:
 
     def kv_salt(self, model: str) -> str | None:
         """The salt of ``model``'s blocks in the engines' KV events (a LoRA adapter's
-        name), as the first endpoint that lists it as salted says; None for a model
-        no endpoint salts (a base model)."""
+        name), as the first endpoint that lists it as an adapter says; None for a
+        model no endpoint lists as one (a base model)."""
         for e in self.endpoints.values():
-            salt = e.kv_salts.get(model)
-            if salt is not None:
-                return salt
+            lora = e.lora_adapters.get(model)
+            if lora is not None:
+                return lora.salt
+        return None
+
+    def base_model(self, model: str) -> str | None:
+        """The model a LoRA adapter ``model`` adapts, by the name clients use for it
+        (an endpoint's served name replaces the engine's own); None for a model no
+        endpoint lists as an adapter. Its tokenizer is the adapter's."""
+        for e in self.endpoints.values():
+            lora = e.lora_adapters.get(model)
+            if lora is not None:
+                base = lora.base_model
+                if base == e.engine_model and e.served_model is not None:
+                    return e.served_model
+                return base
         return None
 
     def exact_cached(self, e: Endpoint, prompt: PromptKeys | None) -> int | None:

@@ -118,6 +118,16 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         "--backend vllm=URL,kv_events=tcp://...,kv_replay=tcp://...",
     )
     group.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME[=PATH]",
+        type=lambda v: v.split("=", 1)[0],
+        help="vLLM engines: LoRA adapters served under these model names (vLLM's "
+        "NAME=PATH syntax; the path is not read), listed with their parent, their KV "
+        "blocks hashed apart from the base model's and published with lora_name",
+    )
+    group.add_argument(
         "--no-prompt-tokens-details",
         dest="prompt_tokens_details",
         action="store_false",
@@ -197,6 +207,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int
                 max_num_queued_reqs=args.max_num_queued_reqs,
                 version=args.vllm_version if kind == "vllm" else args.trtllm_version,
                 kv_events=bool(args.kv_events),
+                lora_modules=list(args.lora_modules) if kind == "vllm" else [],
             )
             for _ in range(count)
         ]

@@ -93,6 +93,9 @@ class EngineLaunch:
     kv_events_config: str | None = None
     """vLLM ``--kv-events-config`` JSON (KV-cache events over ZeroMQ), as given; for
     TensorRT-LLM the options file's ``kv_cache_config.kv_events_config`` as JSON."""
+    lora_modules: tuple[str, ...] = ()
+    """vLLM ``--lora-modules NAME=PATH ...`` (with ``--enable-lora``): the adapters'
+    model names (the paths are not read)."""
     ignored: tuple[str, ...] = ()
     """Real engine flags (and config keys) accepted with no effect on the emulation."""
     unknown: tuple[str, ...] = ()
@@ -179,6 +182,8 @@ _VLLM_NO_EFFECT = (
     "kv_cache_dtype",
     "swap_space",
     "seed",
+    "max_lora_rank",
+    "max_loras",
 )
 
 
@@ -201,6 +206,8 @@ def _vllm_parser(prog: str, positional: bool) -> _Parser:
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--max-num-queued-reqs", type=int)
     p.add_argument("--kv-events-config")
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--lora-modules", nargs="+", default=[])
     for name in _VLLM_NO_EFFECT:
         flag = "--" + name.replace("_", "-")
         if name in ("trust_remote_code", "enforce_eager"):
@@ -208,6 +215,23 @@ def _vllm_parser(prog: str, positional: bool) -> _Parser:
         else:
             p.add_argument(flag)
     return p
+
+
+def _lora_name(module: str) -> str:
+    """An adapter's model name from vLLM's ``NAME=PATH`` or its JSON form
+    (``{"name": ..., "path": ...}``)."""
+    if module.lstrip().startswith("{"):
+        try:
+            name = json.loads(module).get("name")
+        except (ValueError, AttributeError):
+            name = None
+        if not isinstance(name, str) or not name:
+            raise CliError(f"--lora-modules: no name in {module!r}")
+        return name
+    name, sep, _path = module.partition("=")
+    if not sep or not name:
+        raise CliError(f"--lora-modules: expected NAME=PATH, got {module!r}")
+    return name
 
 
 def parse_vllm(argv: Sequence[str]) -> EngineLaunch:
@@ -222,6 +246,9 @@ def parse_vllm(argv: Sequence[str]) -> EngineLaunch:
     if not model:
         raise CliError(f"{prog}: no model given (positional MODEL or --model)")
     served = ns.served_model_name[0] if ns.served_model_name else model
+    adapters = tuple(_lora_name(m) for m in ns.lora_modules)
+    if adapters and not ns.enable_lora:
+        raise CliError(f"{prog}: --lora-modules needs --enable-lora")
     overrides: dict[str, object] = {}
     for flag, key in (
         ("max_model_len", "max_model_len"),
@@ -245,6 +272,7 @@ def parse_vllm(argv: Sequence[str]) -> EngineLaunch:
         prompt_tokens_details=ns.enable_prompt_tokens_details,
         max_num_queued_reqs=ns.max_num_queued_reqs,
         kv_events_config=ns.kv_events_config,
+        lora_modules=adapters,
         ignored=_ignored(ns, _VLLM_NO_EFFECT, "-"),
         unknown=_group_unknown(extra),
     )
@@ -429,6 +457,7 @@ def engine_spec(launch: EngineLaunch, profile: str) -> EngineSpec:
         max_num_queued_reqs=launch.max_num_queued_reqs,
         kv_events=launch.kind != "vllm" and kv_buffer > 0,
         kv_event_buffer=max(kv_buffer, 1),
+        lora_modules=list(launch.lora_modules),
     )
 
 

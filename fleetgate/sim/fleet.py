@@ -95,6 +95,10 @@ class EngineSpec(BaseModel):
     ``POST /kv_cache_events``."""
     kv_event_buffer: int = Field(default=4096, ge=1)
     """TensorRT-LLM's ``kv_cache_config.event_buffer_max_size`` when events are on."""
+    lora_modules: list[str] = Field(default_factory=list, max_length=64)
+    """vLLM ``--lora-modules``: LoRA adapters served under these model names beside
+    the base model (listed with ``parent``, their blocks hashed apart from the base
+    model's and published with ``lora_name``). vLLM engines only."""
     seed: int | None = None
 
 
@@ -222,7 +226,10 @@ def build_engine(
         ),
         prefix_caching=bool(getattr(getattr(model, "config", None), "prefix_caching", True)),
         user_specified_block_size=bool({"block_size", "tokens_per_block"} & set(spec.overrides)),
+        lora_modules=tuple(spec.lora_modules),
     )
+    if spec.lora_modules and spec.kind != "vllm":
+        raise FleetError(f"engine {spec.kind}: lora_modules is a vLLM option")
     adapter = get_adapter(spec.kind)
     if spec.kind == "vllm":
         return build_vllm(

@@ -87,6 +87,8 @@ class EngineOptions:
     explicitly (not derived from the profile); shown in ``vllm:cache_config_info``."""
     prefix_caching: bool = True
     user_specified_block_size: bool = False
+    lora_modules: tuple[str, ...] = ()
+    """vLLM ``--lora-modules``: adapter model names served beside ``model_name``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,6 +103,8 @@ class GenRequest:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
+    lora_name: str | None = None
+    """The LoRA adapter the request names (vLLM: its ``model``), None for the base model."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -180,6 +184,7 @@ class Generation:
                 ignore_eos=request.ignore_eos,
                 stop_token_ids=request.stop_token_ids,
                 seed=request.seed,
+                lora_name=request.lora_name,
             )
         )
         engine.observer.on_admit(request, engine.driver.now())

@@ -1,9 +1,10 @@
 """A LoRA adapter on the REAL vLLM 0.32 (CPU): how it is listed and how its blocks are
 published, which is what the router's keys for adapter requests rest on
-(``EngineAdapter.kv_salt``, docs/router.md "LoRA adapters").
+(``EngineAdapter.lora_adapter``, docs/router.md "LoRA adapters").
 
 The server is started with ``--enable-lora --lora-modules tiny-lora=<dir>`` (an adapter
-written by :mod:`.lora_adapter`) and ``--kv-events-config``. One prompt goes to the
+written by :mod:`.lora_adapter`) and ``--kv-events-config``; the emulator, started with
+the same flags, must meet the same checks. One prompt goes to the
 base model and then to the adapter; the checks: ``/v1/models`` lists the adapter with
 its ``parent``, vLLM's adapter salts it with its name, the adapter's ``BlockStored``
 events carry ``lora_name`` and hashes other than the base model's for the same
@@ -19,15 +20,23 @@ from typing import Any
 import httpx
 import pytest
 import zmq
-from realvllm import SERVED_MODEL, ensure_model, ensure_venv, free_port, run_real_vllm
+from realvllm import (
+    MAX_MODEL_LEN,
+    SERVED_MODEL,
+    ensure_model,
+    ensure_venv,
+    free_port,
+    run_real_vllm,
+)
 
-from fleetgate.engines.base import BlockStored, KvEventBatch
+from fleetgate.engines.base import BlockStored, KvEventBatch, LoraAdapter
 from fleetgate.engines.vllm import ADAPTER as VLLM
 from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.kvindex import KvIndex
 from fleetgate.router.scheduling.types import EndpointId
 
 from . import kv_scenario as sc
+from .backends import NUM_BLOCKS, run_emulator
 from .lora_adapter import RANK, write_adapter
 
 ADAPTER = "tiny-lora"
@@ -38,35 +47,31 @@ def _batches(recording: list[dict[str, Any]], step: str) -> list[KvEventBatch]:
     return sc.decode([m for m in recording if m["step"] == step]).get(step, [])
 
 
-@pytest.mark.realvllm
-@pytest.mark.timeout(900)
-def test_real_vllm_publishes_an_adapters_blocks_under_its_name(
-    sub_socket: tuple[zmq.Socket[bytes], str], tmp_path: Path
-) -> None:
-    sub, pub_endpoint = sub_socket
-    python = ensure_venv()
-    model = ensure_model(python)
-    adapter_dir = write_adapter(tmp_path / ADAPTER, model)
-    flags = (
-        "--kv-events-config", sc.kv_events_config(pub_endpoint, free_port()),
-        "--enable-lora", "--max-lora-rank", str(RANK), "--max-loras", "1",
-        "--lora-modules", f"{ADAPTER}={adapter_dir}",
-    )  # fmt: skip
+def _run(base_url: str, sub: zmq.Socket[bytes]) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The base model's card list, then one prompt to the base model and to the
+    adapter; returns the cards and every KV-event message, by step."""
     recording: list[dict[str, Any]] = []
-    with run_real_vllm(python, model, tmp_path / "server.log", flags) as server:
-        sc.wait_connected(sub)
-        with httpx.Client(base_url=server.base_url, timeout=120.0) as http:
-            cards = http.get("/v1/models").json()["data"]
-            for name in (SERVED_MODEL, ADAPTER):
-                r = http.post(
-                    "/v1/completions",
-                    json={"model": name, "prompt": PROMPT, "max_tokens": 1, "temperature": 0},
-                )
-                assert r.status_code == 200, r.text
-                sc._drain(sub, name, recording)
+    sc.wait_connected(sub)
+    with httpx.Client(base_url=base_url, timeout=120.0) as http:
+        cards = http.get("/v1/models").json()["data"]
+        for name in (SERVED_MODEL, ADAPTER):
+            r = http.post(
+                "/v1/completions",
+                json={"model": name, "prompt": PROMPT, "max_tokens": 1, "temperature": 0},
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == name
+            sc._drain(sub, name, recording)
+    return cards, recording
+
+
+def _check(cards: list[dict[str, Any]], recording: list[dict[str, Any]]) -> None:
     by_id = {c["id"]: c for c in cards}
     assert by_id[ADAPTER]["parent"] == SERVED_MODEL and by_id[SERVED_MODEL]["parent"] is None
-    assert {c["id"]: VLLM.kv_salt(c) for c in cards} == {SERVED_MODEL: None, ADAPTER: ADAPTER}
+    assert {c["id"]: VLLM.lora_adapter(c) for c in cards} == {
+        SERVED_MODEL: None,
+        ADAPTER: LoraAdapter(salt=ADAPTER, base_model=SERVED_MODEL),
+    }
 
     base, lora = _batches(recording, SERVED_MODEL), _batches(recording, ADAPTER)
     stored_base = [e for b in base for e in b.events if isinstance(e, BlockStored)]
@@ -84,11 +89,49 @@ def test_real_vllm_publishes_an_adapters_blocks_under_its_name(
         index.apply(EndpointId("base"), b)
     for b in lora:
         index.apply(EndpointId("lora"), b)
-    full = len(PROMPT) // sc.BLOCK_SIZE * sc.BLOCK_SIZE
-    adapter_keys = PromptKeys(PROMPT, salt=VLLM.kv_salt(by_id[ADAPTER]))
-    base_keys = PromptKeys(PROMPT, salt=VLLM.kv_salt(by_id[SERVED_MODEL]))
     bs = sc.BLOCK_SIZE
+    full = len(PROMPT) // bs * bs
+    adapter_keys = PromptKeys(PROMPT, salt=ADAPTER)
+    base_keys = PromptKeys(PROMPT)
     assert adapter_keys.resident_tokens(index, EndpointId("lora"), bs) == full
     assert adapter_keys.resident_tokens(index, EndpointId("base"), bs) == 0
     assert base_keys.resident_tokens(index, EndpointId("base"), bs) == full
     assert base_keys.resident_tokens(index, EndpointId("lora"), bs) == 0
+
+
+def _lora_flags(pub_endpoint: str, adapter_dir: Path) -> tuple[str, ...]:
+    return (
+        "--kv-events-config", sc.kv_events_config(pub_endpoint, free_port()),
+        "--enable-lora", "--max-lora-rank", str(RANK), "--max-loras", "1",
+        "--lora-modules", f"{ADAPTER}={adapter_dir}",
+    )  # fmt: skip
+
+
+@pytest.mark.realvllm
+@pytest.mark.timeout(900)
+def test_real_vllm_publishes_an_adapters_blocks_under_its_name(
+    sub_socket: tuple[zmq.Socket[bytes], str], tmp_path: Path
+) -> None:
+    sub, pub_endpoint = sub_socket
+    python = ensure_venv()
+    model = ensure_model(python)
+    adapter_dir = write_adapter(tmp_path / ADAPTER, model)
+    flags = _lora_flags(pub_endpoint, adapter_dir)
+    with run_real_vllm(python, model, tmp_path / "server.log", flags) as server:
+        cards, recording = _run(server.base_url, sub)
+    _check(cards, recording)
+
+
+def test_emulator_publishes_an_adapters_blocks_under_its_name(
+    sub_socket: tuple[zmq.Socket[bytes], str], tmp_path: Path
+) -> None:
+    sub, pub_endpoint = sub_socket
+    engine = (
+        "vllm", "serve", SERVED_MODEL, "--host", "127.0.0.1", "--port", "{port}",
+        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
+        "--num-gpu-blocks-override", str(NUM_BLOCKS), "--block-size", str(sc.BLOCK_SIZE),
+        "--enable-prefix-caching", *_lora_flags(pub_endpoint, tmp_path / ADAPTER),
+    )  # fmt: skip
+    with run_emulator(tmp_path / "sim.log", engine) as backend:
+        cards, recording = _run(backend.base_url, sub)
+    _check(cards, recording)

@@ -16,6 +16,7 @@ from fleetgate.engines.base import (
     EngineAdapter,
     KvEventBatch,
     KvEventsDecodeError,
+    LoraAdapter,
 )
 from fleetgate.engines.vllm import decode_vllm_kv_events, encode_vllm_kv_batch
 
@@ -173,11 +174,10 @@ def test_vllm_salts_a_lora_adapters_blocks_with_its_name_and_trtllm_lists_none()
     its blocks with ``lora_name`` = that card's id; the base model's card has ``parent:
     null`` (the recorded 0.32 list). trtllm-serve lists only its model."""
     listed = json.loads((VLLM_032 / "models.json").read_text())["response"]["body_json"]["data"]
-    vllm, trtllm = VLLM, TRT
-    assert [vllm.kv_salt(card) for card in listed] == [None] * len(listed)
+    assert [VLLM.lora_adapter(card) for card in listed] == [None] * len(listed)
     adapter = {"id": "sql-lora", "object": "model", "root": "/adapters/sql",
                "parent": listed[0]["id"]}  # fmt: skip
-    assert vllm.kv_salt(adapter) == "sql-lora"
-    assert vllm.kv_salt({"id": "x", "parent": ""}) is None
-    assert vllm.kv_salt({"parent": "base"}) is None  # no id: nothing to salt
-    assert trtllm.kv_salt(adapter) is None
+    assert VLLM.lora_adapter(adapter) == LoraAdapter(salt="sql-lora", base_model=listed[0]["id"])
+    assert VLLM.lora_adapter({"id": "x", "parent": ""}) is None
+    assert VLLM.lora_adapter({"parent": "base"}) is None  # no id: nothing to salt
+    assert TRT.lora_adapter(adapter) is None

@@ -131,7 +131,7 @@ class ToyAdapter:
     def kv_replay_request(self, start):
         raise NotImplementedError("publishes no events: nothing to replay")
 
-    def kv_salt(self, card):
+    def lora_adapter(self, card):
         return None  # no adapters
 
 

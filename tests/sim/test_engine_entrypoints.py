@@ -117,6 +117,20 @@ def test_vllm_cli_forms_and_underscores() -> None:
         entrypoints.parse(["vllm", "serve", "m", "--max-model-len", "lots"])
 
 
+def test_vllm_lora_modules_name_adapters_served_beside_the_model() -> None:
+    a = entrypoints.parse(
+        ["vllm", "serve", "org/m", "--enable-lora", "--max-lora-rank", "8", "--lora-modules",
+         "sql=/adapters/sql", '{"name": "chat", "path": "/adapters/chat"}']
+    )  # fmt: skip
+    assert a.lora_modules == ("sql", "chat") and "--max-lora-rank" in " ".join(a.ignored)
+    spec = entrypoints.engine_spec(a, "test")
+    assert spec.lora_modules == ["sql", "chat"]
+    with pytest.raises(CliError, match="needs --enable-lora"):
+        entrypoints.parse(["vllm", "serve", "org/m", "--lora-modules", "sql=/a"])
+    with pytest.raises(CliError, match="expected NAME=PATH"):
+        entrypoints.parse(["vllm", "serve", "org/m", "--enable-lora", "--lora-modules", "sql"])
+
+
 def test_trtllm_options_file_and_flags(tmp_path: Path) -> None:
     f = tmp_path / "o.yaml"
     f.write_text(

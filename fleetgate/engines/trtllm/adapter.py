@@ -15,6 +15,7 @@ from fleetgate.engines.base import (
     KvEventBatch,
     LaunchSpec,
     LoadSnapshot,
+    LoraAdapter,
     MetricsParseError,
     MetricsSource,
 )
@@ -121,7 +122,7 @@ class TrtllmAdapter:
             return decode_trtllm_kv_events(frames)
         return decode_trtllm_zmq(frames)
 
-    def kv_salt(self, card: Mapping[str, Any]) -> str | None:
+    def lora_adapter(self, card: Mapping[str, Any]) -> LoraAdapter | None:
         """None: trtllm-serve lists only its model; a LoRA adapter is named per request
         (``lora_request``), which the router does not key (docs/router.md)."""
         return None

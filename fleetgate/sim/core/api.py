@@ -33,6 +33,9 @@ class SimRequest:
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
     """Output is a pure function of (prompt_token_ids, seed); see ``textgen``."""
+    lora_name: str | None = None
+    """A LoRA adapter (vLLM): its blocks hash apart from the base model's and are
+    published with this ``lora_name``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -36,7 +36,13 @@ from typing import Literal, Protocol
 from fleetgate.engines.base import BlockStored
 from fleetgate.sim.core import textgen
 from fleetgate.sim.core.api import EngineStats, SimRequest, StepResult, TokenEvent
-from fleetgate.sim.core.kv_vllm import MEDIUM, BlockPool, extend_block_hashes, external_hash
+from fleetgate.sim.core.kv_vllm import (
+    MEDIUM,
+    BlockPool,
+    extend_block_hashes,
+    external_hash,
+    root_hash,
+)
 
 QueuePolicy = Literal["fcfs", "priority"]
 
@@ -349,7 +355,7 @@ class BaseEngine:
         return max(total - len(st.blocks), 0)
 
     def _prefix_hit(self, st: RequestState) -> list[int]:
-        extend_block_hashes(st.hashes, st.tokens, self.block_size)
+        extend_block_hashes(st.hashes, st.tokens, self.block_size, root=root_hash(st.req.lora_name))
         return self.pool.lookup(st.hashes, len(st.tokens))
 
     def _take_blocks(self, st: RequestState, hit: list[int], num_new_blocks: int) -> None:
@@ -376,7 +382,13 @@ class BaseEngine:
         full = st.num_computed // self.block_size
         if full <= st.num_cached_blocks:
             return
-        extend_block_hashes(st.hashes, st.tokens, self.block_size, upto=st.num_computed)
+        extend_block_hashes(
+            st.hashes,
+            st.tokens,
+            self.block_size,
+            upto=st.num_computed,
+            root=root_hash(st.req.lora_name),
+        )
         for i in range(st.num_cached_blocks, full):
             self.pool.cache(st.blocks[i], st.hashes[i])
         if self.pool.kv_events is not None and self.pool.enable_caching:
@@ -390,6 +402,7 @@ class BaseEngine:
                     token_ids=tuple(st.tokens[first * bs : full * bs]),
                     block_size=bs,
                     medium=MEDIUM,
+                    lora_name=st.req.lora_name,
                     group=0,
                     spec_kind="full_attention",
                 )

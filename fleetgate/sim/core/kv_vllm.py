@@ -37,6 +37,7 @@ Pure data structure: no clock, no I/O.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -46,12 +47,29 @@ from fleetgate.engines.base import AllBlocksCleared, BlockRemoved, KvEvent
 NONE_HASH = 0x5F3759DF_9E3779B9
 
 
+def root_hash(lora_name: str | None) -> int:
+    """The parent "hash" of a sequence's first block: :data:`NONE_HASH`, or for a LoRA
+    adapter's requests one derived from its name (vLLM puts the adapter's name in every
+    block's extra hash keys, so its blocks never match the base model's). blake2b, not
+    ``hash()``: a str's ``hash`` changes with PYTHONHASHSEED."""
+    if lora_name is None:
+        return NONE_HASH
+    salt = int.from_bytes(hashlib.blake2b(lora_name.encode(), digest_size=8).digest(), "big")
+    return hash((NONE_HASH, salt))
+
+
 def extend_block_hashes(
-    hashes: list[int], token_ids: Sequence[int], block_size: int, upto: int | None = None
+    hashes: list[int],
+    token_ids: Sequence[int],
+    block_size: int,
+    upto: int | None = None,
+    *,
+    root: int = NONE_HASH,
 ) -> None:
-    """Append the hashes of every newly *full* block of ``token_ids[:upto]`` to ``hashes``."""
+    """Append the hashes of every newly *full* block of ``token_ids[:upto]`` to ``hashes``
+    (``root``: the first block's parent, :func:`root_hash`)."""
     full = (len(token_ids) if upto is None else min(upto, len(token_ids))) // block_size
-    parent = hashes[-1] if hashes else NONE_HASH
+    parent = hashes[-1] if hashes else root
     for i in range(len(hashes), full):
         parent = hash((parent, tuple(token_ids[i * block_size : (i + 1) * block_size])))
         hashes.append(parent)

@@ -197,34 +197,41 @@ class VllmApp:
         await send({"type": "http.response.body", "body": b""})
 
     async def _models(self, send: Send) -> None:
+        """The base model's card, then one per LoRA adapter (``parent``: the base
+        model, ``root``: its path, no ``max_model_len``), as vLLM lists them."""
         o = self.engine.options
         now = int(time.time())
-        card = {
-            "id": o.model_name,
-            "object": "model",
-            "created": now,
-            "owned_by": "vllm",
-            "root": o.model_root,
-            "parent": None,
-            "max_model_len": o.max_model_len,
-            "permission": [
-                {
-                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",
-                    "object": "model_permission",
-                    "created": now,
-                    "allow_create_engine": False,
-                    "allow_sampling": True,
-                    "allow_logprobs": True,
-                    "allow_search_indices": False,
-                    "allow_view": True,
-                    "allow_fine_tuning": False,
-                    "organization": "*",
-                    "group": None,
-                    "is_blocking": False,
-                }
-            ],
-        }
-        await send_json(send, 200, {"object": "list", "data": [card]})
+
+        def card(model: str, root: str, parent: str | None, max_len: int | None) -> dict[str, Any]:
+            return {
+                "id": model,
+                "object": "model",
+                "created": now,
+                "owned_by": "vllm",
+                "root": root,
+                "parent": parent,
+                "max_model_len": max_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                        "object": "model_permission",
+                        "created": now,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+
+        cards = [card(o.model_name, o.model_root, None, o.max_model_len)]
+        cards += [card(a, f"/adapters/{a}", o.model_name, None) for a in o.lora_modules]
+        await send_json(send, 200, {"object": "list", "data": cards})
 
     async def _version(self, send: Send) -> None:
         await send_json(send, 200, {"version": self.engine.options.version})
@@ -255,9 +262,9 @@ class VllmApp:
 
     async def _completions(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         req = self._parse(scope, body, CompletionRequest)
-        check_model(self.engine, req.model)
+        lora = check_model(self.engine, req.model)
         prompt = prompt_ids(self.engine, req.prompt)
-        gen = gen_request(self.engine, _headers(scope), req, prompt, req.max_tokens)
+        gen = gen_request(self.engine, _headers(scope), req, prompt, req.max_tokens, lora)
         rid = "cmpl-" + gen.request_id.rsplit("#", 1)[0]
         opts = _options(req, req.logprobs)
         gens = choice_requests(self.engine, gen, req.n, req.temperature)
@@ -330,7 +337,7 @@ class VllmApp:
             "id": rid,
             "object": "text_completion",
             "created": int(time.time()),
-            "model": self.engine.options.model_name,
+            "model": gen.lora_name or self.engine.options.model_name,
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": self.fingerprint,
@@ -347,7 +354,7 @@ class VllmApp:
         sse = SseWriter(send)
         await sse.start()
         created = int(time.time())
-        model = self.engine.options.model_name
+        model = gen.lora_name or self.engine.options.model_name
         tok = self.engine.tokenizer
         n_prompt = len(gen.prompt_token_ids)
         n = len(runs)
@@ -424,12 +431,12 @@ class VllmApp:
 
     async def _chat(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         req = self._parse(scope, body, ChatCompletionRequest)
-        check_model(self.engine, req.model)
+        lora = check_model(self.engine, req.model)
         prompt = render(self.engine, req.messages, req.add_generation_prompt)
         max_tokens = (
             req.max_completion_tokens if req.max_completion_tokens is not None else (req.max_tokens)
         )
-        gen = gen_request(self.engine, _headers(scope), req, prompt, max_tokens)
+        gen = gen_request(self.engine, _headers(scope), req, prompt, max_tokens, lora)
         rid = "chatcmpl-" + gen.request_id.rsplit("#", 1)[0]
         opts = _options(req, (req.top_logprobs or 0) if req.logprobs else None)
         gens = choice_requests(self.engine, gen, req.n, req.temperature)
@@ -484,7 +491,7 @@ class VllmApp:
             "id": rid,
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": self.engine.options.model_name,
+            "model": gen.lora_name or self.engine.options.model_name,
             "choices": choices,
             "service_tier": None,
             "system_fingerprint": self.fingerprint,
@@ -504,7 +511,7 @@ class VllmApp:
         sse = SseWriter(send)
         await sse.start()
         created = int(time.time())
-        model = self.engine.options.model_name
+        model = gen.lora_name or self.engine.options.model_name
         tok = self.engine.tokenizer
         n_prompt = len(gen.prompt_token_ids)
         n = len(runs)

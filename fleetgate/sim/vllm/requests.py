@@ -50,15 +50,20 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
-def check_model(engine: SimEngine, name: str | None) -> None:
-    served = engine.options.model_name
-    if name is not None and name != served:
-        raise HttpError(
-            404,
-            f"The model `{name}` does not exist. Valid aliases: {served}.",
-            "NotFoundError",
-            "model",
-        )
+def check_model(engine: SimEngine, name: str | None) -> str | None:
+    """404 for a model the engine does not serve; the LoRA adapter ``name`` names
+    (``--lora-modules``), or None for the base model."""
+    o = engine.options
+    if name is None or name == o.model_name:
+        return None
+    if name in o.lora_modules:
+        return name
+    raise HttpError(
+        404,
+        f"The model `{name}` does not exist. Valid aliases: {o.model_name}.",
+        "NotFoundError",
+        "model",
+    )
 
 
 def gen_request(
@@ -67,6 +72,7 @@ def gen_request(
     req: CompletionRequest | ChatCompletionRequest,
     prompt: list[int],
     max_tokens: int | None,
+    lora_name: str | None = None,
 ) -> GenRequest:
     o = engine.options
     if max_tokens is not None and max_tokens < 1:
@@ -126,6 +132,7 @@ def gen_request(
         stop=stop,
         stop_token_ids=tuple(req.stop_token_ids or ()),
         seed=req.seed or 0,
+        lora_name=lora_name,
     )
 
 

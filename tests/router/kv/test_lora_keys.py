@@ -1,6 +1,6 @@
 """LoRA adapters in the exact view: vLLM publishes an adapter's blocks with its
 ``lora_name`` and hashes them apart from the base model's, so the router salts an
-adapter request's keys with the same name (``EngineAdapter.kv_salt``, read from the
+adapter request's keys with the same name (``EngineAdapter.lora_adapter``, read from the
 adapter's ``/v1/models`` card, whose ``parent`` is the base model).
 
 Pure where it can be: an index fed by hand-built events, endpoint records with live
@@ -15,7 +15,7 @@ import json
 from recordings import VLLM_032
 from routerkit import router_config
 
-from fleetgate.engines.base import BlockStored, KvEventBatch
+from fleetgate.engines.base import BlockStored, KvEventBatch, LoraAdapter
 from fleetgate.router.app import build_fleet
 from fleetgate.router.client import make_client
 from fleetgate.router.config import parse_config
@@ -66,7 +66,7 @@ def _fleet() -> Fleet:
             metrics_source=adapter.metrics_sources[0],
         )
         e.healthy = True
-        e.set_models([BASE, LORA], {LORA: LORA})
+        e.set_models([BASE, LORA], {LORA: LoraAdapter(salt=LORA, base_model=BASE)})
         e.kv_feed.set("live", 1.0)
         eps.append(e)
     return Fleet(eps, index=PrefixIndex(1024), load_params=LoadParams(), kv_index=KvIndex())
@@ -92,6 +92,26 @@ def test_an_adapter_request_matches_its_own_blocks_and_never_the_base_models() -
     assert fleet.exact_cached(lora_ep, base_keys) == 0
     # unsalted, an adapter request read the base model's blocks as its own
     assert fleet.exact_cached(base_ep, PromptKeys(TOKENS)) == len(TOKENS)
+
+
+def test_an_adapters_base_model_goes_by_the_name_clients_use() -> None:
+    """An adapter is tokenized with its base model's tokenizer, which the router's
+    config names by the served name; an engine that lists its model under another
+    name (its path) names the adapter's parent that way."""
+    adapter = adapter_for("vllm", None)
+    e = Endpoint(
+        id=EndpointId("renamed"),
+        pool="default",
+        engine=adapter.name,
+        url="http://127.0.0.1:18401",
+        adapter=adapter,
+        metrics_source=adapter.metrics_sources[0],
+        served_model="llama",
+    )
+    e.set_models(["/models/llama", LORA], {LORA: LoraAdapter(LORA, "/models/llama")})
+    fleet = Fleet([e], index=PrefixIndex(1024), load_params=LoadParams(), kv_index=KvIndex())
+    assert e.models == {"llama", LORA}
+    assert fleet.base_model(LORA) == "llama" and fleet.base_model("llama") is None
 
 
 def test_a_request_to_an_adapter_is_keyed_with_its_salt() -> None:
@@ -140,5 +160,6 @@ async def test_the_poller_reads_which_models_are_adapters_from_v1_models() -> No
     (e,) = fleet
     await poller.load_models(e)
     assert LORA in e.models and base["id"] in e.models
-    assert e.kv_salts == {LORA: LORA}
+    assert e.lora_adapters == {LORA: LoraAdapter(salt=LORA, base_model=base["id"])}
     assert fleet.kv_salt(LORA) == LORA and fleet.kv_salt(base["id"]) is None
+    assert fleet.base_model(LORA) == base["id"] and fleet.base_model(base["id"]) is None
