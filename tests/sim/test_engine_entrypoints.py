@@ -30,7 +30,7 @@ from fleetgate.cli import CliError
 from fleetgate.engines.trtllm import TrtllmSettings
 from fleetgate.engines.trtllm.versions import resolve_version
 from fleetgate.sim import entrypoints
-from fleetgate.sim.fleet import build_engine, default_model_factory
+from fleetgate.sim.fleet import EngineSpec, FleetError, build_engine, default_model_factory
 
 CASES = cases()
 
@@ -125,6 +125,11 @@ def test_vllm_lora_modules_name_adapters_served_beside_the_model() -> None:
     assert a.lora_modules == ("sql", "chat") and "--max-lora-rank" in " ".join(a.ignored)
     spec = entrypoints.engine_spec(a, "test")
     assert spec.lora_modules == ["sql", "chat"]
+    options, _ = engine_options(a)
+    assert options.lora_modules == ("sql", "chat")
+    with pytest.raises(FleetError, match="lora_modules is a vLLM option"):
+        build_engine(EngineSpec(kind="trtllm", lora_modules=["sql"]), "m",
+                     default_model_factory(), 1.0, 0, 0.0)  # fmt: skip
     with pytest.raises(CliError, match="needs --enable-lora"):
         entrypoints.parse(["vllm", "serve", "org/m", "--lora-modules", "sql=/a"])
     with pytest.raises(CliError, match="expected NAME=PATH"):
