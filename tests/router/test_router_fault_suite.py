@@ -268,11 +268,17 @@ async def test_sigstopped_engine_process_fails_over_and_a_restart_rejoins() -> N
             procs[i] = spawn_engine(ports[i])
             await wait_port(ports[i])
             ep = app.state.router.fleet.endpoints[f"127.0.0.1:{ports[i]}"]
+            restarted = time.monotonic()
+            # rejoined: healthy, not ejected, and scraped since the restart (on a loaded
+            # CI machine the probe came back before the scrape, and all 12 requests went
+            # to the other engine, whose load the router knew)
             for _ in range(200):
-                if ep.healthy and not ep.is_ejected(time.monotonic()):
+                snap = ep.snapshot
+                scraped = snap is not None and snap.scraped_at >= restarted
+                if ep.healthy and not ep.is_ejected(time.monotonic()) and scraped:
                     break
                 await asyncio.sleep(0.1)
-            assert ep.healthy
+            assert ep.healthy and not ep.scrape_failing
             served = set()
             for k in range(12):
                 doc = body(f"after restart {k} " * 20, 2, stream=False)
