@@ -304,28 +304,31 @@ class Fleet:
             out.update(self.standby)
         return sorted(out)
 
-    def kv_salt(self, model: str) -> str | None:
-        """The salt of ``model``'s blocks in the engines' KV events (a LoRA adapter's
-        name), as the first endpoint that lists it as an adapter says; None for a
-        model no endpoint lists as one (a base model)."""
+    def _lora(self, model: str) -> tuple[Endpoint, LoraAdapter] | None:
+        """The first endpoint that lists ``model`` as a LoRA adapter, and what it says."""
         for e in self.endpoints.values():
             lora = e.lora_adapters.get(model)
             if lora is not None:
-                return lora.salt
+                return e, lora
         return None
+
+    def kv_salt(self, model: str) -> str | None:
+        """The salt of ``model``'s blocks in the engines' KV events (a LoRA adapter's
+        name); None for a model no endpoint lists as an adapter (a base model)."""
+        found = self._lora(model)
+        return None if found is None else found[1].salt
 
     def base_model(self, model: str) -> str | None:
         """The model a LoRA adapter ``model`` adapts, by the name clients use for it
         (an endpoint's served name replaces the engine's own); None for a model no
         endpoint lists as an adapter. Its tokenizer is the adapter's."""
-        for e in self.endpoints.values():
-            lora = e.lora_adapters.get(model)
-            if lora is not None:
-                base = lora.base_model
-                if base == e.engine_model and e.served_model is not None:
-                    return e.served_model
-                return base
-        return None
+        found = self._lora(model)
+        if found is None:
+            return None
+        e, lora = found
+        if lora.base_model == e.engine_model and e.served_model is not None:
+            return e.served_model
+        return lora.base_model
 
     def exact_cached(self, e: Endpoint, prompt: PromptKeys | None) -> int | None:
         """Prompt tokens resident on ``e`` by the exact view; None when it does not
