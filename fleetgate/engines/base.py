@@ -216,6 +216,10 @@ class BlockStored:
     spec_kind: str | None = None
     """The group's attention kind (vLLM ``kv_cache_spec_kind``, e.g. ``full_attention``;
     a sliding-window group's blocks do not make a reusable prefix)."""
+    cache_salt: str | None = None
+    """The request's cache salt (vLLM ``cache_salt``), hashed into the first block of
+    its sequence and so into every block chained from it; only set on an event whose
+    ``parent_hash`` is None."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -566,6 +566,37 @@ _ARRAY_FIELDS = {
 }  # fmt: skip
 
 
+def _extra_keys(
+    raw: Any, lora_name: str | None, first_of_sequence: bool
+) -> tuple[str | None, bool]:
+    """``(cache salt, keyable)`` from a BlockStored's ``extra_keys``: one entry per
+    block, None or the block's untagged extra hash keys in vLLM's order (the LoRA name
+    when ``lora_name`` is set, ``(mm_identifier, offset)`` pairs, the cache salt on the
+    sequence's first block only, prompt-embedding digests as bytes;
+    ``vllm/v1/core/kv_cache_utils.py`` ``to_event_extra_keys``). A block keyed by
+    anything but the LoRA name and the first block's salt (an image, embeddings) is not
+    a function of its token ids: the event is not keyable."""
+    if raw is None:
+        return None, True
+    if not isinstance(raw, list):
+        raise KvEventsDecodeError(f"extra_keys must be a list, not {type(raw).__name__}")
+    salt: str | None = None
+    for i, entry in enumerate(raw):
+        if entry is None:
+            continue
+        if not isinstance(entry, list):
+            raise KvEventsDecodeError(f"extra_keys[{i}] must be a list or None")
+        items = list(entry)
+        if lora_name is not None and items and items[0] == lora_name:
+            items = items[1:]
+        for item in items:
+            if isinstance(item, str) and i == 0 and first_of_sequence and salt is None:
+                salt = item
+            else:
+                return None, False
+    return salt, True
+
+
 def _vllm_event(raw: Any) -> KvEvent:
     if isinstance(raw, list) and raw and isinstance(raw[0], str):  # array-like (older)
         names = _ARRAY_FIELDS.get(raw[0])
@@ -586,15 +617,21 @@ def _vllm_event(raw: Any) -> KvEvent:
             if size is None or size < 1:
                 raise KvEventsDecodeError(f"block_size must be positive, not {size!r}")
             parent = raw.get("parent_block_hash")
+            lora_name = kv_opt_text(raw.get("lora_name"), "lora_name")
+            salt, keyable = _extra_keys(raw.get("extra_keys"), lora_name, parent is None)
+            kind_ = kv_opt_text(raw.get("kv_cache_spec_kind"), "kv_cache_spec_kind")
             return BlockStored(
                 block_hashes=_hashes(raw["block_hashes"]),
                 parent_hash=None if parent is None else _hash(parent, "parent_block_hash"),
                 token_ids=tuple(tokens),
                 block_size=size,
                 medium=kv_opt_text(raw.get("medium"), "medium"),
-                lora_name=kv_opt_text(raw.get("lora_name"), "lora_name"),
+                lora_name=lora_name,
                 group=kv_opt_int(raw.get("group_idx"), "group_idx"),
-                spec_kind=kv_opt_text(raw.get("kv_cache_spec_kind"), "kv_cache_spec_kind"),
+                # as TensorRT-LLM's multimodal blocks (engines/trtllm/kv_zmq.py): the
+                # router's index keys only what token ids name
+                spec_kind=kind_ if keyable else "multimodal",
+                cache_salt=salt,
             )
     except KeyError as e:
         raise KvEventsDecodeError(f"{kind} event without field {e.args[0]!r}") from None
@@ -646,6 +683,19 @@ def kv_events_config_json(endpoint: KvEventsEndpoint) -> str:
     return json.dumps(config, separators=(",", ":"))
 
 
+def _event_extra_keys(e: BlockStored) -> list[list[str] | None]:
+    """vLLM's per-block ``extra_keys`` for what the emulator hashes: the LoRA name on
+    every block, the cache salt on the sequence's first (multimodal inputs and prompt
+    embeddings are not emulated)."""
+    out: list[list[str] | None] = []
+    for i in range(len(e.block_hashes)):
+        keys = [e.lora_name] if e.lora_name is not None else []
+        if i == 0 and e.parent_hash is None and e.cache_salt is not None:
+            keys.append(e.cache_salt)
+        out.append(keys or None)
+    return out
+
+
 def encode_vllm_kv_batch(
     seq: int, batch: KvEventBatch, topic: str = ""
 ) -> tuple[bytes, bytes, bytes]:
@@ -662,8 +712,7 @@ def encode_vllm_kv_batch(
                 "lora_id": None,
                 "medium": e.medium,
                 "lora_name": e.lora_name,
-                # one entry per block (LoRA, multimodal, cache salt): none emulated
-                "extra_keys": [None] * len(e.block_hashes),
+                "extra_keys": _event_extra_keys(e),
             }
             if e.group is not None:
                 stored["group_idx"] = e.group

@@ -32,6 +32,7 @@ from starlette.types import Receive, Scope, Send
 from fleetgate.router.errors import BufferedSend, ClientSend, error_body, send_bytes, send_error
 from fleetgate.router.identity import OPEN, Gatekeeper, IdentityError, TenantLimiter
 from fleetgate.router.request import ParseSettings, Request, RequestError, parse_request
+from fleetgate.router.scheduling.kvindex import chain_salt
 from fleetgate.router.scheduling.tokenize import prompt_token_ids
 from fleetgate.router.serve import ServeLoop
 from fleetgate.router.services import Services
@@ -167,7 +168,8 @@ class RequestHandler:
             log.warning("%s: tokenizing failed (%s): approximate view", req.label, e)
             return
         if ids:
-            req.set_tokens(ids, salt=self.s.fleet.kv_salt(req.model))
+            salt = chain_salt(self.s.fleet.kv_salt(req.model), req.cache_salt)
+            req.set_tokens(ids, salt=salt)
 
     def _check_head(self, scope: Scope) -> tuple[int, str] | None:
         """Refuse before reading the body: too many / too large headers (431), a body

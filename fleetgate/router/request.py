@@ -127,6 +127,9 @@ class Request:
     view: RequestView
     kv_tokens: int
     resumable: bool
+    cache_salt: str | None = None
+    """The body's ``cache_salt`` (vLLM hashes it into the sequence's first block): both
+    views' keys start from it."""
     prompt: PromptKeys | None = None
     """The prompt as the engine's token ids (:meth:`set_tokens`), when the model has a
     tokenizer or the prompt is token ids: the exact KV view's input. None: only the
@@ -304,7 +307,9 @@ def parse_request(
         rendered = render_prompt(doc)
     except UnicodeEncodeError:
         raise RequestError(400, "the request text is not valid Unicode (lone surrogate)") from None
-    chunked = chunk_prompt(rendered, settings.chunk_tokens)
+    salt = doc.get("cache_salt")
+    cache_salt = salt if isinstance(salt, str) and salt else None  # the engine checks it
+    chunked = chunk_prompt(rendered, settings.chunk_tokens, salt=cache_salt)
     chain, prompt_tokens = chunked.chain, chunked.tokens
     view = RequestView(
         model=model,
@@ -333,6 +338,7 @@ def parse_request(
         view=view,
         kv_tokens=kv_tokens_needed(prompt_tokens, max_tokens, 1),
         resumable=_resumable(doc, kind),
+        cache_salt=cache_salt,
     )
 
 

@@ -105,6 +105,8 @@ class GenRequest:
     seed: int = 0
     lora_name: str | None = None
     """The LoRA adapter the request names (vLLM: its ``model``), None for the base model."""
+    cache_salt: str | None = None
+    """vLLM's ``cache_salt``: the request's blocks hash apart from unsalted ones."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -185,6 +187,7 @@ class Generation:
                 stop_token_ids=request.stop_token_ids,
                 seed=request.seed,
                 lora_name=request.lora_name,
+                cache_salt=request.cache_salt,
             )
         )
         engine.observer.on_admit(request, engine.driver.now())

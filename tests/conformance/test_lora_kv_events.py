@@ -10,6 +10,12 @@ its ``parent``, vLLM's adapter salts it with its name, the adapter's ``BlockStor
 events carry ``lora_name`` and hashes other than the base model's for the same
 tokens, and an index fed the real events matches the adapter's keys only where the
 adapter's blocks are, and the base model's only where its own are.
+
+The same run checks vLLM's per-request ``cache_salt`` (one more prompt to the base model
+and to the adapter, each salted): the salt is published in the first block's
+``extra_keys`` and hashed into the whole chain, so salted keys
+(:func:`~fleetgate.router.scheduling.kvindex.chain_salt`) match only the salted blocks;
+and a salt vLLM forbids is a 400.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from realvllm import (
 from fleetgate.engines.base import BlockStored, KvEventBatch, LoraAdapter
 from fleetgate.engines.vllm import ADAPTER as VLLM
 from fleetgate.router.scheduling.exact import PromptKeys
-from fleetgate.router.scheduling.kvindex import KvIndex
+from fleetgate.router.scheduling.kvindex import KvIndex, chain_salt
 from fleetgate.router.scheduling.types import EndpointId
 
 from . import kv_scenario as sc
@@ -41,6 +47,14 @@ from .lora_adapter import RANK, write_adapter
 
 ADAPTER = "tiny-lora"
 PROMPT = [30 + (i * 11) % 1900 for i in range(3 * sc.BLOCK_SIZE + 20)]  # 3 full blocks
+SALT = "tenant-a"
+#: (step, model, cache_salt)
+STEPS = (
+    (SERVED_MODEL, SERVED_MODEL, None),
+    (ADAPTER, ADAPTER, None),
+    ("salted", SERVED_MODEL, SALT),
+    ("adapter-salted", ADAPTER, SALT),
+)
 
 
 def _batches(recording: list[dict[str, Any]], step: str) -> list[KvEventBatch]:
@@ -48,20 +62,30 @@ def _batches(recording: list[dict[str, Any]], step: str) -> list[KvEventBatch]:
 
 
 def _run(base_url: str, sub: zmq.Socket[bytes]) -> tuple[list[dict[str, Any]], list[Any]]:
-    """The base model's card list, then one prompt to the base model and to the
-    adapter; returns the cards and every KV-event message, by step."""
+    """The base model's card list, then one prompt per step of :data:`STEPS`; returns
+    the cards and every KV-event message, by step."""
     recording: list[dict[str, Any]] = []
     sc.wait_connected(sub)
     with httpx.Client(base_url=base_url, timeout=120.0) as http:
         cards = http.get("/v1/models").json()["data"]
-        for name in (SERVED_MODEL, ADAPTER):
-            r = http.post(
-                "/v1/completions",
-                json={"model": name, "prompt": PROMPT, "max_tokens": 1, "temperature": 0},
-            )
+        for step, name, salt in STEPS:
+            body: dict[str, Any] = {
+                "model": name, "prompt": PROMPT, "max_tokens": 1, "temperature": 0
+            }  # fmt: skip
+            if salt is not None:
+                body["cache_salt"] = salt
+            r = http.post("/v1/completions", json=body)
             assert r.status_code == 200, r.text
             assert r.json()["model"] == name
-            sc._drain(sub, name, recording)
+            sc._drain(sub, step, recording)
+        for bad in ("a/b", "", 7):
+            r = http.post(
+                "/v1/completions",
+                json={"model": SERVED_MODEL, "prompt": PROMPT, "max_tokens": 1,
+                      "cache_salt": bad},
+            )  # fmt: skip
+            assert r.status_code == 400, (bad, r.text)
+            assert "cache_salt" in r.text, r.text
     return cards, recording
 
 
@@ -97,6 +121,24 @@ def _check(cards: list[dict[str, Any]], recording: list[dict[str, Any]]) -> None
     assert adapter_keys.resident_tokens(index, EndpointId("base"), bs) == 0
     assert base_keys.resident_tokens(index, EndpointId("base"), bs) == full
     assert base_keys.resident_tokens(index, EndpointId("lora"), bs) == 0
+
+    # cache_salt: published on the chain's first block, hashed into all of it
+    for step, lora in (("salted", None), ("adapter-salted", ADAPTER)):
+        batches = _batches(recording, step)
+        stored = [e for b in batches for e in b.events if isinstance(e, BlockStored)]
+        assert stored, step
+        assert stored[0].parent_hash is None and stored[0].cache_salt == SALT, stored[0]
+        assert {e.lora_name for e in stored} == {lora}
+        assert {e.spec_kind for e in stored} <= {None, "full_attention"}
+        hashes = {h for e in stored for h in e.block_hashes}
+        assert hashes.isdisjoint(hashes_base | hashes_lora), step
+        ep = EndpointId(step)
+        for b in batches:
+            index.apply(ep, b)
+        salted = PromptKeys(PROMPT, salt=chain_salt(lora, SALT))
+        assert salted.resident_tokens(index, ep, bs) == full, step
+        assert salted.resident_tokens(index, EndpointId("lora" if lora else "base"), bs) == 0
+        assert PromptKeys(PROMPT, salt=lora).resident_tokens(index, ep, bs) == 0, step
 
 
 def _lora_flags(pub_endpoint: str, adapter_dir: Path) -> tuple[str, ...]:

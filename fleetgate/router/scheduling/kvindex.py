@@ -42,6 +42,17 @@ from fleetgate.router.scheduling.types import EndpointId
 _ROOT = b"fg-kv-root"
 
 
+def chain_salt(lora_name: str | None, cache_salt: str | None) -> str | None:
+    """The one salt of a chain's root from what the engine hashes into its first block
+    besides the tokens: a LoRA adapter's name and a request's cache salt (vLLM puts
+    both in the first block's extra keys). The request side and the event side both
+    salt through here, so they agree."""
+    if cache_salt is None:
+        return lora_name
+    # vLLM forbids NUL in a cache salt, so the separator cannot be forged
+    return f"{lora_name or ''}\0cache_salt={cache_salt}"
+
+
 def _root(block_size: int, salt: str | None) -> bytes:
     seed = _ROOT + block_size.to_bytes(4, "big") + (salt or "").encode()
     return hashlib.blake2b(seed, digest_size=8).digest()
@@ -168,8 +179,9 @@ class KvIndex:
         new_keys: list[int] = []
         tokens = event.token_ids
         key = parent
+        salt = chain_salt(event.lora_name, event.cache_salt)
         for i, engine_hash in enumerate(event.block_hashes):
-            key = _next_key(key, tokens[i * size : (i + 1) * size], size, event.lora_name)
+            key = _next_key(key, tokens[i * size : (i + 1) * size], size, salt)
             old_key = hashes.get(engine_hash)
             if old_key is not None and old_key != key:
                 # the engine reused a hash for other tokens: the old entry is gone

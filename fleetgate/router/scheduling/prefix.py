@@ -121,12 +121,18 @@ class Chunked:
     """The first chunk (the whole rendering when shorter): the rendezvous key's source."""
 
 
-def chunk_prompt(data: bytes, chunk_tokens: int) -> Chunked:
-    """Cut ``data`` into chunks of ``chunk_tokens`` estimated tokens and chain-hash them."""
+def chunk_prompt(data: bytes, chunk_tokens: int, *, salt: str | None = None) -> Chunked:
+    """Cut ``data`` into chunks of ``chunk_tokens`` estimated tokens and chain-hash them;
+    ``salt`` (a request's ``cache_salt``) starts the chain elsewhere, as the engine's
+    hashes of a salted request start elsewhere."""
     if chunk_tokens <= 0:
         raise ValueError("chunk_tokens must be positive")
     out: list[int] = []
-    prev = b"\x00" * 8
+    prev = (
+        b"\x00" * 8
+        if salt is None
+        else hashlib.blake2b(salt.encode(), digest_size=8, person=b"fg-salt").digest()
+    )
     pos = 0
     first = b""
     for m in _chunk_re(chunk_tokens).finditer(data):

@@ -36,6 +36,9 @@ class SimRequest:
     lora_name: str | None = None
     """A LoRA adapter (vLLM): its blocks hash apart from the base model's and are
     published with this ``lora_name``."""
+    cache_salt: str | None = None
+    """vLLM's per-request ``cache_salt``: its first block (and so its whole chain)
+    hashes apart from an unsalted request's."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

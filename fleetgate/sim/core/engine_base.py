@@ -355,7 +355,12 @@ class BaseEngine:
         return max(total - len(st.blocks), 0)
 
     def _prefix_hit(self, st: RequestState) -> list[int]:
-        extend_block_hashes(st.hashes, st.tokens, self.block_size, root=root_hash(st.req.lora_name))
+        extend_block_hashes(
+            st.hashes,
+            st.tokens,
+            self.block_size,
+            root=root_hash(st.req.lora_name, st.req.cache_salt),
+        )
         return self.pool.lookup(st.hashes, len(st.tokens))
 
     def _take_blocks(self, st: RequestState, hit: list[int], num_new_blocks: int) -> None:
@@ -387,7 +392,7 @@ class BaseEngine:
             st.tokens,
             self.block_size,
             upto=st.num_computed,
-            root=root_hash(st.req.lora_name),
+            root=root_hash(st.req.lora_name, st.req.cache_salt),
         )
         for i in range(st.num_cached_blocks, full):
             self.pool.cache(st.blocks[i], st.hashes[i])
@@ -405,6 +410,7 @@ class BaseEngine:
                     lora_name=st.req.lora_name,
                     group=0,
                     spec_kind="full_attention",
+                    cache_salt=None if first else st.req.cache_salt,
                 )
             )
         st.num_cached_blocks = full

@@ -47,14 +47,16 @@ from fleetgate.engines.base import AllBlocksCleared, BlockRemoved, KvEvent
 NONE_HASH = 0x5F3759DF_9E3779B9
 
 
-def root_hash(lora_name: str | None) -> int:
-    """The parent "hash" of a sequence's first block: :data:`NONE_HASH`, or for a LoRA
-    adapter's requests one derived from its name (vLLM puts the adapter's name in every
-    block's extra hash keys, so its blocks never match the base model's). blake2b, not
-    ``hash()``: a str's ``hash`` changes with PYTHONHASHSEED."""
-    if lora_name is None:
+def root_hash(lora_name: str | None, cache_salt: str | None = None) -> int:
+    """The parent "hash" of a sequence's first block: :data:`NONE_HASH`, or one derived
+    from a LoRA adapter's name and a request's cache salt (vLLM puts the adapter's name
+    in every block's extra hash keys and the salt in the first block's, so such blocks
+    never match the base model's or an unsalted request's). blake2b, not ``hash()``: a
+    str's ``hash`` changes with PYTHONHASHSEED."""
+    if lora_name is None and cache_salt is None:
         return NONE_HASH
-    salt = int.from_bytes(hashlib.blake2b(lora_name.encode(), digest_size=8).digest(), "big")
+    seed = f"{lora_name or ''}\0{cache_salt or ''}".encode()
+    salt = int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest(), "big")
     return hash((NONE_HASH, salt))
 
 

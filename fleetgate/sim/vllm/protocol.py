@@ -72,6 +72,8 @@ class _SamplingFields(_Lenient):
     priority: int = 0
     return_token_ids: bool | None = None
     request_id: str | None = None
+    cache_salt: Any = None
+    """Checked in :func:`fleetgate.sim.vllm.requests.gen_request` (vLLM's rules)."""
 
 
 class CompletionRequest(_SamplingFields):

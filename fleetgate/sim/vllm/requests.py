@@ -66,6 +66,10 @@ def check_model(engine: SimEngine, name: str | None) -> str | None:
     )
 
 
+#: vLLM 0.32's limit on ``cache_salt`` (``entrypoints/generate/base/protocol.py``).
+MAX_CACHE_SALT_LENGTH = 128
+
+
 def gen_request(
     engine: SimEngine,
     scope_headers: Mapping[str, str],
@@ -121,6 +125,20 @@ def gen_request(
             raise HttpError(
                 400, f"Invalid X-Vllm-Priority header: {hdr!r}", "BadRequestError", "priority"
             ) from None
+    salt = req.cache_salt
+    if salt is not None and (
+        not isinstance(salt, str)
+        or not salt
+        or len(salt) > MAX_CACHE_SALT_LENGTH
+        or any(c in salt for c in "@/\\\0")
+    ):
+        raise HttpError(
+            400,
+            "Parameter 'cache_salt' must be a non-empty string of at most "
+            f"{MAX_CACHE_SALT_LENGTH} characters without '@', '/', '\\' or NUL.",
+            "BadRequestError",
+            "cache_salt",
+        )
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     external = scope_headers.get("x-request-id") or req.request_id or uuid.uuid4().hex[:16]
     return GenRequest(
@@ -133,6 +151,7 @@ def gen_request(
         stop_token_ids=tuple(req.stop_token_ids or ()),
         seed=req.seed or 0,
         lora_name=lora_name,
+        cache_salt=salt,
     )
 
 
