@@ -394,3 +394,10 @@ class EngineAdapter(Protocol):
         blocks (:func:`fleetgate.router.scheduling.kvindex.block_keys`), and tokenizes
         it with the base model's tokenizer."""
         ...
+
+    def request_lora_salt(self, doc: Mapping[str, Any]) -> str | None:
+        """The salt of the KV blocks of a request that names a LoRA adapter in its body
+        (pure; TensorRT-LLM's ``lora_request``), as :meth:`decode_kv_events` salts them;
+        None when the body names none (an engine that names adapters by the model, as
+        vLLM does, answers None: :meth:`lora_adapter` covers it)."""
+        ...

@@ -448,6 +448,10 @@ class VllmAdapter:
             return LoraAdapter(salt=model, base_model=parent)
         return None
 
+    def request_lora_salt(self, doc: Mapping[str, Any]) -> str | None:
+        """None: vLLM names an adapter by the request's ``model`` (:meth:`lora_adapter`)."""
+        return None
+
     # ---------------------------------------------------------------- container
     def container(self, launch: LaunchSpec) -> ContainerPlan:
         """``python3 -m vllm.entrypoints.openai.api_server`` with settings as flags."""

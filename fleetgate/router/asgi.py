@@ -168,7 +168,9 @@ class RequestHandler:
             log.warning("%s: tokenizing failed (%s): approximate view", req.label, e)
             return
         if ids:
-            salt = chain_salt(self.s.fleet.kv_salt(req.model), req.cache_salt)
+            fleet = self.s.fleet
+            lora = fleet.kv_salt(req.model) or fleet.request_lora_salt(req.doc)
+            salt = chain_salt(lora, req.cache_salt)
             req.set_tokens(ids, salt=salt)
 
     def _check_head(self, scope: Scope) -> tuple[int, str] | None:

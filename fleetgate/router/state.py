@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from fleetgate.engines.base import (
     EngineAdapter,
@@ -317,6 +318,20 @@ class Fleet:
         name); None for a model no endpoint lists as an adapter (a base model)."""
         found = self._lora(model)
         return None if found is None else found[1].salt
+
+    def request_lora_salt(self, doc: Mapping[str, Any]) -> str | None:
+        """The salt of the KV blocks of a request that names a LoRA adapter in its body
+        (TensorRT-LLM's ``lora_request``), as the first of the fleet's engine adapters
+        that reads one says (``EngineAdapter.request_lora_salt``); None: it names none."""
+        seen: set[str] = set()
+        for e in self.endpoints.values():
+            if e.adapter.name in seen:
+                continue
+            seen.add(e.adapter.name)
+            salt = e.adapter.request_lora_salt(doc)
+            if salt is not None:
+                return salt
+        return None
 
     def base_model(self, model: str) -> str | None:
         """The model a LoRA adapter ``model`` adapts, by the name clients use for it

@@ -134,6 +134,9 @@ class ToyAdapter:
     def lora_adapter(self, card):
         return None  # no adapters
 
+    def request_lora_salt(self, doc):
+        return None
+
 
 ADAPTER = ToyAdapter()
 '''

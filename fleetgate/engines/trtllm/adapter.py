@@ -22,7 +22,7 @@ from fleetgate.engines.base import (
 from fleetgate.engines.trtllm import errors
 from fleetgate.engines.trtllm.iteration_stats import parse_iteration_stats
 from fleetgate.engines.trtllm.kv_events import decode_trtllm_kv_events
-from fleetgate.engines.trtllm.kv_zmq import decode_trtllm_zmq
+from fleetgate.engines.trtllm.kv_zmq import decode_trtllm_zmq, lora_id_salt
 from fleetgate.engines.trtllm.launch import container_plan
 from fleetgate.engines.trtllm.prometheus import parse_prometheus
 from fleetgate.engines.trtllm.settings import TrtllmSettings
@@ -124,8 +124,24 @@ class TrtllmAdapter:
 
     def lora_adapter(self, card: Mapping[str, Any]) -> LoraAdapter | None:
         """None: trtllm-serve lists only its model; a LoRA adapter is named per request
-        (``lora_request``), which the router does not key (docs/router.md)."""
+        (``lora_request``: :meth:`request_lora_salt`)."""
         return None
+
+    def request_lora_salt(self, doc: Mapping[str, Any]) -> str | None:
+        """trtllm-serve's OpenAI request names its adapter in ``lora_request``
+        (``lora_name``, ``lora_int_id``, ``lora_path``); the LLM API runs it as LoRA
+        task ``lora_int_id``, which keys its KV blocks and is the ``lora_id`` of their
+        events on the streaming publisher (:func:`.kv_zmq.lora_id_salt`; the 1.3 HTTP drain
+        does not serialize ``lora_id``, so there an adapter's blocks read as the base
+        model's). Read from TensorRT-LLM's source and examples; not checked on a real
+        engine (no GPU here)."""
+        lora = doc.get("lora_request")
+        if not isinstance(lora, Mapping):
+            return None
+        n = lora.get("lora_int_id")
+        if isinstance(n, bool) or not isinstance(n, int):
+            return None
+        return lora_id_salt(n)
 
     def kv_replay_request(self, start: int) -> tuple[bytes, ...]:
         """The streaming publisher's replay request: ``(b"", start as 8-byte big-endian)``."""

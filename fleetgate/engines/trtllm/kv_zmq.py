@@ -91,6 +91,7 @@ __all__ = [
     "decode_trtllm_zmq",
     "encode_trtllm_kv_batch",
     "kv_events_config",
+    "lora_id_salt",
     "signed_hash",
 ]
 
@@ -105,6 +106,13 @@ KV_EVENTS_TOPIC = "kv-events"
 REPLAY_END_SEQ = -1
 _INT64_MIN = -(2**63)
 _UINT64_MAX = 2**64 - 1
+
+
+def lora_id_salt(lora_id: int) -> str:
+    """The key salt of the blocks of LoRA task ``lora_id``: the streaming publisher sends
+    ``lora_id`` (the task id, ``lora_request.lora_int_id`` of an OpenAI request) and
+    ``lora_name`` None (``_StreamingEventSource.drain_events``)."""
+    return f"lora-id:{lora_id}"
 
 
 def signed_hash(value: int) -> int:
@@ -153,7 +161,7 @@ def _stored(raw: dict[str, Any]) -> BlockStored:
     lora_name = kv_opt_text(raw.get("lora_name"), "lora_name")
     lora_id = kv_opt_int(raw.get("lora_id"), "lora_id")
     if lora_name is None and lora_id is not None:
-        lora_name = f"lora-id:{lora_id}"
+        lora_name = lora_id_salt(lora_id)
     parent = raw.get("parent_block_hash")
     return BlockStored(
         block_hashes=_hashes(raw["block_hashes"]),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import msgpack
 from recordings import VLLM_032
 from routerkit import router_config
 
@@ -163,3 +164,42 @@ async def test_the_poller_reads_which_models_are_adapters_from_v1_models() -> No
     assert e.lora_adapters == {LORA: LoraAdapter(salt=LORA, base_model=base["id"])}
     assert fleet.kv_salt(LORA) == LORA and fleet.kv_salt(base["id"]) is None
     assert fleet.base_model(LORA) == base["id"] and fleet.base_model(base["id"]) is None
+
+
+def test_a_tensorrt_llm_request_names_its_adapter_in_the_body() -> None:
+    """trtllm-serve takes ``lora_request`` in the body and its streaming publisher sends
+    the adapter's blocks with ``lora_id`` = the request's ``lora_int_id``: the router
+    salts such a request as the decoder salts those blocks, so it neither reads the
+    base model's blocks as its own nor misses its own."""
+    trt = adapter_for("trtllm", None)
+    body = {"model": BASE, "prompt": "x",
+            "lora_request": {"lora_name": "sql", "lora_int_id": 3, "lora_path": "/a"}}  # fmt: skip
+    assert trt.request_lora_salt(body) == "lora-id:3"
+    for bad in ({}, {"lora_request": "sql"}, {"lora_request": {"lora_int_id": True}}):
+        assert trt.request_lora_salt(bad) is None
+    assert adapter_for("vllm", None).request_lora_salt(body) is None  # vLLM: by model
+
+    e = Endpoint(
+        id=EndpointId("trt"),
+        pool="default",
+        engine=trt.name,
+        url="http://127.0.0.1:18402",
+        adapter=trt,
+        metrics_source=trt.metrics_sources[0],
+    )
+    e.kv_feed.set("live", 1.0)
+    fleet = Fleet([e], index=PrefixIndex(1024), load_params=LoadParams(), kv_index=KvIndex())
+    assert fleet.request_lora_salt(body) == "lora-id:3"
+    bs = e.block_size
+    assert fleet.request_lora_salt({"model": BASE}) is None
+    # the adapter's blocks as the streaming publisher sends them (lora_id, no name)
+    raw = {"type": "BlockStored", "block_hashes": [-5, 6], "parent_block_hash": None,
+           "token_ids": TOKENS[: 2 * bs], "block_size": bs, "lora_id": 3, "medium": "GPU",
+           "lora_name": None}  # fmt: skip
+    frames = [b"", (0).to_bytes(8, "big"), msgpack.packb([1.0, [raw], 0])]
+    assert fleet.kv_index is not None
+    for batch in trt.decode_kv_events(frames):
+        fleet.kv_index.apply(e.id, batch)
+    salted = PromptKeys(TOKENS, salt=fleet.request_lora_salt(body))
+    assert fleet.exact_cached(e, salted) == 2 * bs
+    assert fleet.exact_cached(e, PromptKeys(TOKENS)) == 0  # a base request: no hit
