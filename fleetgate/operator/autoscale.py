@@ -10,7 +10,10 @@ read, the next state).
 How the recommendation is formed (docs/operator.md "Autoscaling decision"):
 
 * **in flight**: ``load = in flight on the engines + queued + held in the routers``
-  for this model; ``ceil(load_forecast / targetInFlightPerReplica)``, where
+  for this model; ``ceil(load_forecast / targetInFlightPerReplica)`` (while the load
+  is one sample of what runs on the engines with nothing waiting in the routers, a
+  scale-up only when it is beyond :data:`SAMPLE_SIGNIFICANCE` Poisson standard
+  deviations of what the current replicas hold), where
   ``load_forecast`` scales what runs on the engines (never a backlog: queued or held
   requests) by the arrival rate forecast at ``now + coldStart`` over the rate now
   (least-squares trend of the recent rates, only upwards, at most x2): a ramp is met
@@ -153,7 +156,13 @@ MIN_TREND_COVER = 0.75
 #: serves anyway.
 NO_TRAFFIC_SECONDS = 5.0
 #: A trend counts only when its slope exceeds this many standard errors (one-sided,
-#: ~2.3% of flat Poisson streams pass by chance).
+#: ~2.3% of one test on a flat Poisson stream). The test runs at every tick over
+#: overlapping windows, so a quiet phase risks a false trend at ANY tick: over 40 s of
+#: flat 3 req/s with 1 s ticks and a 20 s span, 19% of streams read one somewhere
+#: (``bench/bench_trend.py``; 1.3% at 3 standard errors). 3 was measured and not kept: the
+#: ramp is seen ~3 s later (median 11 s into a 3 -> 15 req/s ramp over 30 s, not 8), and
+#: on the heavy trace with a 15 s cold start it cost standard attainment more often than
+#: the false trends cost replica-seconds (bench/results/autoscale-cold15.md, runs ab).
 TREND_SIGNIFICANCE = 2.0
 #: The service time is measured over the most recent ticks that hold this many
 #: completions (fewer when the window below holds fewer): at a few requests per second
@@ -534,6 +543,15 @@ STEADY_WINDOW_SECONDS = 10.0
 #: a free engine is no shortage (a 7d1e0c8 guard on any queued request undid the e2e
 #: test's drain under a 2-stream trickle).
 QUEUED_HOLD_SECONDS = 3.0
+#: Before the service time is measured, a sample of what runs on the engines adds
+#: replicas only when it exceeds what the current ones hold (``target x current``) by
+#: this many standard deviations of a Poisson count with that mean: at 3 req/s of 0.5 s
+#: requests (1.5 in flight) a sample of 3 or more comes one tick in five, and with a
+#: target of 2 one asked for a replica at the heavy trace's first tick that went again
+#: 13 s later (all 4 seeds at 223bc39, bench/results/autoscale-cold15.md runs ab). A
+#: surge (16 where 4 are held) is far beyond it; requests waiting in the routers (queued
+#: or held) are a shortage, not noise, and count at once.
+SAMPLE_SIGNIFICANCE = 2.0
 #: Little's mean within this fraction of ``target x current`` keeps ``current`` (the
 #: HPA's default ``--horizontal-pod-autoscaler-tolerance``): a mean estimated from a
 #: few seconds of a Poisson stream is that uncertain.
@@ -680,6 +698,16 @@ def decide(
                 note = f"; {_fmt(steady)} mean in flight (arrivals x {_fmt(service_time)}s)"
         elif not starting and not woken:
             want = math.ceil(demand.load * growth / target - 1e-9)
+            held_at = target * current
+            noise = SAMPLE_SIGNIFICANCE * math.sqrt(held_at)
+            if (
+                want > current > 0
+                and demand.load == demand.in_flight
+                and (demand.in_flight * growth <= held_at + noise)
+            ):
+                # one sample within the noise of what the replicas hold (module docstring)
+                want = current
+                note = f"; one sample, within the noise of {_fmt(held_at)}"
         else:
             # not measured yet, and requests held, or released by the replicas started
             # from zero: a backlog, whose size alone says nothing about how fast it

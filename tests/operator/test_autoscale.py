@@ -152,6 +152,27 @@ def test_in_flight_above_target_scales_up_with_the_reason() -> None:
     assert dec.reason == "ScaledUp: in-flight 14.2/replica > target 4"
 
 
+def test_one_sample_within_the_noise_of_what_the_replicas_hold_adds_none() -> None:
+    """Before the service time is measured the load is one sample. At the heavy trace's
+    first tick (3 req/s of ~0.5 s requests: 1.5 in flight on average, target 2) a
+    sample of 3 asked for a second replica, removed 13 s later; a Poisson count with
+    the held mean 2 is 3 or more one time in three. A sample beyond 2 standard
+    deviations (2 + 2 x 1.41 = 4.83 here) is no such noise; a surge far beyond it; and
+    a request waiting in the router is a shortage, not noise."""
+    p = policy(target_in_flight=2.0, cold_start=15.0)
+    for load in (3.0, 4.0):
+        dec = decide(p, Demand(in_flight=load, arrival_rate=3.0), 1, 1, 1.0, State())
+        assert dec.desired == 1, dec.reason
+        assert dec.reason == (
+            f"Steady: in-flight {load:g}/replica ~ target 2; one sample, within the noise of 2"
+        )
+    dec = decide(p, Demand(in_flight=4.0, queued=1.0, arrival_rate=3.0), 1, 1, 1.0, State())
+    assert (dec.desired, dec.reason) == (3, "ScaledUp: in-flight 5/replica > target 2")
+    # what two replicas hold (4) is less noisy in relative terms: 4 + 2 x 2 = 8
+    assert decide(p, Demand(in_flight=8.0), 2, 2, 1.0, State()).desired == 2
+    assert decide(p, Demand(in_flight=9.0), 2, 2, 1.0, State()).desired == 5
+
+
 def test_max_replicas_caps() -> None:
     dec = decide(policy(max_replicas=3), Demand(in_flight=100), 1, 1, 0.0, State())
     assert dec.desired == 3
@@ -164,6 +185,7 @@ def test_a_ramp_scales_up_before_the_load_arrives() -> None:
     flat = policy(cold_start=0.0)
     state_t, state_f = State(), State()
     cur_t = cur_f = 2
+    ups: list[tuple[int, int, str]] = []
     for i in range(6):
         now = 10.0 * i
         rate = 4.0 + i  # req/s
@@ -172,9 +194,16 @@ def test_a_ramp_scales_up_before_the_load_arrives() -> None:
         df = decide(flat, d, cur_f, cur_f, now, state_f)
         state_t, cur_t = dt_.state, dt_.desired
         state_f, cur_f = df.state, df.desired
-    assert cur_f == 5  # ceil(18 / 4): the load now
-    assert cur_t == 6  # rate 9 + slope 0.1/s x 30 s = 12: load 18 x 12/9 = 24 -> 6
-    assert "arrivals x1.33 in 30s" in dt_.reason
+        ups += [(i, dec.desired, dec.reason) for dec in (dt_, df) if dec.changed]
+    # Both wait for a sample beyond the noise of what 2 replicas hold (8 + 2 x 2.83):
+    # 14 in flight at 7 req/s. The load now asks for ceil(14 / 4) = 4; the forecast
+    # adds the trend over the cold start (rate 7 + slope 0.1/s x 30 s = 10: x1.43) and
+    # asks for ceil(20 / 4) = 5 at once.
+    assert ups == [
+        (3, 5, "ScaledUp: in-flight 7/replica (arrivals x1.43 in 30s) > target 4"),
+        (3, 4, "ScaledUp: in-flight 7/replica > target 4"),
+    ]
+    assert (cur_t, cur_f) == (5, 4)
 
 
 def test_forecast_growth_is_capped() -> None:
@@ -194,8 +223,8 @@ def test_no_trend_from_a_short_history_or_from_noise() -> None:
     beyond two standard errors of a Poisson rate's noise."""
     p = policy(cold_start=4.0, target_in_flight=2.0)
     step = State(rates=((0.0, 0.0), (1.0, 0.0), (2.0, 3.0)))
-    dec = decide(p, Demand(in_flight=4.0, arrival_rate=3.0), 1, 1, 3.0, step)
-    assert dec.desired == 2, dec.reason  # ceil(4 / 2); the old slope 1.2/s: x2, 8 -> 4 (3)
+    dec = decide(p, Demand(in_flight=6.0, arrival_rate=3.0), 1, 1, 3.0, step)
+    assert dec.desired == 3, dec.reason  # ceil(6 / 2); the old slope 1.2/s: x2, 12 -> 6
     assert "arrivals x" not in dec.reason
     # 20 s of a flat 3 req/s stream as Poisson draws (least-squares slope +0.06/s, within
     # two standard errors of 0.06): no forecast (before: x1.05, 2.1 in flight -> 2)
