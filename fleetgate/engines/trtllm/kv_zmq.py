@@ -115,6 +115,17 @@ def lora_id_salt(lora_id: int) -> str:
     return f"lora-id:{lora_id}"
 
 
+def _lora_id(salt: str | None) -> int | None:
+    """The task id :func:`lora_id_salt` made ``salt`` of, else None."""
+    prefix = lora_id_salt(0)[:-1]
+    if salt is None or not salt.startswith(prefix):
+        return None
+    try:
+        return int(salt[len(prefix) :])
+    except ValueError:
+        return None
+
+
 def signed_hash(value: int) -> int:
     """A 64-bit hash as TensorRT-LLM publishes it: signed (high bit set -> negative)."""
     value &= _UINT64_MAX
@@ -242,9 +253,10 @@ def encode_trtllm_kv_batch(
                 ),
                 "token_ids": list(e.token_ids),
                 "block_size": e.block_size,
-                "lora_id": None,
+                # the engine sends a LoRA task's id and never a name
+                "lora_id": _lora_id(e.lora_name),
                 "medium": e.medium or "GPU",
-                "lora_name": e.lora_name,
+                "lora_name": None if _lora_id(e.lora_name) is not None else e.lora_name,
             }
             if e.group is not None:
                 stored["group_idx"] = e.group

@@ -14,7 +14,24 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "TrtllmRequest", "request_model"]
+__all__ = [
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "LoraRequest",
+    "TrtllmRequest",
+    "request_model",
+]
+
+
+class LoraRequest(BaseModel):
+    """``lora_request``: the adapter a request runs with (the LLM API's ``LoRARequest``;
+    fields it has beyond these are accepted and ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
 
 
 class TrtllmRequest(BaseModel):
@@ -44,6 +61,9 @@ class TrtllmRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     skip_special_tokens: bool = True
+    lora_request: LoraRequest | None = None
+    """Run as LoRA task ``lora_int_id``: its blocks hash apart from the base model's and
+    are published with that ``lora_id`` (the adapter's weights are not emulated)."""
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> TrtllmRequest:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 
+from fleetgate.engines.trtllm.kv_zmq import lora_id_salt
 from fleetgate.sim.generation import GenRequest, SimEngine
 from fleetgate.sim.trtllm.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -59,4 +60,5 @@ def gen_request(engine: SimEngine, req: CompletionRequest | ChatCompletionReques
         ignore_eos=req.ignore_eos,
         stop=stop,
         seed=req.seed or 0,
+        lora_name=None if req.lora_request is None else lora_id_salt(req.lora_request.lora_int_id),
     )

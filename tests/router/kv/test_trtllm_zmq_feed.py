@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import msgpack
 
-from fleetgate.engines.trtllm.kv_zmq import signed_hash
+from fleetgate.engines.base import BlockStored, KvEventBatch
+from fleetgate.engines.trtllm.kv_zmq import decode_trtllm_zmq, encode_trtllm_kv_batch, signed_hash
 from fleetgate.router.app import build_router
 from fleetgate.router.scheduling.kvindex import block_keys
 from fleetgate.router.state import Fleet
@@ -98,3 +100,45 @@ async def test_router_app_routes_on_a_trtllm_stream() -> None:
             await until(lambda: fleet.kv_index.match(ep.id, block_keys(ids, BS)) == 4,
                         "4 blocks matched")  # fmt: skip
             assert ep.kv_feed.exact
+
+
+async def test_a_lora_request_is_published_and_keyed_under_its_task_id() -> None:
+    """trtllm-serve takes ``lora_request`` and runs the adapter as LoRA task
+    ``lora_int_id``; the streaming publisher sends its blocks with that ``lora_id`` and
+    no name. The emulator does the same, the decoder salts them ``lora-id:N`` and the
+    TensorRT-LLM adapter salts a request naming the adapter alike, so the adapter's
+    request matches only the adapter's blocks and a base request only the base's."""
+    ids = prompt(4, 3)
+    lora = {"lora_name": "sql", "lora_int_id": 7, "lora_path": "/adapters/sql"}
+    async with run_fleet([trt_spec()], time_scale=0) as sim:
+        (eng,) = sim.engines
+        async with feeds_for(config([zmq_backend(eng)])) as (fleet, _feeds, _metrics):
+            (ep,) = fleet
+            await until(lambda: ep.kv_feed.state == "live", "feed live")
+            async with httpx.AsyncClient(base_url=eng.url, trust_env=False, timeout=30) as c:
+                body: dict[str, Any] = {"model": eng.model, "prompt": ids, "max_tokens": 2,
+                                        "lora_request": lora}  # fmt: skip
+                r = await c.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                bad = await c.post("/v1/completions", json={**body, "lora_request": {"x": 1}})
+                assert bad.status_code == 400, bad.text
+            salt = ep.adapter.request_lora_salt(body)
+            assert salt == "lora-id:7"
+            await until(
+                lambda: fleet.kv_index.match(ep.id, block_keys(ids, BS, salt=salt)) == 3,
+                "the adapter's blocks indexed under its task id",
+            )
+            assert fleet.kv_index.match(ep.id, block_keys(ids, BS)) == 0  # not the base's
+            await complete(eng.url, eng.model, ids)  # the same prompt for the base model
+            await until(lambda: fleet.kv_index.match(ep.id, block_keys(ids, BS)) == 3,
+                        "the base model's blocks indexed apart")  # fmt: skip
+            assert fleet.kv_index.engine_hashes(ep.id) == trt_truth(eng)
+
+
+def test_the_encoder_sends_a_task_id_not_a_name() -> None:
+    event = BlockStored((1,), None, tuple(range(BS)), BS, medium="GPU", lora_name="lora-id:7")
+    frames = encode_trtllm_kv_batch(0, KvEventBatch(seq=0, events=(event,), ts=1.0))
+    raw = msgpack.unpackb(frames[2], raw=False)[1][0]
+    assert (raw["lora_id"], raw["lora_name"]) == (7, None)
+    (batch,) = decode_trtllm_zmq(frames)
+    assert batch.events[0].lora_name == "lora-id:7"  # type: ignore[union-attr]
