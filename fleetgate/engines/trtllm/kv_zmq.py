@@ -108,22 +108,22 @@ _INT64_MIN = -(2**63)
 _UINT64_MAX = 2**64 - 1
 
 
+_LORA_ID = "lora-id:"
+
+
 def lora_id_salt(lora_id: int) -> str:
     """The key salt of the blocks of LoRA task ``lora_id``: the streaming publisher sends
     ``lora_id`` (the task id, ``lora_request.lora_int_id`` of an OpenAI request) and
     ``lora_name`` None (``_StreamingEventSource.drain_events``)."""
-    return f"lora-id:{lora_id}"
+    return f"{_LORA_ID}{lora_id}"
 
 
 def _lora_id(salt: str | None) -> int | None:
     """The task id :func:`lora_id_salt` made ``salt`` of, else None."""
-    prefix = lora_id_salt(0)[:-1]
-    if salt is None or not salt.startswith(prefix):
+    if salt is None or not salt.startswith(_LORA_ID):
         return None
-    try:
-        return int(salt[len(prefix) :])
-    except ValueError:
-        return None
+    tail = salt[len(_LORA_ID) :]
+    return int(tail) if tail.lstrip("-").isdigit() else None
 
 
 def signed_hash(value: int) -> int:
@@ -245,6 +245,7 @@ def encode_trtllm_kv_batch(
     events: list[dict[str, Any]] = []
     for e in batch.events:
         if isinstance(e, BlockStored):
+            lora_id = _lora_id(e.lora_name)
             stored: dict[str, Any] = {
                 "type": "BlockStored",
                 "block_hashes": [signed_hash(int(h)) for h in e.block_hashes],
@@ -254,9 +255,9 @@ def encode_trtllm_kv_batch(
                 "token_ids": list(e.token_ids),
                 "block_size": e.block_size,
                 # the engine sends a LoRA task's id and never a name
-                "lora_id": _lora_id(e.lora_name),
+                "lora_id": lora_id,
                 "medium": e.medium or "GPU",
-                "lora_name": None if _lora_id(e.lora_name) is not None else e.lora_name,
+                "lora_name": e.lora_name if lora_id is None else None,
             }
             if e.group is not None:
                 stored["group_idx"] = e.group
