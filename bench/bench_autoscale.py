@@ -113,7 +113,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
-from fleetgate_tools.devcluster import (  # noqa: E402 - after the path
+from fleetgate_tools.bench import autoscale_oracle  # noqa: E402 - after the path
+from fleetgate_tools.devcluster import (  # noqa: E402
     FAKE_NODE_TOLERATION,
     ClusterConfig,
     DevCluster,
@@ -631,6 +632,43 @@ def plot(
     fig.savefig(path, dpi=100)
 
 
+def clairvoyant_reference(
+    results: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any] | None:
+    """The cheapest schedule a scaler told every arrival in advance could run on the
+    first contender's arrivals and slot times (fleetgate_tools.bench.autoscale_oracle),
+    printed against the static peak; None for the mixed pool (two engine speeds)."""
+    if args.pool != "vllm" or not results:
+        return None
+    run = results[0]
+    jobs, first = autoscale_oracle.jobs_from_outcomes(run["outcomes"])
+    horizon = sum(p.seconds for p in trace(args.scale, args.base_rate))
+    fleet = autoscale_oracle.Fleet(
+        args.min_replicas, args.max_num_seqs, args.cold_start, first, {"critical": 0, "standard": 1}
+    )
+    plan = autoscale_oracle.cheapest_schedule(
+        jobs, fleet, args.peak_replicas - args.min_replicas, OBJECTIVE_S,
+        autoscale_oracle.GOALS, horizon,
+    )  # fmt: skip
+    static = args.peak_replicas * horizon
+    if plan is None:
+        print(f"\nclairvoyant reference ({run['contender']}'s arrivals): even the static peak "
+              "misses the attainment goals in the simulated router")  # fmt: skip
+        return {"from": run["contender"], "replica_seconds": None}
+    spans = ", ".join(f"{r.up_s:.1f}-{r.down_s:.1f} s" for r in plan.extras) or "none"
+    print(f"\nclairvoyant reference ({run['contender']}'s arrivals and slot times, goals "
+          f"{autoscale_oracle.GOALS}): {plan.replica_seconds:.1f} replica-s = "
+          f"{plan.replica_seconds / static:.2f}x static peak ({args.peak_replicas} x "
+          f"{horizon:g} s); extra replicas asked-removed: {spans}")  # fmt: skip
+    return {
+        "from": run["contender"],
+        "replica_seconds": round(plan.replica_seconds, 1),
+        "x_static": round(plan.replica_seconds / static, 3),
+        "extras": [[r.up_s, r.down_s] for r in plan.extras],
+        "attainment": dict(plan.attainment),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="phase durations x this")
@@ -774,9 +812,11 @@ def main() -> int:
         if r.get("hpa_status"):
             changes = ", ".join(f"{t:.1f}s: {v} -> {n}" for t, v, n, _ in r["hpa_status"])
             print(f"{r['contender']} HPA status changes (metric per pod -> desired): {changes}")
+    clairvoyant = clairvoyant_reference(results, args)
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
-                             "plot": str(args.plot)}, "results": results}, indent=1))  # fmt: skip
+                             "plot": str(args.plot)}, "results": results,
+                             "clairvoyant": clairvoyant}, indent=1))  # fmt: skip
     if args.plot:
         plot(results, args.plot, trace(args.scale, args.base_rate), args.pool)
         print(f"plot: {args.plot}")

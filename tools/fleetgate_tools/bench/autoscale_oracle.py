@@ -1,0 +1,288 @@
+"""The cheapest replica schedule that meets the objectives, knowing every arrival.
+
+An autoscaler decides from what it has seen; this one is told the whole trace in
+advance. Given the requests of an autoscaling run (arrival time, class, how long each
+held an engine slot), the engines' slots, the modelled cold start and the objectives,
+:func:`cheapest_schedule` finds the schedule of extra replicas (each asked for once and
+removed once, on top of ``base`` replicas that live all along) with the fewest
+replica-seconds for which a simulated router still meets every class's attainment
+goal. A replica counts from the moment it is asked for: its cold start is paid for,
+as the run's live-pod count pays for it.
+
+The simulated router holds requests while every slot is busy and hands a freed slot to
+the most urgent class first (first come, first served within a class), as the class
+queue does; it does not preempt. Slots are identical and a request's slot time does not
+depend on where it runs, so the waits are those of a multi-server priority queue whose
+server count follows the schedule. A replica is ready exactly ``cold_start_s`` after it
+is asked for and takes no new work after its removal (what it runs then finishes, and
+is counted).
+
+What it is for: a replica-seconds goal ("<= 0.6x static peak") is only reachable if the
+clairvoyant schedule reaches it. That schedule is optimal over its own grid (``step_s``)
+and form (one interval per extra replica, found by coordinate descent from the static
+schedule, each coordinate scanned whole), not proven optimal over every schedule; its
+router is idealised (a pooled queue, no dispatch or probe latency). It is a reference
+for what any autoscaler of this fleet could do on these arrivals, not a contender.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Job:
+    t: float
+    """arrival, seconds since the trace began"""
+    cls: str
+    service_s: float
+    """how long it holds a slot"""
+
+
+@dataclass(frozen=True)
+class Replica:
+    up_s: float
+    """asked for (counted from here; ready ``cold_start_s`` later)"""
+    down_s: float
+    """takes no new work from here"""
+
+
+@dataclass(frozen=True)
+class Fleet:
+    base: int
+    """replicas that live all along (minReplicas)"""
+    slots: int
+    cold_start_s: float
+    first_token_s: float
+    """from a free slot to the first token"""
+    rank: Mapping[str, int]
+    """class -> dispatch order (lower first)"""
+
+
+@dataclass(frozen=True)
+class Plan:
+    extras: tuple[Replica, ...]
+    replica_seconds: float
+    attainment: Mapping[str, float]
+
+
+def simulate(
+    jobs: Sequence[Job], fleet: Fleet, extras: Sequence[Replica]
+) -> tuple[list[float], list[float]]:
+    """(TTFT per job in ``jobs``' order, the last completion on each extra replica; -inf
+    when it ran nothing)."""
+    n = fleet.base + len(extras)
+    ready = [-math.inf] * fleet.base + [r.up_s + fleet.cold_start_s for r in extras]
+    down = [math.inf] * fleet.base + [r.down_s for r in extras]
+    busy = [0] * n
+    last = [-math.inf] * n
+    ttft = [math.inf] * len(jobs)
+    # events: (time, order, kind, index); completions first at a tie, then readiness,
+    # then arrivals
+    events: list[tuple[float, int, int, int]] = []
+    for i, j in enumerate(jobs):
+        events.append((j.t, 2, i, 0))
+    for k in range(fleet.base, n):
+        events.append((ready[k], 1, k, 0))
+    heapq.heapify(events)
+    queue: list[tuple[int, float, int]] = []
+    while events:
+        now, kind, a, _ = heapq.heappop(events)
+        if kind == 0:
+            busy[a] -= 1
+        elif kind == 2:
+            heapq.heappush(queue, (fleet.rank.get(jobs[a].cls, 99), jobs[a].t, a))
+        while queue:
+            open_ = [k for k in range(n) if ready[k] <= now < down[k] and busy[k] < fleet.slots]
+            if not open_:
+                break
+            k = min(open_, key=lambda k: (busy[k], k))
+            _, _, i = heapq.heappop(queue)
+            busy[k] += 1
+            done = now + jobs[i].service_s
+            last[k] = max(last[k], done)
+            ttft[i] = now - jobs[i].t + fleet.first_token_s
+            heapq.heappush(events, (done, 0, k, 0))
+    return ttft, last[fleet.base :]
+
+
+def replica_seconds(
+    fleet: Fleet, extras: Sequence[Replica], last: Sequence[float], horizon_s: float
+) -> float:
+    """The base replicas over the horizon, each extra from its ask to its removal or its
+    last completion, whichever is later, clipped to [0, horizon_s]."""
+    total = fleet.base * horizon_s
+    for r, end in zip(extras, last, strict=True):
+        total += max(0.0, min(max(r.down_s, end), horizon_s) - max(r.up_s, 0.0))
+    return total
+
+
+def attainment(
+    jobs: Sequence[Job], ttft: Sequence[float], objectives: Mapping[str, float]
+) -> dict[str, float]:
+    out = {}
+    for cls, objective in objectives.items():
+        mine = [x for j, x in zip(jobs, ttft, strict=True) if j.cls == cls]
+        out[cls] = sum(1 for x in mine if x <= objective) / len(mine) if mine else 1.0
+    return out
+
+
+def evaluate(
+    jobs: Sequence[Job],
+    fleet: Fleet,
+    extras: Sequence[Replica],
+    objectives: Mapping[str, float],
+    horizon_s: float,
+) -> Plan:
+    ttft, last = simulate(jobs, fleet, extras)
+    return Plan(
+        tuple(extras),
+        replica_seconds(fleet, extras, last, horizon_s),
+        attainment(jobs, ttft, objectives),
+    )
+
+
+def cheapest_schedule(
+    jobs: Sequence[Job],
+    fleet: Fleet,
+    extra_max: int,
+    objectives: Mapping[str, float],
+    goals: Mapping[str, float],
+    horizon_s: float,
+    step_s: float = 0.5,
+    rounds: int = 4,
+) -> Plan | None:
+    """The cheapest schedule found (see the module's note), or None when even every
+    extra replica ready from the start misses a goal."""
+
+    def ok(p: Plan) -> bool:
+        return all(p.attainment.get(c, 1.0) >= g for c, g in goals.items())
+
+    def run(extras: Sequence[Replica]) -> Plan:
+        return evaluate(jobs, fleet, extras, objectives, horizon_s)
+
+    best = run([Replica(-fleet.cold_start_s, horizon_s)] * extra_max)
+    if not ok(best):
+        return None
+    grid = [
+        k * step_s
+        for k in range(-math.ceil(fleet.cold_start_s / step_s), math.ceil(horizon_s / step_s) + 1)
+    ]
+    for _ in range(rounds):
+        before = best.replica_seconds
+        k = len(best.extras) - 1
+        while k >= 0:
+            extras = list(best.extras)
+            dropped = run(extras[:k] + extras[k + 1 :])
+            if ok(dropped):
+                best = dropped
+                k -= 1
+                continue
+            r = extras[k]
+            # the latest ask that still meets the goals (scanned from the latest down)
+            for u in reversed([g for g in grid if r.up_s < g < r.down_s]):
+                p = run(extras[:k] + [Replica(u, r.down_s)] + extras[k + 1 :])
+                if ok(p):
+                    best = p
+                    break
+            extras = list(best.extras)
+            r = extras[k]
+            # the earliest removal that still meets the goals
+            for d in [g for g in grid if r.up_s < g < r.down_s]:
+                p = run(extras[:k] + [Replica(r.up_s, d)] + extras[k + 1 :])
+                if ok(p):
+                    best = p
+                    break
+            k -= 1
+        if best.replica_seconds >= before - 1e-9:
+            break
+    return best
+
+
+def jobs_from_outcomes(outcomes: Sequence[Mapping[str, object]]) -> tuple[list[Job], float]:
+    """The jobs of a ``bench_autoscale.py`` run (its ``outcomes``; the cold request
+    apart) and the first-token time to use: the median TTFT of the quiet phase, where a
+    request met a free slot. A request's slot time is its time after the first token
+    plus that first-token time."""
+    quiet = sorted(
+        float(o["ttft_s"])  # type: ignore[arg-type]
+        for o in outcomes
+        if o["phase"] == "quiet" and o["ttft_s"] is not None
+    )
+    first = quiet[len(quiet) // 2] if quiet else 0.0
+    jobs = []
+    for o in outcomes:
+        if o["phase"] == "cold" or o["ttft_s"] is None:
+            continue
+        sent, done, ttft = (float(o[k]) for k in ("sent_s", "done_s", "ttft_s"))  # type: ignore[arg-type]
+        jobs.append(Job(sent, str(o["cls"]), done - sent - ttft + first))
+    jobs.sort(key=lambda j: j.t)
+    return jobs, first
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fleetgate_tools.bench.autoscale_oracle",
+        description="The cheapest clairvoyant replica schedule for the arrivals and slot "
+        "times of a bench_autoscale.py run (its --json output; all-vLLM pool only).",
+    )
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--contender", default="fleetgate-autoscale",
+                        help="whose outcomes give the arrivals and slot times")  # fmt: skip
+    parser.add_argument("--cold-start", type=float, action="append",
+                        help="seconds (repeatable; default: the run's --cold-start)")  # fmt: skip
+    parser.add_argument("--step", type=float, default=0.5)
+    parser.add_argument("--goal", action="append", default=[], metavar="CLASS=SHARE",
+                        help="attainment goal (default critical=0.99, standard=0.95)")  # fmt: skip
+    args = parser.parse_args(argv)
+    goals = dict(GOALS)
+    for g in args.goal:
+        cls, _, share = g.partition("=")
+        try:
+            goals[cls] = float(share)
+        except ValueError:
+            parser.error(f"--goal {g!r}: want CLASS=SHARE, e.g. standard=0.99")
+        if cls not in OBJECTIVES_S or not 0 <= goals[cls] <= 1:
+            parser.error(f"--goal {g!r}: class one of {sorted(OBJECTIVES_S)}, share in [0, 1]")
+    print("| run | cold start (s) | clairvoyant replica-s | x static | critical | standard | "
+          "extra replicas (asked, removed) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for path in args.runs:
+        doc = json.loads(path.read_text())
+        a = doc["args"]
+        if a.get("pool", "vllm") != "vllm":
+            parser.error(f"{path}: only the all-vLLM pool is modelled")
+        run = next((r for r in doc["results"] if r["contender"] == args.contender), None)
+        if run is None:
+            parser.error(f"{path}: no {args.contender} results")
+        jobs, first = jobs_from_outcomes(run["outcomes"])
+        horizon = 140.0 * a["scale"]
+        static = a["peak_replicas"] * horizon
+        base = a["min_replicas"]
+        for cold in args.cold_start or [a["cold_start"]]:
+            fleet = Fleet(base, a["max_num_seqs"], cold, first, {"critical": 0, "standard": 1})
+            plan = cheapest_schedule(jobs, fleet, a["peak_replicas"] - base, OBJECTIVES_S,
+                                     goals, horizon, args.step)  # fmt: skip
+            if plan is None:
+                print(f"| {path.name} | {cold:g} | - (the static peak misses) | | | | |")
+                continue
+            spans = ", ".join(f"({r.up_s:.1f}, {r.down_s:.1f})" for r in plan.extras)
+            print(f"| {path.name} | {cold:g} | {plan.replica_seconds:.1f} | "
+                  f"{plan.replica_seconds / static:.2f} | {plan.attainment['critical']:.1%} | "
+                  f"{plan.attainment['standard']:.1%} | {spans} |")  # fmt: skip
+    return 0
+
+
+#: the bench's objectives and issue 15's attainment goals
+OBJECTIVES_S = {"critical": 0.5, "standard": 2.0}
+GOALS = {"critical": 0.99, "standard": 0.95}
+
+if __name__ == "__main__":
+    raise SystemExit(main())
