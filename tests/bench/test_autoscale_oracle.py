@@ -12,6 +12,7 @@ from fleetgate_tools.bench.autoscale_oracle import (
     Fleet,
     Job,
     Replica,
+    cheapest_common_schedule,
     cheapest_schedule,
     evaluate,
     jobs_from_outcomes,
@@ -55,11 +56,11 @@ def test_replica_seconds_count_the_cold_start_and_the_work_after_removal() -> No
     assert plan.attainment == {"standard": 1.0}
 
 
-def burst(cold: float) -> list[Job]:
-    """One request a second, two a second in [20, 30): one 1-slot replica holds the
-    first, the second needs another."""
+def burst(cold: float, start: int = 20) -> list[Job]:
+    """One request a second, two a second for 10 s from ``start``: one 1-slot replica
+    holds the first, the second needs another."""
     jobs = [Job(float(t), "standard", 0.9) for t in range(40)]
-    jobs += [Job(t + 0.5, "standard", 0.9) for t in range(20, 30)]
+    jobs += [Job(t + 0.5, "standard", 0.9) for t in range(start, start + 10)]
     return sorted(jobs, key=lambda j: j.t)
 
 
@@ -81,6 +82,20 @@ def test_the_cheapest_schedule_asks_a_cold_start_ahead_and_removes_when_the_burs
     later = evaluate(burst(cold), f, [Replica(r.up_s + 0.5, r.down_s)], objectives, 40.0)
     assert later.attainment["standard"] < 1.0
     assert plan.replica_seconds == pytest.approx(40.0 + (r.down_s - r.up_s) + 0.4, abs=0.5)
+
+
+def test_one_schedule_for_several_runs_meets_the_goals_on_each() -> None:
+    f = fleet(cold=3.0)
+    objectives, goals = {"standard": 0.45}, {"standard": 1.0}
+    early, late = burst(3.0, start=20), burst(3.0, start=24)
+    alone = [cheapest_schedule(j, f, 1, objectives, goals, 40.0) for j in (early, late)]
+    assert [p.extras[0].up_s for p in alone if p] == [18.0, 22.0]
+    common = cheapest_common_schedule([(early, f), (late, f)], 1, objectives, goals, 40.0)
+    assert common is not None
+    (r,) = common.extras
+    # ready for the earlier burst, kept to the end of the later one
+    assert r.up_s == 18.0 and r.down_s >= 33.5
+    assert common.attainment == {"standard": 1.0}
 
 
 def test_a_looser_objective_lets_the_schedule_skip_the_extra_replica() -> None:

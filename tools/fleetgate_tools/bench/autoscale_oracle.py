@@ -157,20 +157,42 @@ def cheapest_schedule(
 ) -> Plan | None:
     """The cheapest schedule found (see the module's note), or None when even every
     extra replica ready from the start misses a goal."""
+    return cheapest_common_schedule(
+        [(jobs, fleet)], extra_max, objectives, goals, horizon_s, step_s, rounds
+    )
+
+
+def cheapest_common_schedule(
+    runs: Sequence[tuple[Sequence[Job], Fleet]],
+    extra_max: int,
+    objectives: Mapping[str, float],
+    goals: Mapping[str, float],
+    horizon_s: float,
+    step_s: float = 0.5,
+    rounds: int = 4,
+) -> Plan | None:
+    """One schedule for several runs of the same trace (other seeds: other arrivals of
+    the same rates): the cheapest that meets the goals on every run. A scaler that knew
+    the rates in advance but not the arrivals could run it; one schedule per run knows
+    each arrival, and at a fleet near its slots a tenth of a second decides. The plan's
+    attainment is the worst run's per class, its replica-seconds the runs' mean."""
+    cold = max(f.cold_start_s for _, f in runs)
+
+    def run(extras: Sequence[Replica]) -> Plan:
+        plans = [evaluate(j, f, extras, objectives, horizon_s) for j, f in runs]
+        return Plan(
+            tuple(extras),
+            sum(p.replica_seconds for p in plans) / len(plans),
+            {c: min(p.attainment[c] for p in plans) for c in objectives},
+        )
 
     def ok(p: Plan) -> bool:
         return all(p.attainment.get(c, 1.0) >= g for c, g in goals.items())
 
-    def run(extras: Sequence[Replica]) -> Plan:
-        return evaluate(jobs, fleet, extras, objectives, horizon_s)
-
-    best = run([Replica(-fleet.cold_start_s, horizon_s)] * extra_max)
+    best = run([Replica(-cold, horizon_s)] * extra_max)
     if not ok(best):
         return None
-    grid = [
-        k * step_s
-        for k in range(-math.ceil(fleet.cold_start_s / step_s), math.ceil(horizon_s / step_s) + 1)
-    ]
+    grid = [k * step_s for k in range(-math.ceil(cold / step_s), math.ceil(horizon_s / step_s) + 1)]
     for _ in range(rounds):
         before = best.replica_seconds
         k = len(best.extras) - 1
@@ -239,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cold-start", type=float, action="append",
                         help="seconds (repeatable; default: the run's --cold-start)")  # fmt: skip
     parser.add_argument("--step", type=float, default=0.5)
+    parser.add_argument("--common", action="store_true",
+                        help="one schedule for all the runs (seeds of the same flags)")  # fmt: skip
     parser.add_argument("--goal", action="append", default=[], metavar="CLASS=SHARE",
                         help="attainment goal (default critical=0.99, standard=0.95)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -254,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| run | cold start (s) | clairvoyant replica-s | x static | critical | standard | "
           "extra replicas (asked, removed) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
+    loaded = []
     for path in args.runs:
         doc = json.loads(path.read_text())
         a = doc["args"]
@@ -262,19 +287,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = next((r for r in doc["results"] if r["contender"] == args.contender), None)
         if run is None:
             parser.error(f"{path}: no {args.contender} results")
-        jobs, first = jobs_from_outcomes(run["outcomes"])
+        loaded.append((path.name, a, *jobs_from_outcomes(run["outcomes"])))
+    shape = ("scale", "peak_replicas", "min_replicas", "max_num_seqs", "cold_start")
+    if args.common and len({tuple(a[k] for k in shape) for _, a, _, _ in loaded}) > 1:
+        parser.error(f"--common: the runs differ in one of {', '.join(shape)}")
+    groups = [loaded] if args.common else [[x] for x in loaded]
+    for group in groups:
+        name = " + ".join(n for n, _, _, _ in group)
+        a = group[0][1]
         horizon = 140.0 * a["scale"]
         static = a["peak_replicas"] * horizon
         base = a["min_replicas"]
         for cold in args.cold_start or [a["cold_start"]]:
-            fleet = Fleet(base, a["max_num_seqs"], cold, first, {"critical": 0, "standard": 1})
-            plan = cheapest_schedule(jobs, fleet, a["peak_replicas"] - base, OBJECTIVES_S,
-                                     goals, horizon, args.step)  # fmt: skip
+            runs = [
+                (jobs, Fleet(base, a["max_num_seqs"], cold, first, {"critical": 0, "standard": 1}))
+                for _, _, jobs, first in group
+            ]
+            plan = cheapest_common_schedule(runs, a["peak_replicas"] - base, OBJECTIVES_S,
+                                            goals, horizon, args.step)  # fmt: skip
             if plan is None:
-                print(f"| {path.name} | {cold:g} | - (the static peak misses) | | | | |")
+                print(f"| {name} | {cold:g} | - (the static peak misses) | | | | |")
                 continue
             spans = ", ".join(f"({r.up_s:.1f}, {r.down_s:.1f})" for r in plan.extras)
-            print(f"| {path.name} | {cold:g} | {plan.replica_seconds:.1f} | "
+            print(f"| {name} | {cold:g} | {plan.replica_seconds:.1f} | "
                   f"{plan.replica_seconds / static:.2f} | {plan.attainment['critical']:.1%} | "
                   f"{plan.attainment['standard']:.1%} | {spans} |")  # fmt: skip
     return 0
