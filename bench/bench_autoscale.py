@@ -35,6 +35,11 @@ emulated engine of the pod's kind on each kwok pod's IP after a modelled cold st
   tools/fleetgate_tools/devcluster/metricsstack.py; the dev cluster then serves
   aggregated APIs.
 
+* ``timetable``: ``replicas`` set through the scale subresource at the trace times of
+  ``--timetable`` (from ``--min-replicas``), e.g. the clairvoyant schedule the run prints
+  (fleetgate_tools.bench.autoscale_oracle): does the simulated router's verdict hold on
+  the cluster?
+
 What each HPA setting means for fairness: the in-flight metric (running + waiting per
 pod) is the one signal of vLLM's that grows behind this router, and its target equals
 fleetgate's ``targetInFlightPerReplica``, so both aim at the same load per replica
@@ -132,7 +137,7 @@ FLEETGATE = str(Path(sys.executable).parent / "fleetgate")
 MODEL = "llama-3.1-8b"
 NAME = "chat"
 OBJECTIVE_S = {"critical": 0.5, "standard": 2.0}
-CONTENDERS = ("fleetgate-autoscale", "static-peak", "hpa-prometheus")
+CONTENDERS = ("fleetgate-autoscale", "static-peak", "hpa-prometheus", "timetable")
 POOLS = ("vllm", "mixed")
 #: every engine pod of the bench's services (the operator labels them with their pool)
 POD_SELECTOR = "fleetgate.dev/pool"
@@ -330,6 +335,8 @@ def inference_services(ns: str, contender: str, args: argparse.Namespace) -> lis
                 del spec["autoscaling"]["scaleToZeroAfterSeconds"]
         elif contender == "hpa-prometheus":
             spec["replicas"] = 1  # the HPA's minReplicas; it owns spec.replicas from then on
+        elif contender == "timetable":
+            spec["replicas"] = args.min_replicas  # then --timetable, by hand
         else:
             spec["replicas"] = static
         out.append({"apiVersion": "fleetgate.dev/v1alpha1", "kind": "InferenceService",
@@ -430,7 +437,7 @@ async def run_contender(
             # every contender starts the trace with its starting replicas healthy (the
             # router holds requests only for a service scaling from zero)
             floor = args.min_replicas * len(list(statics))
-            want = {"fleetgate-autoscale": floor, "hpa-prometheus": 1}.get(
+            want = {"fleetgate-autoscale": floor, "timetable": floor, "hpa-prometheus": 1}.get(
                 contender, sum(n for _, n in statics)
             )
             if want:
@@ -462,7 +469,18 @@ async def run_contender(
                 finally:
                     in_flight -= 1
 
+            async def timetable() -> None:
+                for at, n in args.timetable:
+                    await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+                    # the scale subresource, as a person or an HPA would
+                    await asyncio.to_thread(
+                        cluster.kubectl, "-n", ns, "scale", "inferenceservice", NAME,
+                        f"--replicas={n}",
+                    )  # fmt: skip
+
             sampling = asyncio.get_running_loop().create_task(sampler())
+            if contender == "timetable":
+                scaling = asyncio.get_running_loop().create_task(timetable())
             await asyncio.gather(*(fire(a, i) for i, a in enumerate(plan)))
             end = sum(p.seconds for p in trace(args.scale, args.base_rate))
             await asyncio.sleep(max(0.0, t0 + end - time.monotonic()))
@@ -479,6 +497,8 @@ async def run_contender(
             await asyncio.sleep(1.0)
             stop.set()
             await sampling
+            if contender == "timetable":
+                await scaling
             arrivals_text = (await client.get(f"{router}/metrics")).text
     finally:
         if stack is not None:
@@ -632,6 +652,19 @@ def plot(
     fig.savefig(path, dpi=100)
 
 
+def timetable_arg(text: str) -> tuple[tuple[float, int], ...]:
+    """``'46.5:2,111:1'`` -> ((46.5, 2), (111.0, 1)), in time order."""
+    try:
+        out = tuple(sorted((float(t), int(n)) for t, n in (x.split(":") for x in text.split(","))))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: want SECONDS:REPLICAS[,SECONDS:REPLICAS...], e.g. 46.5:2,111:1"
+        ) from None
+    if any(t < 0 or n < 0 for t, n in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds and replicas must be >= 0")
+    return out
+
+
 def clairvoyant_reference(
     results: list[dict[str, Any]], args: argparse.Namespace
 ) -> dict[str, Any] | None:
@@ -719,6 +752,13 @@ def main() -> int:
         default=15.0,
         help="hpa-prometheus: HPA controller sync period (s; the controller's default 15)",
     )
+    parser.add_argument(
+        "--timetable",
+        type=timetable_arg,
+        default=(),
+        help="timetable: 'SECONDS:REPLICAS,...' in trace seconds, e.g. the clairvoyant "
+        "schedule's '46.5:2,111:1' (all-vLLM pool; starts at --min-replicas)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
@@ -730,6 +770,8 @@ def main() -> int:
         parser.error(f"unknown contenders {sorted(unknown)}; known: {CONTENDERS}")
     if args.trtllm_cold_start is None:
         args.trtllm_cold_start = args.cold_start
+    if "timetable" in contenders and (not args.timetable or args.pool != "vllm"):
+        parser.error("timetable needs --timetable and the all-vLLM pool")
     if (
         not 0 < args.scale <= 10
         or args.base_rate <= 0

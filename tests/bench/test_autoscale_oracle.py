@@ -118,19 +118,26 @@ def outcome(
     return {"sent_s": sent, "cls": cls, "phase": phase, "ttft_s": ttft, "done_s": done}
 
 
-def test_jobs_from_a_run_take_slot_times_after_the_first_token_and_skip_the_cold_request() -> None:
+def test_jobs_from_a_run_hold_a_slot_after_the_first_token_and_skip_the_cold_request() -> (
+    None
+):
     outcomes = [
         outcome(1.0, "quiet", 0.01, 1.5),
         outcome(2.0, "quiet", 0.03, 2.53),
         outcome(3.0, "quiet", 0.02, 3.52),
-        outcome(50.0, "peak", 1.0, 51.5, "critical"),  # queued 1 s: not slot time
+        outcome(50.0, "peak", 1.0, 51.6, "critical"),  # queued 1 s: not slot time
         outcome(140.0, "cold", 0.02, 140.5),
     ]
-    jobs, first = jobs_from_outcomes(outcomes)
+    jobs, first = jobs_from_outcomes(outcomes, "measured")
     assert first == 0.02
     assert [j.t for j in jobs] == [1.0, 2.0, 3.0, 50.0]
-    assert [j.service_s for j in jobs] == pytest.approx([0.51, 0.52, 0.52, 0.52])
+    assert [j.service_s for j in jobs] == pytest.approx([0.51, 0.52, 0.52, 0.62])
     assert jobs[-1].cls == "critical"
+    # the default: the quiet phase's median time after the first token for every job
+    jobs, _ = jobs_from_outcomes(outcomes)
+    assert [j.service_s for j in jobs] == pytest.approx([0.52] * 4)
+    with pytest.raises(ValueError, match="slot"):
+        jobs_from_outcomes(outcomes, "mean")
 
 
 def test_the_command_reads_a_bench_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
