@@ -119,6 +119,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 from fleetgate_tools.bench import autoscale_oracle  # noqa: E402 - after the path
+from fleetgate_tools.bench.daytrace import Arrival, Phase, arrivals, trace  # noqa: E402
 from fleetgate_tools.devcluster import (  # noqa: E402
     FAKE_NODE_TOLERATION,
     ClusterConfig,
@@ -141,55 +142,6 @@ CONTENDERS = ("fleetgate-autoscale", "static-peak", "hpa-prometheus", "timetable
 POOLS = ("vllm", "mixed")
 #: every engine pod of the bench's services (the operator labels them with their pool)
 POD_SELECTOR = "fleetgate.dev/pool"
-
-
-@dataclass(frozen=True)
-class Phase:
-    name: str
-    seconds: float
-    rate_from: float
-    rate_to: float
-    critical_burst_every_s: float | None = None
-
-
-def trace(scale: float, base: float) -> list[Phase]:
-    return [
-        Phase("quiet", 40 * scale, base, base),
-        Phase("ramp", 30 * scale, base, 5 * base),
-        Phase("peak", 40 * scale, 5 * base, 5 * base, critical_burst_every_s=10 * scale),
-        Phase("idle", 30 * scale, 0.0, 0.0),
-    ]
-
-
-@dataclass(frozen=True)
-class Arrival:
-    t: float
-    cls: str
-    phase: str
-
-
-def arrivals(phases: list[Phase], rng: random.Random, burst: int = 8) -> list[Arrival]:
-    """Poisson arrivals of a piecewise-linear rate (thinning), plus critical bursts."""
-    out: list[Arrival] = []
-    start = 0.0
-    for p in phases:
-        peak = max(p.rate_from, p.rate_to)
-        t = start
-        while peak > 0:
-            t += rng.expovariate(peak)
-            if t >= start + p.seconds:
-                break
-            rate = p.rate_from + (p.rate_to - p.rate_from) * (t - start) / p.seconds
-            if rng.random() < rate / peak:
-                cls = "critical" if rng.random() < 0.2 else "standard"
-                out.append(Arrival(t, cls, p.name))
-        if p.critical_burst_every_s:
-            b = start + p.critical_burst_every_s / 2
-            while b < start + p.seconds:
-                out += [Arrival(b + 0.01 * k, "critical", p.name) for k in range(burst)]
-                b += p.critical_burst_every_s
-        start += p.seconds
-    return sorted(out, key=lambda a: a.t)
 
 
 @dataclass

@@ -1,0 +1,251 @@
+"""The autoscaling decision in a closed loop with a simulated router, in seconds of CPU.
+
+``fleetgate.operator.autoscale.decide`` (the operator's own decision, unchanged) runs
+every ``tick_s`` on the demand a simulated router reports: what runs on the engines,
+its class queue, the arrivals and completions of the tick. Its replicas come up a
+cold start after they are asked for and go as the operator removes them: a replica
+that is not Ready yet at once, Ready ones drained first (no new work; removed once
+idle, all of a scale-down together). The router is the clairvoyant reference's
+(:mod:`fleetgate_tools.bench.autoscale_oracle`): one class-priority queue over the
+ready replicas' slots.
+
+What it is for: a change to the decision can be tried on many seeds of the day-shaped
+trace in seconds before it is run on the cluster (``bench/bench_autoscale.py``, 3
+minutes a seed). It is no substitute for that run: the cluster has a real router (its
+own queue per engine, probes, scrapes), controllers and timing; the replay of the
+cluster runs' own schedules says how near the simulated router comes
+(bench/results/autoscale-cold15.md).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fleetgate.operator import autoscale
+from fleetgate_tools.bench import daytrace
+from fleetgate_tools.bench.autoscale_oracle import (
+    GOALS,
+    OBJECTIVES_S,
+    Fleet,
+    Job,
+    Replica,
+    attainment,
+    evaluate,
+)
+
+
+@dataclass(eq=False)
+class _Replica:
+    asked: float
+    ready: float
+    busy: int = 0
+    draining: bool = False
+    removed: float | None = None
+
+
+@dataclass
+class LoopResult:
+    replica_seconds: float
+    attainment: dict[str, float]
+    changes: list[tuple[float, int, str]] = field(default_factory=list)
+    """(time, replicas asked for, the decision's reason) at every change."""
+    ttft: list[float] = field(default_factory=list)
+
+
+def run_loop(
+    jobs: Sequence[Job],
+    fleet: Fleet,
+    policy: autoscale.Policy,
+    objectives: dict[str, float],
+    horizon_s: float,
+    tick_s: float = 1.0,
+    ask_delay_s: float = 0.5,
+) -> LoopResult:
+    """Replay ``jobs`` through the simulated router with ``decide`` scaling it;
+    ``fleet.base`` replicas are Ready at 0, ``fleet.cold_start_s`` is the modelled cold
+    start (``policy.cold_start`` is what the decision plans with), ``ask_delay_s`` the
+    time from a decision to its pod (controllers, scheduling)."""
+    reps = [_Replica(0.0, 0.0) for _ in range(fleet.base)]
+    ttft = [math.inf] * len(jobs)
+    events: list[tuple[float, int, int]] = [(j.t, 2, i) for i, j in enumerate(jobs)]
+    events += [(k * tick_s, 3, 0) for k in range(1, int(horizon_s / tick_s) + 1)]
+    heapq.heapify(events)
+    queue: list[tuple[int, float, int]] = []
+    state = autoscale.State()
+    arrived = completed = 0
+    changes: list[tuple[float, int, str]] = []
+
+    def live() -> list[_Replica]:
+        return [r for r in reps if r.removed is None]
+
+    def dispatch(now: float) -> None:
+        while queue:
+            open_ = [
+                r for r in live() if r.ready <= now and not r.draining and r.busy < fleet.slots
+            ]
+            if not open_:
+                return
+            r = min(open_, key=lambda r: r.busy)
+            _, _, i = heapq.heappop(queue)
+            r.busy += 1
+            ttft[i] = now - jobs[i].t + fleet.first_token_s
+            heapq.heappush(events, (now + jobs[i].service_s, 0, reps.index(r)))
+
+    def settle_drains(now: float) -> None:
+        draining = [r for r in live() if r.draining]
+        if draining and all(r.busy == 0 for r in draining):
+            for r in draining:
+                r.removed = now
+
+    while events:
+        now, kind, a = heapq.heappop(events)
+        if now > horizon_s and kind == 3:
+            continue
+        if kind == 0:
+            reps[a].busy -= 1
+            completed += 1
+            settle_drains(now)
+        elif kind == 1:
+            pass  # a replica became Ready: dispatch below
+        elif kind == 2:
+            arrived += 1
+            heapq.heappush(queue, (fleet.rank.get(jobs[a].cls, 99), jobs[a].t, a))
+        else:
+            rs = live()
+            ready = [r for r in rs if r.ready <= now]
+            demand = autoscale.Demand(
+                in_flight=float(sum(r.busy for r in rs)),
+                queued=float(len(queue)) if ready else 0.0,
+                held=0.0 if ready else float(len(queue)),
+                arrival_rate=arrived / tick_s,
+                completion_rate=completed / tick_s,
+            )
+            arrived = completed = 0
+            current = len(rs)
+            d = autoscale.decide(policy, demand, current, len(ready), now, state)
+            state = d.state
+            if d.desired > current:
+                for _ in range(d.desired - current):
+                    asked = now + ask_delay_s
+                    reps.append(_Replica(asked, asked + fleet.cold_start_s))
+                    heapq.heappush(events, (asked + fleet.cold_start_s, 1, len(reps) - 1))
+                for r in rs:
+                    r.draining = False  # demand back: the drain is called off
+                changes.append((now, d.desired, d.reason))
+            elif d.desired < current:
+                starting = [r for r in rs if r.ready > now]
+                if starting:  # the ReplicaSet removes a pod that is not Ready first
+                    max(starting, key=lambda r: r.asked).removed = now
+                else:
+                    wanted = current - d.desired
+                    victims = sorted(rs, key=lambda r: (not r.draining, r.busy))[:wanted]
+                    for r in rs:
+                        r.draining = r in victims
+                    settle_drains(now)
+                changes.append((now, d.desired, d.reason))
+        dispatch(now)
+    total = 0.0
+    for r in reps:
+        end = horizon_s if r.removed is None else min(r.removed, horizon_s)
+        total += max(0.0, end - max(r.asked, 0.0))
+    return LoopResult(total, attainment(jobs, ttft, objectives), changes, ttft)
+
+
+def timetable_replicas(base: int, timetable: Sequence[tuple[float, int]]) -> list[Replica]:
+    """A replica count over time (``(from, replicas)`` steps, starting at ``base``) as
+    extra-replica intervals: the last asked for is the first removed."""
+    out: list[Replica] = []
+    up: list[float] = []
+    n = base
+    for t, want in sorted(timetable):
+        while n < want:
+            up.append(t)
+            n += 1
+        while n > want and n > base:
+            out.append(Replica(up.pop(), t))
+            n -= 1
+    return out + [Replica(u, math.inf) for u in up]
+
+
+def generated_jobs(seed: int, base_rate: float, scale: float, slot_s: float) -> list[Job]:
+    """The day-shaped trace's arrivals of ``seed`` (as bench_autoscale.py draws them),
+    every request holding a slot ``slot_s``."""
+    plan = daytrace.arrivals(daytrace.trace(scale, base_rate), random.Random(seed))
+    return [Job(a.t, a.cls, slot_s) for a in plan]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    import statistics
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fleetgate_tools.bench.autoscale_loop",
+        description="The autoscaling decision (or a fixed timetable) on the day-shaped "
+        "trace, many seeds, with a simulated router: replica-seconds and attainment.",
+    )
+    parser.add_argument("--seeds", type=int, default=40, help="seeds 0..N-1")
+    parser.add_argument("--base-rate", type=float, default=3.0)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--slots", type=int, default=4, help="per replica (maxNumSeqs)")
+    parser.add_argument("--slot-time", type=float, default=0.48,
+                        help="seconds a request holds a slot (heavy trace: ~0.48)")  # fmt: skip
+    parser.add_argument("--cold-start", type=float, default=15.0)
+    parser.add_argument("--min-replicas", type=int, default=1)
+    parser.add_argument("--max-replicas", type=int, default=3)
+    parser.add_argument("--target-in-flight", type=float, default=2.0)
+    parser.add_argument("--scale-down-window", type=float, default=10.0)
+    parser.add_argument("--timetable", default=None, metavar="SECONDS:REPLICAS,...",
+                        help="run this schedule instead of the decision")  # fmt: skip
+    parser.add_argument("--verbose", action="store_true", help="one line per seed")
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.slots < 1 or args.slot_time <= 0 or args.cold_start < 0:
+        parser.error("want --seeds >= 1, --slots >= 1, --slot-time > 0, --cold-start >= 0")
+    table = None
+    if args.timetable:
+        try:
+            table = [
+                (float(t), int(n)) for t, n in (x.split(":") for x in args.timetable.split(","))
+            ]
+        except ValueError:
+            parser.error(f"--timetable {args.timetable!r}: want SECONDS:REPLICAS[,...]")
+    horizon = sum(p.seconds for p in daytrace.trace(args.scale, args.base_rate))
+    fleet = Fleet(args.min_replicas, args.slots, args.cold_start, 0.005,
+                  {"critical": 0, "standard": 1})  # fmt: skip
+    policy = autoscale.Policy(
+        min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+        cold_start=args.cold_start + 1, target_in_flight=args.target_in_flight,
+        up_window=0.0, down_window=args.scale_down_window,
+    )  # fmt: skip
+    seconds, standard, critical = [], [], []
+    for seed in range(args.seeds):
+        jobs = generated_jobs(seed, args.base_rate, args.scale, args.slot_time)
+        if table is not None:
+            plan = evaluate(jobs, fleet, timetable_replicas(args.min_replicas, table),
+                            OBJECTIVES_S, horizon)  # fmt: skip
+            rs, att, how = plan.replica_seconds, dict(plan.attainment), ""
+        else:
+            r = run_loop(jobs, fleet, policy, OBJECTIVES_S, horizon)
+            rs, att = r.replica_seconds, r.attainment
+            how = " ".join(f"{t:g}:{n}" for t, n, _ in r.changes)
+        seconds.append(rs)
+        standard.append(att["standard"])
+        critical.append(att["critical"])
+        if args.verbose:
+            print(f"seed {seed}: {rs:.1f} replica-s, critical {att['critical']:.1%}, "
+                  f"standard {att['standard']:.1%} {how}")  # fmt: skip
+    static = args.max_replicas * horizon
+    met = sum(1 for s, c in zip(standard, critical, strict=True)
+              if s >= GOALS["standard"] and c >= GOALS["critical"])  # fmt: skip
+    print(f"{args.seeds} seeds: replica-s mean {statistics.mean(seconds):.1f} "
+          f"({statistics.mean(seconds) / static:.2f}x static), standard attainment median "
+          f"{statistics.median(standard):.1%} (min {min(standard):.1%}), critical min "
+          f"{min(critical):.1%}; both goals met on {met} of {args.seeds}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
