@@ -10,7 +10,7 @@ import pytest
 
 from fleetgate.operator import autoscale
 from fleetgate_tools.bench import daytrace
-from fleetgate_tools.bench.autoscale_loop import main, run_loop, timetable_replicas
+from fleetgate_tools.bench.autoscale_loop import HpaScaler, main, run_loop, timetable_replicas
 from fleetgate_tools.bench.autoscale_oracle import Fleet, Job, Replica
 
 RANK = {"critical": 0, "standard": 1}
@@ -75,3 +75,34 @@ def test_the_command_runs_seeds_of_a_timetable(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit):
         main(["--timetable", "soon"])
     assert "want SECONDS:REPLICAS" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--hpa-target", "4", "--slots", "4"])
+    assert "--hpa-target < --slots" in capsys.readouterr().err
+
+
+def demand() -> autoscale.Demand:
+    return autoscale.Demand()
+
+
+def test_the_hpa_acts_at_its_syncs_only_and_skips_within_its_tolerance() -> None:
+    hpa = HpaScaler(2.0, 1, 10, sync_s=15.0, phase_s=5.0)
+    assert hpa(1.0, demand(), 1, [4]) == (1, "between syncs")
+    # at its sync (5 s): 4 per pod against 2 -> twice the pods
+    assert hpa(5.0, demand(), 1, [4])[0] == 2
+    assert hpa(6.0, demand(), 2, [4])[0] == 2  # next sync at 20 s
+    assert hpa(20.0, demand(), 2, [2, 2.2])[0] == 2  # ratio 1.05: within 10%
+
+
+def test_the_hpa_counts_pods_not_ready_as_idle_on_a_scale_up_and_limits_it() -> None:
+    hpa = HpaScaler(1.0, 1, 20, sync_s=15.0)
+    # 3 pods asked for, one Ready running 4: 4 over 3 pods -> 4 (not 3 x 4 = 12)
+    assert hpa(0.0, demand(), 3, [4])[0] == 4
+    # a scale-up is limited to max(4 pods, 100%) a sync: 2 pods at 10 -> at most 6
+    assert HpaScaler(1.0, 1, 50)(0.0, demand(), 2, [10, 10])[0] == 6
+
+
+def test_the_hpa_scales_down_to_the_highest_recommendation_of_its_window() -> None:
+    hpa = HpaScaler(1.0, 1, 10, sync_s=1.0, down_window_s=10.0)
+    assert hpa(0.0, demand(), 3, [1, 1, 1])[0] == 3
+    assert hpa(1.0, demand(), 3, [0, 0, 1])[0] == 3  # 3 was recommended 1 s ago
+    assert hpa(11.5, demand(), 3, [0, 0, 1])[0] == 1  # the window has passed

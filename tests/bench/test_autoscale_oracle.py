@@ -118,9 +118,7 @@ def outcome(
     return {"sent_s": sent, "cls": cls, "phase": phase, "ttft_s": ttft, "done_s": done}
 
 
-def test_jobs_from_a_run_hold_a_slot_after_the_first_token_and_skip_the_cold_request() -> (
-    None
-):
+def test_jobs_from_a_run_hold_a_slot_after_the_first_token_and_skip_the_cold_request() -> None:
     outcomes = [
         outcome(1.0, "quiet", 0.01, 1.5),
         outcome(2.0, "quiet", 0.03, 2.53),

@@ -24,6 +24,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fleetgate.operator import autoscale
 from fleetgate_tools.bench import daytrace
@@ -56,26 +57,101 @@ class LoopResult:
     ttft: list[float] = field(default_factory=list)
 
 
+class Scaler(Protocol):
+    def __call__(
+        self, now: float, demand: autoscale.Demand, current: int, ready_busy: Sequence[int]
+    ) -> tuple[int, str]:
+        """Desired replicas and why, from the tick's demand, the replicas asked for and
+        what each Ready replica runs."""
+        ...
+
+
+class FleetgateScaler:
+    """``fleetgate.operator.autoscale.decide`` with its state carried between ticks."""
+
+    def __init__(self, policy: autoscale.Policy) -> None:
+        self.policy = policy
+        self.state = autoscale.State()
+
+    def __call__(
+        self, now: float, demand: autoscale.Demand, current: int, ready_busy: Sequence[int]
+    ) -> tuple[int, str]:
+        d = autoscale.decide(self.policy, demand, current, len(ready_busy), now, self.state)
+        self.state = d.state
+        return d.desired, d.reason
+
+
+class HpaScaler:
+    """The HorizontalPodAutoscaler's documented algorithm (autoscaling/v2, "Algorithm
+    details") on a per-pod average: every ``sync_s`` (from ``phase_s``) it reads each
+    Ready pod's engine in-flight count (what the engine runs: the router queues the
+    rest), sets pods not Ready aside (0 on a scale-up), skips within ``tolerance`` of
+    the target, limits a scale-up to max(4 pods, 100%) per 15 s, and scales down to the
+    highest recommendation of ``down_window_s``. Prometheus' scrape and the adapter are
+    taken as instantaneous."""
+
+    def __init__(
+        self,
+        target: float,
+        min_replicas: int,
+        max_replicas: int,
+        sync_s: float = 15.0,
+        phase_s: float = 0.0,
+        down_window_s: float = 10.0,
+        tolerance: float = 0.1,
+    ) -> None:
+        self.target, self.lo, self.hi = target, min_replicas, max_replicas
+        self.sync_s, self.next_sync = sync_s, phase_s
+        self.down_window_s, self.tolerance = down_window_s, tolerance
+        self.recs: list[tuple[float, int]] = []
+
+    def __call__(
+        self, now: float, demand: autoscale.Demand, current: int, ready_busy: Sequence[int]
+    ) -> tuple[int, str]:
+        if now < self.next_sync:
+            return current, "between syncs"
+        self.next_sync += self.sync_s * math.ceil((now - self.next_sync + 1e-9) / self.sync_s)
+        if not ready_busy:
+            return current, "no metrics"
+        ratio = sum(ready_busy) / len(ready_busy) / self.target
+        if abs(ratio - 1) <= self.tolerance:
+            want = current
+        elif ratio > 1:
+            # pods not Ready count as 0 on a scale-up (and can undo it)
+            ratio = sum(ready_busy) / max(current, len(ready_busy)) / self.target
+            want = math.ceil(current * ratio - 1e-9) if ratio > 1 + self.tolerance else current
+            want = min(want, max(current + 4, 2 * current))
+        else:
+            want = math.ceil(len(ready_busy) * ratio - 1e-9)
+        want = max(self.lo, min(self.hi, want))
+        self.recs = [(t, r) for t, r in self.recs if t > now - self.down_window_s]
+        self.recs.append((now, want))
+        if want < current:
+            want = min(current, max(r for _, r in self.recs))
+        return want, f"per-pod {sum(ready_busy) / len(ready_busy):.2f} / target {self.target:g}"
+
+
 def run_loop(
     jobs: Sequence[Job],
     fleet: Fleet,
-    policy: autoscale.Policy,
+    policy: autoscale.Policy | Scaler,
     objectives: dict[str, float],
     horizon_s: float,
     tick_s: float = 1.0,
     ask_delay_s: float = 0.5,
 ) -> LoopResult:
-    """Replay ``jobs`` through the simulated router with ``decide`` scaling it;
-    ``fleet.base`` replicas are Ready at 0, ``fleet.cold_start_s`` is the modelled cold
-    start (``policy.cold_start`` is what the decision plans with), ``ask_delay_s`` the
-    time from a decision to its pod (controllers, scheduling)."""
+    """Replay ``jobs`` through the simulated router with ``decide`` (a ``Policy``) or
+    another scaler scaling it; ``fleet.base`` replicas are Ready at 0,
+    ``fleet.cold_start_s`` is the modelled cold start (``policy.cold_start`` is what
+    the decision plans with), ``ask_delay_s`` the time from a decision to its pod
+    (controllers, scheduling)."""
+    scaler = FleetgateScaler(policy) if isinstance(policy, autoscale.Policy) else policy
     reps = [_Replica(0.0, 0.0) for _ in range(fleet.base)]
     ttft = [math.inf] * len(jobs)
     events: list[tuple[float, int, int]] = [(j.t, 2, i) for i, j in enumerate(jobs)]
     events += [(k * tick_s, 3, 0) for k in range(1, int(horizon_s / tick_s) + 1)]
     heapq.heapify(events)
     queue: list[tuple[int, float, int]] = []
-    state = autoscale.State()
     arrived = completed = 0
     changes: list[tuple[float, int, str]] = []
 
@@ -126,27 +202,26 @@ def run_loop(
             )
             arrived = completed = 0
             current = len(rs)
-            d = autoscale.decide(policy, demand, current, len(ready), now, state)
-            state = d.state
-            if d.desired > current:
-                for _ in range(d.desired - current):
+            desired, reason = scaler(now, demand, current, [r.busy for r in ready])
+            if desired > current:
+                for _ in range(desired - current):
                     asked = now + ask_delay_s
                     reps.append(_Replica(asked, asked + fleet.cold_start_s))
                     heapq.heappush(events, (asked + fleet.cold_start_s, 1, len(reps) - 1))
                 for r in rs:
                     r.draining = False  # demand back: the drain is called off
-                changes.append((now, d.desired, d.reason))
-            elif d.desired < current:
+                changes.append((now, desired, reason))
+            elif desired < current:
                 starting = [r for r in rs if r.ready > now]
                 if starting:  # the ReplicaSet removes a pod that is not Ready first
                     max(starting, key=lambda r: r.asked).removed = now
                 else:
-                    wanted = current - d.desired
+                    wanted = current - desired
                     victims = sorted(rs, key=lambda r: (not r.draining, r.busy))[:wanted]
                     for r in rs:
                         r.draining = r in victims
                     settle_drains(now)
-                changes.append((now, d.desired, d.reason))
+                changes.append((now, desired, reason))
         dispatch(now)
     total = 0.0
     for r in reps:
@@ -198,12 +273,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-replicas", type=int, default=3)
     parser.add_argument("--target-in-flight", type=float, default=2.0)
     parser.add_argument("--scale-down-window", type=float, default=10.0)
+    parser.add_argument("--hpa-target", type=float, default=None,
+                        help="run the HPA's algorithm on the engines' in-flight count "
+                        "per pod at this target instead of fleetgate's decision")  # fmt: skip
+    parser.add_argument("--hpa-sync", type=float, default=15.0,
+                        help="the HPA's sync period; its phase is drawn per seed")  # fmt: skip
     parser.add_argument("--timetable", default=None, metavar="SECONDS:REPLICAS,...",
                         help="run this schedule instead of the decision")  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="one line per seed")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.slots < 1 or args.slot_time <= 0 or args.cold_start < 0:
         parser.error("want --seeds >= 1, --slots >= 1, --slot-time > 0, --cold-start >= 0")
+    if args.hpa_target is not None and not (0 < args.hpa_target < args.slots and args.hpa_sync > 0):
+        # the simulated router never lets a request wait inside an engine, so a pod's
+        # in-flight count stops at its slots: a target there would never scale (on the
+        # cluster the router lets a few wait in the engine, and it does)
+        parser.error("want 0 < --hpa-target < --slots and --hpa-sync > 0")
     table = None
     if args.timetable:
         try:
@@ -228,7 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             OBJECTIVES_S, horizon)  # fmt: skip
             rs, att, how = plan.replica_seconds, dict(plan.attainment), ""
         else:
-            r = run_loop(jobs, fleet, policy, OBJECTIVES_S, horizon)
+            scaler: autoscale.Policy | Scaler = policy
+            if args.hpa_target is not None:
+                phase = random.Random(10_000 + seed).uniform(0, args.hpa_sync)
+                scaler = HpaScaler(args.hpa_target, args.min_replicas, args.max_replicas,
+                                   args.hpa_sync, phase, args.scale_down_window)  # fmt: skip
+            r = run_loop(jobs, fleet, scaler, OBJECTIVES_S, horizon)
             rs, att = r.replica_seconds, r.attainment
             how = " ".join(f"{t:g}:{n}" for t, n, _ in r.changes)
         seconds.append(rs)
