@@ -26,7 +26,8 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   :data:`MIN_TREND_COVER` of that span and its slope exceeds
   :data:`TREND_SIGNIFICANCE` standard errors (the larger of the residuals' and a
   Poisson rate's noise), and is added to the rate the load was read at (the recent
-  mean for Little's mean, this tick's rate for a sample), and only from the samples
+  mean for Little's mean, over the cold start plus the mean's age, half the window it
+  was averaged over; this tick's rate for a sample), and only from the samples
   after the last :data:`NO_TRAFFIC_SECONDS` without arrivals (a step after a pause is no
   ramp); the history of a service at zero
   replicas with nothing arriving is empty: the run at aacdde1 woke from zero, read the
@@ -535,8 +536,9 @@ def _fmt(x: float) -> str:
 #: Arrival-rate samples averaged for the Little's-law in-flight estimate (seconds, cut
 #: where the rate changed): at 3 req/s a 5 s mean is +-26% (one standard deviation), so
 #: a mean of 1.6 in flight often read above a target of 2 (the heavy trace at 2e7a267).
-#: The lag it adds on a ramp (half the window x the slope) is what the forecast adds
-#: back over a cold start.
+#: On a ramp the mean is half the window old: the forecast adds the trend over that
+#: age as well as over the cold start (without it, a 10 s window read a 3 -> 15 req/s
+#: ramp ~2 req/s low and a target of 3.5 asked for its second replica seconds late).
 STEADY_WINDOW_SECONDS = 10.0
 #: Requests seen in the routers' queues at every decision for this many seconds hold
 #: the replicas (no scale-down). Not one tick: a request queued between two scrapes of
@@ -563,13 +565,14 @@ TOLERANCE = 0.1
 CHANGE_SIGNIFICANCE = 3.0
 
 
-def _recent_rate(rates: Sequence[tuple[float, float]], now: float) -> float | None:
+def _recent_window(rates: Sequence[tuple[float, float]], now: float) -> tuple[float, float] | None:
     """The arrival rate over the last :data:`STEADY_WINDOW_SECONDS`, cut where it
-    changed: walking back from the newest tick, a tick whose count is more than
-    :data:`CHANGE_SIGNIFICANCE` standard deviations from its share of its own and the
-    newer ticks' arrivals (binomial, by duration, under one rate) ends the window. A
-    stream that stops (the end of a peak) reads 0 within a tick instead of fading over
-    the window. None without samples."""
+    changed, and the span (seconds) it was averaged over: walking back from the newest
+    tick, a tick whose count is more than :data:`CHANGE_SIGNIFICANCE` standard
+    deviations from its share of its own and the newer ticks' arrivals (binomial, by
+    duration, under one rate) ends the window. A stream that stops (the end of a peak)
+    reads 0 within a tick instead of fading over the window. On a ramp the mean is the
+    rate of the window's middle, half the span ago. None without samples."""
     count = span = 0.0
     for k in range(len(rates) - 1, -1, -1):
         t, r = rates[k]
@@ -578,7 +581,7 @@ def _recent_rate(rates: Sequence[tuple[float, float]], now: float) -> float | No
         dt = t - rates[k - 1][0] if k > 0 else 0.0
         if dt <= 0:
             if span == 0:
-                return r  # one sample: its rate
+                return r, 0.0  # one sample: its rate
             break
         c = r * dt
         if span > 0:
@@ -587,7 +590,7 @@ def _recent_rate(rates: Sequence[tuple[float, float]], now: float) -> float | No
             if abs(c - n * p) > CHANGE_SIGNIFICANCE * sd:
                 break
         count, span = count + c, span + dt
-    return count / span if span > 0 else None
+    return (count / span, span) if span > 0 else None
 
 
 def decide(
@@ -611,10 +614,13 @@ def decide(
     # in the quiet phase in 5 of 6 runs, 12-28 replica-seconds each)
     slope = _trend(_since_traffic(rates), max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
 
-    def growth_from(rate: float | None) -> float:
+    def growth_from(rate: float | None, age: float = 0.0) -> float:
+        """The forecast at ``now + coldStart`` over ``rate``, a rate read ``age``
+        seconds ago (the middle of the window it was averaged over): on a ramp that
+        reading is ``slope x age`` behind already."""
         if not rate or rate <= 0:
             return 1.0
-        return min(MAX_FORECAST_GROWTH, (rate + slope * policy.cold_start) / rate)
+        return min(MAX_FORECAST_GROWTH, (rate + slope * (policy.cold_start + age)) / rate)
 
     # what one sample of the load follows: this tick's arrivals
     growth = growth_from(demand.arrival_rate)
@@ -665,7 +671,8 @@ def decide(
         note = ""
         # Little's mean: the recent arrival rate x the measured service time (None while
         # either is unknown, or while requests are held)
-        recent = None if starting or not service_time else _recent_rate(rates, now)
+        window = None if starting or not service_time else _recent_window(rates, now)
+        recent, averaged = window if window is not None else (None, 0.0)
         steady = None if recent is None or not service_time else recent * service_time
         if service_time and (starting or steady is not None):
             # With a measured service time S: what runs on the engines, plus the router
@@ -678,7 +685,7 @@ def decide(
             # rest is backlog, not a rate.
             batches = max(1.0, policy.cold_start / service_time)
             if steady is not None:  # Little's mean follows the recent mean rate
-                growth = growth_from(recent)
+                growth = growth_from(recent, averaged / 2)
             running = demand.in_flight if steady is None else steady * growth
             backlog = demand.queued + demand.held
             need = running + backlog / batches

@@ -607,6 +607,7 @@ def test_the_trend_is_read_over_the_recent_span_not_the_last_minute() -> None:
     cold start ahead."""
     p = policy(cold_start=16.0, target_in_flight=4.0)
     state, current, dec = State(service_time=0.45), 1, None
+    asked = None
     for t in range(73):
         rate = 3.0 if t < 60 else 3.0 + 0.4 * (t - 59)  # 0.4 req/s per s from t = 60
         d = Demand(in_flight=rate * 0.45, arrival_rate=rate, completion_rate=rate)
@@ -614,12 +615,18 @@ def test_the_trend_is_read_over_the_recent_span_not_the_last_minute() -> None:
         state, current = dec.state, dec.desired
         if t == 59:
             assert (current, "in 16s)" in dec.reason) == (1, False), dec.reason
-    assert dec is not None
-    # Little's mean 2.7 in flight (the recent mean rate x S); the slope over the last
-    # 20 s (8 flat samples, 13 rising) x 16 s: x1.73 -> 4.7 in flight -> 2 replicas.
-    # Fitted over the last minute (before): x1.10, 3.0 in flight, 1 replica.
+        if current == 2 and asked is None:
+            asked = (t, dec.reason)
+    assert dec is not None and asked is not None
+    # At 70 s (7.4 req/s, 13.8 a cold start later: 6.2 in flight, 2 replicas' worth):
+    # Little's mean 2.4 in flight (the recent mean rate x S); the slope over the last
+    # 20 s (10 flat samples, 11 rising) over the cold start AND the mean's age (half
+    # its window: the recent mean is the rate of ~5 s ago): x1.91 -> 4.6 in flight -> 2
+    # replicas. Without the age: x1.73 at 72 s. Fitted over the last minute: x1.10,
+    # 3.0 in flight at 72 s, 1 replica.
     assert current == 2, dec.reason
-    assert "arrivals x1.73 in 16s" in dec.reason, dec.reason
+    assert asked[0] == 70, asked
+    assert "arrivals x1.91 in 16s" in asked[1], asked
 
 
 def test_traffic_after_a_pause_is_a_step_not_a_ramp() -> None:
