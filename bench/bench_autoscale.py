@@ -631,8 +631,8 @@ def clairvoyant_reference(
     fleet = autoscale_oracle.Fleet(
         args.min_replicas, args.max_num_seqs, args.cold_start, first, {"critical": 0, "standard": 1}
     )
-    plan = autoscale_oracle.cheapest_schedule(
-        jobs, fleet, args.peak_replicas - args.min_replicas, OBJECTIVE_S,
+    plan = autoscale_oracle.cheapest_common_schedule(
+        [(jobs, fleet)], args.peak_replicas - args.min_replicas, OBJECTIVE_S,
         autoscale_oracle.GOALS, horizon,
     )  # fmt: skip
     static = args.peak_replicas * horizon

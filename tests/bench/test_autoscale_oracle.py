@@ -13,7 +13,6 @@ from fleetgate_tools.bench.autoscale_oracle import (
     Job,
     Replica,
     cheapest_common_schedule,
-    cheapest_schedule,
     evaluate,
     jobs_from_outcomes,
     main,
@@ -69,7 +68,7 @@ def test_the_cheapest_schedule_asks_a_cold_start_ahead_and_removes_when_the_burs
     f = fleet(cold=cold)
     goals = {"standard": 1.0}
     objectives = {"standard": 0.45}
-    plan = cheapest_schedule(burst(cold), f, 2, objectives, goals, 40.0, step_s=0.5)
+    plan = cheapest_common_schedule([(burst(cold), f)], 2, objectives, goals, 40.0, step_s=0.5)
     assert plan is not None
     # one extra replica is enough; ready at 21.0 it takes the 21.0 arrival while the
     # 20.5 one waited 0.4 s (< 0.45) for the base replica: ready at 21.5, 21.0 would wait 0.5
@@ -88,7 +87,7 @@ def test_one_schedule_for_several_runs_meets_the_goals_on_each() -> None:
     f = fleet(cold=3.0)
     objectives, goals = {"standard": 0.45}, {"standard": 1.0}
     early, late = burst(3.0, start=20), burst(3.0, start=24)
-    alone = [cheapest_schedule(j, f, 1, objectives, goals, 40.0) for j in (early, late)]
+    alone = [cheapest_common_schedule([(j, f)], 1, objectives, goals, 40.0) for j in (early, late)]
     assert [p.extras[0].up_s for p in alone if p] == [18.0, 22.0]
     common = cheapest_common_schedule([(early, f), (late, f)], 1, objectives, goals, 40.0)
     assert common is not None
@@ -100,8 +99,8 @@ def test_one_schedule_for_several_runs_meets_the_goals_on_each() -> None:
 
 def test_a_looser_objective_lets_the_schedule_skip_the_extra_replica() -> None:
     # the burst's backlog grows 0.8 s a second for 10 s: an 8.5 s wait meets 10 s
-    plan = cheapest_schedule(
-        burst(3.0), fleet(cold=3.0), 2, {"standard": 10.0}, {"standard": 1.0}, 40.0
+    plan = cheapest_common_schedule(
+        [(burst(3.0), fleet(cold=3.0))], 2, {"standard": 10.0}, {"standard": 1.0}, 40.0
     )
     assert plan is not None and plan.extras == ()
     assert plan.replica_seconds == 40.0
@@ -109,7 +108,10 @@ def test_a_looser_objective_lets_the_schedule_skip_the_extra_replica() -> None:
 
 def test_no_schedule_when_even_the_static_peak_misses() -> None:
     jobs = [Job(0.0, "standard", 5.0)] * 4
-    assert cheapest_schedule(jobs, fleet(), 1, {"standard": 1.0}, {"standard": 1.0}, 10.0) is None
+    assert (
+        cheapest_common_schedule([(jobs, fleet())], 1, {"standard": 1.0}, {"standard": 1.0}, 10.0)
+        is None
+    )
 
 
 def outcome(

@@ -3,8 +3,8 @@
 An autoscaler decides from what it has seen; this one is told the whole trace in
 advance. Given the requests of an autoscaling run (arrival time, class, how long each
 held an engine slot), the engines' slots, the modelled cold start and the objectives,
-:func:`cheapest_schedule` finds the schedule of extra replicas (each asked for once and
-removed once, on top of ``base`` replicas that live all along) with the fewest
+:func:`cheapest_common_schedule` finds the schedule of extra replicas (each asked for
+once and removed once, on top of ``base`` replicas that live all along) with the fewest
 replica-seconds for which a simulated router still meets every class's attainment
 goal. A replica counts from the moment it is asked for: its cold start is paid for,
 as the run's live-pod count pays for it.
@@ -142,23 +142,6 @@ def evaluate(
         tuple(extras),
         replica_seconds(fleet, extras, last, horizon_s),
         attainment(jobs, ttft, objectives),
-    )
-
-
-def cheapest_schedule(
-    jobs: Sequence[Job],
-    fleet: Fleet,
-    extra_max: int,
-    objectives: Mapping[str, float],
-    goals: Mapping[str, float],
-    horizon_s: float,
-    step_s: float = 0.5,
-    rounds: int = 4,
-) -> Plan | None:
-    """The cheapest schedule found (see the module's note), or None when even every
-    extra replica ready from the start misses a goal."""
-    return cheapest_common_schedule(
-        [(jobs, fleet)], extra_max, objectives, goals, horizon_s, step_s, rounds
     )
 
 
