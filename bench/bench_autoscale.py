@@ -118,7 +118,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
-from fleetgate_tools.bench import autoscale_oracle  # noqa: E402 - after the path
+from fleetgate_tools.bench import autoscale_loop, autoscale_oracle  # noqa: E402 - after the path
 from fleetgate_tools.bench.daytrace import Arrival, Phase, arrivals, trace  # noqa: E402
 from fleetgate_tools.devcluster import (  # noqa: E402
     FAKE_NODE_TOLERATION,
@@ -137,7 +137,8 @@ from fleetgate_tools.devcluster.metricsstack import (  # noqa: E402
 FLEETGATE = str(Path(sys.executable).parent / "fleetgate")
 MODEL = "llama-3.1-8b"
 NAME = "chat"
-OBJECTIVE_S = {"critical": 0.5, "standard": 2.0}
+#: the router's default TTFT objectives per class (critical 0.5 s, standard 2 s)
+OBJECTIVE_S = autoscale_oracle.OBJECTIVES_S
 CONTENDERS = ("fleetgate-autoscale", "static-peak", "hpa-prometheus", "timetable")
 POOLS = ("vllm", "mixed")
 #: every engine pod of the bench's services (the operator labels them with their pool)
@@ -604,17 +605,12 @@ def plot(
     fig.savefig(path, dpi=100)
 
 
-def timetable_arg(text: str) -> tuple[tuple[float, int], ...]:
-    """``'46.5:2,111:1'`` -> ((46.5, 2), (111.0, 1)), in time order."""
+def timetable_arg(text: str) -> list[tuple[float, int]]:
+    """``--timetable``: ``'46.5:2,111:1'`` -> [(46.5, 2), (111.0, 1)]."""
     try:
-        out = tuple(sorted((float(t), int(n)) for t, n in (x.split(":") for x in text.split(","))))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: want SECONDS:REPLICAS[,SECONDS:REPLICAS...], e.g. 46.5:2,111:1"
-        ) from None
-    if any(t < 0 or n < 0 for t, n in out):
-        raise argparse.ArgumentTypeError(f"{text!r}: seconds and replicas must be >= 0")
-    return out
+        return autoscale_loop.parse_timetable(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def clairvoyant_reference(
@@ -629,7 +625,7 @@ def clairvoyant_reference(
     jobs, first = autoscale_oracle.jobs_from_outcomes(run["outcomes"])
     horizon = sum(p.seconds for p in trace(args.scale, args.base_rate))
     fleet = autoscale_oracle.Fleet(
-        args.min_replicas, args.max_num_seqs, args.cold_start, first, {"critical": 0, "standard": 1}
+        args.min_replicas, args.max_num_seqs, args.cold_start, first, autoscale_oracle.RANK
     )
     plan = autoscale_oracle.cheapest_common_schedule(
         [(jobs, fleet)], args.peak_replicas - args.min_replicas, OBJECTIVE_S,

@@ -31,9 +31,11 @@ from fleetgate_tools.bench import daytrace
 from fleetgate_tools.bench.autoscale_oracle import (
     GOALS,
     OBJECTIVES_S,
+    RANK,
     Fleet,
     Job,
     Replica,
+    SlotRouter,
     attainment,
     evaluate,
 )
@@ -43,7 +45,6 @@ from fleetgate_tools.bench.autoscale_oracle import (
 class _Replica:
     asked: float
     ready: float
-    busy: int = 0
     draining: bool = False
     removed: float | None = None
 
@@ -147,87 +148,91 @@ def run_loop(
     (controllers, scheduling)."""
     scaler = FleetgateScaler(policy) if isinstance(policy, autoscale.Policy) else policy
     reps = [_Replica(0.0, 0.0) for _ in range(fleet.base)]
-    ttft = [math.inf] * len(jobs)
+    busy = [0] * fleet.base  # slots in use, per replica (index into reps)
+    router = SlotRouter(jobs, fleet)
     events: list[tuple[float, int, int]] = [(j.t, 2, i) for i, j in enumerate(jobs)]
     events += [(k * tick_s, 3, 0) for k in range(1, int(horizon_s / tick_s) + 1)]
     heapq.heapify(events)
-    queue: list[tuple[int, float, int]] = []
     arrived = completed = 0
     changes: list[tuple[float, int, str]] = []
 
-    def live() -> list[_Replica]:
-        return [r for r in reps if r.removed is None]
-
-    def dispatch(now: float) -> None:
-        while queue:
-            open_ = [
-                r for r in live() if r.ready <= now and not r.draining and r.busy < fleet.slots
-            ]
-            if not open_:
-                return
-            r = min(open_, key=lambda r: r.busy)
-            _, _, i = heapq.heappop(queue)
-            r.busy += 1
-            ttft[i] = now - jobs[i].t + fleet.first_token_s
-            heapq.heappush(events, (now + jobs[i].service_s, 0, reps.index(r)))
+    def live() -> list[int]:
+        return [k for k, r in enumerate(reps) if r.removed is None]
 
     def settle_drains(now: float) -> None:
-        draining = [r for r in live() if r.draining]
-        if draining and all(r.busy == 0 for r in draining):
-            for r in draining:
-                r.removed = now
+        draining = [k for k in live() if reps[k].draining]
+        if draining and all(busy[k] == 0 for k in draining):
+            for k in draining:
+                reps[k].removed = now
 
     while events:
         now, kind, a = heapq.heappop(events)
         if now > horizon_s and kind == 3:
             continue
         if kind == 0:
-            reps[a].busy -= 1
+            busy[a] -= 1
             completed += 1
             settle_drains(now)
         elif kind == 1:
             pass  # a replica became Ready: dispatch below
         elif kind == 2:
             arrived += 1
-            heapq.heappush(queue, (fleet.rank.get(jobs[a].cls, 99), jobs[a].t, a))
+            router.arrive(a)
         else:
             rs = live()
-            ready = [r for r in rs if r.ready <= now]
+            ready = [k for k in rs if reps[k].ready <= now]
             demand = autoscale.Demand(
-                in_flight=float(sum(r.busy for r in rs)),
-                queued=float(len(queue)) if ready else 0.0,
-                held=0.0 if ready else float(len(queue)),
+                in_flight=float(sum(busy[k] for k in rs)),
+                queued=float(len(router.queue)) if ready else 0.0,
+                held=0.0 if ready else float(len(router.queue)),
                 arrival_rate=arrived / tick_s,
                 completion_rate=completed / tick_s,
             )
             arrived = completed = 0
             current = len(rs)
-            desired, reason = scaler(now, demand, current, [r.busy for r in ready])
+            desired, reason = scaler(now, demand, current, [busy[k] for k in ready])
             if desired > current:
                 for _ in range(desired - current):
                     asked = now + ask_delay_s
                     reps.append(_Replica(asked, asked + fleet.cold_start_s))
+                    busy.append(0)
                     heapq.heappush(events, (asked + fleet.cold_start_s, 1, len(reps) - 1))
-                for r in rs:
-                    r.draining = False  # demand back: the drain is called off
+                for k in rs:
+                    reps[k].draining = False  # demand back: the drain is called off
                 changes.append((now, desired, reason))
             elif desired < current:
-                starting = [r for r in rs if r.ready > now]
+                starting = [k for k in rs if reps[k].ready > now]
                 if starting:  # the ReplicaSet removes a pod that is not Ready first
-                    max(starting, key=lambda r: r.asked).removed = now
+                    reps[max(starting, key=lambda k: reps[k].asked)].removed = now
                 else:
                     wanted = current - desired
-                    victims = sorted(rs, key=lambda r: (not r.draining, r.busy))[:wanted]
-                    for r in rs:
-                        r.draining = r in victims
+                    victims = sorted(rs, key=lambda k: (not reps[k].draining, busy[k]))[:wanted]
+                    for k in rs:
+                        reps[k].draining = k in victims
                     settle_drains(now)
                 changes.append((now, desired, reason))
-        dispatch(now)
+        open_ = [k for k in live() if reps[k].ready <= now and not reps[k].draining]
+        for done, k in router.dispatch(now, open_, busy):
+            heapq.heappush(events, (done, 0, k))
     total = 0.0
     for r in reps:
         end = horizon_s if r.removed is None else min(r.removed, horizon_s)
         total += max(0.0, end - max(r.asked, 0.0))
-    return LoopResult(total, attainment(jobs, ttft, objectives), changes, ttft)
+    return LoopResult(total, attainment(jobs, router.ttft, objectives), changes, router.ttft)
+
+
+def parse_timetable(text: str) -> list[tuple[float, int]]:
+    """``'46.5:2,111:1'`` -> [(46.5, 2), (111.0, 1)] in time order (ValueError with the
+    expected form otherwise)."""
+    try:
+        steps = [(float(t), int(n)) for t, n in (x.split(":") for x in text.split(","))]
+    except ValueError:
+        raise ValueError(
+            f"{text!r}: want SECONDS:REPLICAS[,SECONDS:REPLICAS...], e.g. 46.5:2,111:1"
+        ) from None
+    if any(t < 0 or n < 0 for t, n in steps):
+        raise ValueError(f"{text!r}: seconds and replicas must be >= 0")
+    return sorted(steps)
 
 
 def timetable_replicas(base: int, timetable: Sequence[tuple[float, int]]) -> list[Replica]:
@@ -292,14 +297,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = None
     if args.timetable:
         try:
-            table = [
-                (float(t), int(n)) for t, n in (x.split(":") for x in args.timetable.split(","))
-            ]
-        except ValueError:
-            parser.error(f"--timetable {args.timetable!r}: want SECONDS:REPLICAS[,...]")
+            table = parse_timetable(args.timetable)
+        except ValueError as e:
+            parser.error(f"--timetable {e}")
     horizon = sum(p.seconds for p in daytrace.trace(args.scale, args.base_rate))
-    fleet = Fleet(args.min_replicas, args.slots, args.cold_start, 0.005,
-                  {"critical": 0, "standard": 1})  # fmt: skip
+    fleet = Fleet(args.min_replicas, args.slots, args.cold_start, 0.005, RANK)
     policy = autoscale.Policy(
         min_replicas=args.min_replicas, max_replicas=args.max_replicas,
         cold_start=args.cold_start + 1, target_in_flight=args.target_in_flight,
