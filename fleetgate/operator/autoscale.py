@@ -156,15 +156,20 @@ MIN_TREND_COVER = 0.75
 #: chance once in ~3 million stretches; at 0.2 req/s every third one, where one replica
 #: serves anyway.
 NO_TRAFFIC_SECONDS = 5.0
-#: A trend counts only when its slope exceeds this many standard errors (one-sided,
-#: ~2.3% of one test on a flat Poisson stream). The test runs at every tick over
-#: overlapping windows, so a quiet phase risks a false trend at ANY tick: over 40 s of
-#: flat 3 req/s with 1 s ticks and a 20 s span, 19% of streams read one somewhere
-#: (``bench/bench_trend.py``; 1.3% at 3 standard errors). 3 was measured and not kept: the
-#: ramp is seen ~3 s later (median 11 s into a 3 -> 15 req/s ramp over 30 s, not 8), and
-#: on the heavy trace with a 15 s cold start it cost standard attainment more often than
-#: the false trends cost replica-seconds (bench/results/autoscale-cold15.md, runs ab).
-TREND_SIGNIFICANCE = 2.0
+#: A ramp counts only when its slope exceeds this many standard errors. The fit tries
+#: every breakpoint of its span and keeps the one whose slope is the most significant,
+#: so one test's one-sided rate (0.6% at 2.5) understates how often flat traffic reads a
+#: ramp; and the test runs at every tick over overlapping windows. Over a 40 s quiet phase
+#: of 3 req/s with 1 s ticks and a 20 s span, 10% of streams read one somewhere at 2.5
+#: (with :data:`RAMP_MIN_SAMPLES` 5), 22% at 2.5 with 3 samples, 31% at 2 with 6
+#: (``bench/bench_trend.py``). The straight line this replaced (2 standard errors) saw the
+#: heavy trace's ramp a median 9 s in; this fit sees it ~7.5 s in, and its rate now is the
+#: fitted line's, not a mean half a window old.
+RAMP_SIGNIFICANCE = 2.5
+#: A ramp's fitted rise must hold this many samples (its breakpoint and the ticks after
+#: it): a critical burst (8 requests in one tick) read as the end of a 3-sample ramp and
+#: asked for a replica in the middle of the heavy trace's peak.
+RAMP_MIN_SAMPLES = 5
 #: The service time is measured over the most recent ticks that hold this many
 #: completions (fewer when the window below holds fewer): at a few requests per second
 #: 15 s of ticks are too few in-flight samples (one a tick) for a steady reading.
@@ -475,32 +480,53 @@ class Decision:
         return self.reason.startswith(("ScaledUp", "ScaledDown"))
 
 
-def _trend(rates: Sequence[tuple[float, float]], span: float) -> float:
-    """Least-squares slope (requests/s per s) of the rate samples of the last ``span``
-    seconds, or 0 when it is not evidence of a trend: fewer than 3 samples, covering
-    less than :data:`MIN_TREND_COVER` of ``span``, or a slope within
-    :data:`TREND_SIGNIFICANCE` standard errors of 0. The standard error takes the
-    larger of the residuals' variance and a Poisson rate's (the mean rate over the
-    mean tick), so a short flat stream's chance wiggle is no trend. Only the last
-    ``span`` seconds: a line through a minute of flat history and the start of a ramp
-    reads a fraction of the ramp's slope."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ramp:
+    """A rise of the arrival rate read from its recent samples."""
+
+    rate: float
+    """The fitted rate now (requests/s)."""
+    slope: float
+    """Its rise, requests/s per s (> 0)."""
+
+
+def _ramp(rates: Sequence[tuple[float, float]], span: float) -> Ramp | None:
+    """The ramp the rate samples of the last ``span`` seconds rise on, or None when they
+    are no evidence of one: fewer than :data:`RAMP_MIN_SAMPLES` + 1 samples, covering
+    less than :data:`MIN_TREND_COVER` of ``span``, or no slope beyond
+    :data:`RAMP_SIGNIFICANCE` standard errors.
+
+    The model is flat, then a straight rise from a breakpoint (``rate = a + b x max(0,
+    t - tau)``), least squares, tried at every sample as ``tau`` that leaves
+    :data:`RAMP_MIN_SAMPLES` from it on (``tau`` at the first sample is a straight line
+    through all of them); the most significant slope wins. A line through the whole
+    span reads a ramp that began a few seconds ago at a fraction of its slope, among
+    the flat samples before it, so it was seen late; the breakpoint lets the rise be
+    fitted to its own samples. The standard error takes the larger of the residuals'
+    variance and a Poisson rate's (the mean rate over the mean tick), so a short flat
+    stream's chance wiggle is no ramp."""
     if rates:
         rates = [(t, r) for t, r in rates if t >= rates[-1][0] - span]
     n = len(rates)
-    if n < 3 or rates[-1][0] - rates[0][0] < MIN_TREND_COVER * span:
-        return 0.0
-    mt = sum(t for t, _ in rates) / n
-    mr = sum(r for _, r in rates) / n
-    var = sum((t - mt) ** 2 for t, _ in rates)
-    if var == 0:
-        return 0.0
-    slope = sum((t - mt) * (r - mr) for t, r in rates) / var
-    residual = sum((r - mr - slope * (t - mt)) ** 2 for t, r in rates) / (n - 2)
-    tick = (rates[-1][0] - rates[0][0]) / (n - 1)
-    noise = max(residual, mr / tick)
-    if slope <= TREND_SIGNIFICANCE * math.sqrt(noise / var):
-        return 0.0
-    return slope
+    if n <= RAMP_MIN_SAMPLES or rates[-1][0] - rates[0][0] < MIN_TREND_COVER * span:
+        return None
+    ts = [t for t, _ in rates]
+    rs = [r for _, r in rates]
+    mean_rate = sum(rs) / n
+    poisson = mean_rate / ((ts[-1] - ts[0]) / (n - 1))  # a rate's variance per sample
+    best: tuple[float, Ramp] | None = None
+    for k in range(n - RAMP_MIN_SAMPLES + 1):
+        x = [max(0.0, t - ts[k]) for t in ts]
+        mx = sum(x) / n
+        var = sum((xi - mx) ** 2 for xi in x)
+        if var == 0:
+            continue
+        slope = sum((xi - mx) * (r - mean_rate) for xi, r in zip(x, rs, strict=True)) / var
+        sse = sum((r - mean_rate - slope * (xi - mx)) ** 2 for xi, r in zip(x, rs, strict=True))
+        z = slope / math.sqrt(max(sse / (n - 3), poisson) / var)
+        if z > RAMP_SIGNIFICANCE and (best is None or z > best[0]):
+            best = (z, Ramp(mean_rate + slope * (x[-1] - mx), slope))
+    return best[1] if best is not None else None
 
 
 def _since_traffic(rates: Sequence[tuple[float, float]]) -> Sequence[tuple[float, float]]:
@@ -536,9 +562,8 @@ def _fmt(x: float) -> str:
 #: Arrival-rate samples averaged for the Little's-law in-flight estimate (seconds, cut
 #: where the rate changed): at 3 req/s a 5 s mean is +-26% (one standard deviation), so
 #: a mean of 1.6 in flight often read above a target of 2 (the heavy trace at 2e7a267).
-#: On a ramp the mean is half the window old: the forecast adds the trend over that
-#: age as well as over the cold start (without it, a 10 s window read a 3 -> 15 req/s
-#: ramp ~2 req/s low and a target of 3.5 asked for its second replica seconds late).
+#: On a ramp the mean is half the window old (a 10 s window read a 3 -> 15 req/s ramp ~2
+#: req/s low): there the forecast starts from the ramp's fitted rate now instead.
 STEADY_WINDOW_SECONDS = 10.0
 #: Requests seen in the routers' queues at every decision for this many seconds hold
 #: the replicas (no scale-down). Not one tick: a request queued between two scrapes of
@@ -565,14 +590,13 @@ TOLERANCE = 0.1
 CHANGE_SIGNIFICANCE = 3.0
 
 
-def _recent_window(rates: Sequence[tuple[float, float]], now: float) -> tuple[float, float] | None:
+def _recent_rate(rates: Sequence[tuple[float, float]], now: float) -> float | None:
     """The arrival rate over the last :data:`STEADY_WINDOW_SECONDS`, cut where it
-    changed, and the span (seconds) it was averaged over: walking back from the newest
+    changed: walking back from the newest
     tick, a tick whose count is more than :data:`CHANGE_SIGNIFICANCE` standard
     deviations from its share of its own and the newer ticks' arrivals (binomial, by
     duration, under one rate) ends the window. A stream that stops (the end of a peak)
-    reads 0 within a tick instead of fading over the window. On a ramp the mean is the
-    rate of the window's middle, half the span ago. None without samples."""
+    reads 0 within a tick instead of fading over the window. None without samples."""
     count = span = 0.0
     for k in range(len(rates) - 1, -1, -1):
         t, r = rates[k]
@@ -581,7 +605,7 @@ def _recent_window(rates: Sequence[tuple[float, float]], now: float) -> tuple[fl
         dt = t - rates[k - 1][0] if k > 0 else 0.0
         if dt <= 0:
             if span == 0:
-                return r, 0.0  # one sample: its rate
+                return r  # one sample: its rate
             break
         c = r * dt
         if span > 0:
@@ -590,7 +614,7 @@ def _recent_window(rates: Sequence[tuple[float, float]], now: float) -> tuple[fl
             if abs(c - n * p) > CHANGE_SIGNIFICANCE * sd:
                 break
         count, span = count + c, span + dt
-    return (count / span, span) if span > 0 else None
+    return count / span if span > 0 else None
 
 
 def decide(
@@ -607,23 +631,24 @@ def decide(
         rates = ()
     elif demand.arrival_rate is not None:
         rates = (*rates, (now, demand.arrival_rate))
-    # the forecast: the rate a load was read at plus the trend over a cold start, over
-    # that rate (at most MAX_FORECAST_GROWTH)
-    # since traffic (re)started: a step after a pause is no ramp (the heavy trace's
-    # start read x1.5-x2 over the idle seconds before it, and a replica came and went
-    # in the quiet phase in 5 of 6 runs, 12-28 replica-seconds each)
-    slope = _trend(_since_traffic(rates), max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
+    # the forecast: the ramp's rate now plus its rise over a cold start, fitted only to
+    # the samples since traffic (re)started: a step after a pause is no ramp (the heavy
+    # trace's start read x1.5-x2 over the idle seconds before it, and a replica came and
+    # went in the quiet phase in 5 of 6 runs, 12-28 replica-seconds each)
+    ramp = _ramp(_since_traffic(rates), max(policy.cold_start, MIN_TREND_SPAN_SECONDS))
 
-    def growth_from(rate: float | None, age: float = 0.0) -> float:
-        """The forecast at ``now + coldStart`` over ``rate``, a rate read ``age``
-        seconds ago (the middle of the window it was averaged over): on a ramp that
-        reading is ``slope x age`` behind already."""
-        if not rate or rate <= 0:
+    def growth_over(rate: float | None) -> float:
+        """The arrival rate forecast at ``now + coldStart`` over ``rate``, a rate read
+        now: the ramp's fitted rate plus its rise over a cold start, at most
+        MAX_FORECAST_GROWTH times the larger of the two rates now, never below ``rate``
+        (1 without a ramp)."""
+        if ramp is None or not rate or rate <= 0:
             return 1.0
-        return min(MAX_FORECAST_GROWTH, (rate + slope * (policy.cold_start + age)) / rate)
+        ahead = ramp.rate + ramp.slope * policy.cold_start
+        return max(1.0, min(MAX_FORECAST_GROWTH * max(rate, ramp.rate), ahead) / rate)
 
-    # what one sample of the load follows: this tick's arrivals
-    growth = growth_from(demand.arrival_rate)
+    # what one sample of the load follows: the ramp's own rise
+    growth = growth_over(ramp.rate if ramp is not None else None)
 
     # -- the service time, by Little's law on the service's own endpoints: in-flight
     # seconds over completions, summed over a window. A ratio per tick is biased and
@@ -671,8 +696,7 @@ def decide(
         note = ""
         # Little's mean: the recent arrival rate x the measured service time (None while
         # either is unknown, or while requests are held)
-        window = None if starting or not service_time else _recent_window(rates, now)
-        recent, averaged = window if window is not None else (None, 0.0)
+        recent = None if starting or not service_time else _recent_rate(rates, now)
         steady = None if recent is None or not service_time else recent * service_time
         if service_time and (starting or steady is not None):
             # With a measured service time S: what runs on the engines, plus the router
@@ -685,7 +709,7 @@ def decide(
             # rest is backlog, not a rate.
             batches = max(1.0, policy.cold_start / service_time)
             if steady is not None:  # Little's mean follows the recent mean rate
-                growth = growth_from(recent, averaged / 2)
+                growth = growth_over(recent)
             running = demand.in_flight if steady is None else steady * growth
             backlog = demand.queued + demand.held
             need = running + backlog / batches

@@ -179,31 +179,30 @@ def test_max_replicas_caps() -> None:
 
 
 def test_a_ramp_scales_up_before_the_load_arrives() -> None:
-    """Arrivals rising 1 req/s every 10 s with a 30 s cold start: the forecast adds
-    replicas ahead of a decision that looks at the current load only."""
-    p = policy(cold_start=30.0)
+    """20 s flat at 10 req/s, then arrivals rising 1 req/s every second, with a 16 s
+    cold start: the forecast adds replicas ahead of a decision that looks at the
+    current load only."""
+    p = policy(cold_start=16.0)
     flat = policy(cold_start=0.0)
     state_t, state_f = State(), State()
     cur_t = cur_f = 2
     ups: list[tuple[int, int, str]] = []
-    for i in range(6):
-        now = 10.0 * i
-        rate = 4.0 + i  # req/s
-        d = Demand(in_flight=2.0 * rate, arrival_rate=rate)  # 2 s in the engine each
-        dt_ = decide(p, d, cur_t, cur_t, now, state_t)
-        df = decide(flat, d, cur_f, cur_f, now, state_f)
+    for i in range(-20, 21):
+        rate = 10.0 + max(0, i)  # req/s
+        d = Demand(in_flight=0.5 * rate, arrival_rate=rate)  # 0.5 s in the engine each
+        dt_ = decide(p, d, cur_t, cur_t, float(i), state_t)
+        df = decide(flat, d, cur_f, cur_f, float(i), state_f)
         state_t, cur_t = dt_.state, dt_.desired
         state_f, cur_f = df.state, df.desired
         ups += [(i, dec.desired, dec.reason) for dec in (dt_, df) if dec.changed]
-    # Both wait for a sample beyond the noise of what 2 replicas hold (8 + 2 x 2.83):
-    # 14 in flight at 7 req/s. The load now asks for ceil(14 / 4) = 4; the forecast
-    # adds the trend over the cold start (rate 7 + slope 0.1/s x 30 s = 10: x1.43) and
-    # asks for ceil(20 / 4) = 5 at once.
+    # Both wait for a sample beyond the noise of what 2 replicas hold (8 + 2 x 2.83).
+    # The ramp is seen 6 s in (16 req/s, 8 in flight): its rate now plus 16 s of its
+    # rise is x2 (capped), 16 in flight, 4 replicas. The load alone asks at 18 s
+    # (14 in flight).
     assert ups == [
-        (3, 5, "ScaledUp: in-flight 7/replica (arrivals x1.43 in 30s) > target 4"),
-        (3, 4, "ScaledUp: in-flight 7/replica > target 4"),
+        (6, 4, "ScaledUp: in-flight 4/replica (arrivals x2.00 in 16s) > target 4"),
+        (18, 4, "ScaledUp: in-flight 7/replica > target 4"),
     ]
-    assert (cur_t, cur_f) == (5, 4)
 
 
 def test_forecast_growth_is_capped() -> None:
@@ -618,15 +617,16 @@ def test_the_trend_is_read_over_the_recent_span_not_the_last_minute() -> None:
         if current == 2 and asked is None:
             asked = (t, dec.reason)
     assert dec is not None and asked is not None
-    # At 70 s (7.4 req/s, 13.8 a cold start later: 6.2 in flight, 2 replicas' worth):
-    # Little's mean 2.4 in flight (the recent mean rate x S); the slope over the last
-    # 20 s (10 flat samples, 11 rising) over the cold start AND the mean's age (half
-    # its window: the recent mean is the rate of ~5 s ago): x1.91 -> 4.6 in flight -> 2
-    # replicas. Without the age: x1.73 at 72 s. Fitted over the last minute: x1.10,
-    # 3.0 in flight at 72 s, 1 replica.
+    # At 68 s (9 s into the ramp, 6.2 req/s; 12.6 a cold start later: 5.7 in flight, 2
+    # replicas' worth): flat, then a rise fitted from its breakpoint, reads the rate now
+    # (6.2) and the slope (0.4/s); 6.2 + 0.4 x 16 is capped at twice 6.2, x2.80 over the
+    # 10 s recent mean (4.4) -> 5.6 in flight -> 2 replicas. A straight line through the
+    # last 20 s (two standard errors) added to the recent mean over the cold start and
+    # the mean's age asked at 70 s (x1.91); without the age at 72 s; fitted over the last
+    # minute, 3.0 in flight at 72 s, 1 replica.
     assert current == 2, dec.reason
-    assert asked[0] == 70, asked
-    assert "arrivals x1.91 in 16s" in asked[1], asked
+    assert asked[0] == 68, asked
+    assert "arrivals x2.80 in 16s" in asked[1], asked
 
 
 def test_traffic_after_a_pause_is_a_step_not_a_ramp() -> None:
@@ -653,7 +653,7 @@ def test_traffic_after_a_pause_is_a_step_not_a_ramp() -> None:
             assert " in 16s)" not in dec.reason, dec.reason
     assert desired[30:70] == [1] * 40, desired
     assert max(desired[70:]) >= 2  # the ramp still asks for replicas
-    ramp_up = 70 + desired[70:].index(2)
+    ramp_up = next(t for t in range(70, 100) if desired[t] >= 2)
     assert ramp_up <= 78, desired  # about where a ramp after flat traffic is seen
 
 
