@@ -16,18 +16,21 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
   deviations of what the current replicas hold), where
   ``load_forecast`` scales what runs on the engines (never a backlog: queued or held
   requests) by the arrival rate forecast at ``now + coldStart`` over the rate now
-  (least-squares trend of the recent rates, only upwards, at most x2): a ramp is met
-  by replicas that are Ready when it arrives, not after the queue has built. The
-  trend is fitted over the last max(coldStart, :data:`MIN_TREND_SPAN_SECONDS`) of
-  rate samples only (over a minute, a line through 40 s of flat traffic and the first
-  seconds of a ramp read a fraction of its slope: with a 15 s cold start the second
-  replica was asked for when the first was already saturated, and 21 standard
-  requests of the ramp missed their objective), counts only when the samples cover
-  :data:`MIN_TREND_COVER` of that span and its slope exceeds
-  :data:`TREND_SIGNIFICANCE` standard errors (the larger of the residuals' and a
-  Poisson rate's noise), and is added to the rate the load was read at (the recent
-  mean for Little's mean, over the cold start plus the mean's age, half the window it
-  was averaged over; this tick's rate for a sample), and only from the samples
+  (only upwards, at most x2 the rate now): a ramp is met by replicas that are Ready
+  when it arrives, not after the queue has built. The forecast is the ramp's fitted
+  rate now plus its slope over the cold start (:func:`_ramp`): flat, then a straight
+  rise from a breakpoint, fitted to the rate samples of the last max(coldStart,
+  :data:`MIN_TREND_SPAN_SECONDS`) at every breakpoint that leaves
+  :data:`RAMP_MIN_SAMPLES`, the most significant slope kept; it counts only when the
+  samples cover :data:`MIN_TREND_COVER` of that span and the slope exceeds
+  :data:`RAMP_SIGNIFICANCE` standard errors (the larger of the residuals' and a Poisson
+  rate's noise). Over a minute, a line through 40 s of flat traffic and the first
+  seconds of a ramp read a fraction of its slope (with a 15 s cold start the second
+  replica was asked for when the first was already saturated, and 21 standard requests
+  of the ramp missed their objective); over 20 s a line still saw the heavy trace's
+  ramp a median 8-9 s in, and the recent mean it was added to was half a window old;
+  the breakpoint fits the rise to its own samples. The ramp is read only from the
+  samples
   after the last :data:`NO_TRAFFIC_SECONDS` without arrivals (a step after a pause is no
   ramp); the history of a service at zero
   replicas with nothing arriving is empty: the run at aacdde1 woke from zero, read the
@@ -588,15 +591,24 @@ TOLERANCE = 0.1
 #: A tick's arrivals differ from the newer ticks' (a change of rate, not noise) when
 #: its count is this many standard deviations from its share of both under one rate.
 CHANGE_SIGNIFICANCE = 3.0
+#: A rise cuts the recent window only once the newer ticks span this many seconds (a
+#: drop cuts at once). On the cluster a critical burst (8 requests at once) in the newest
+#: tick or two read as a new, higher rate: Little's mean jumped from 7.6 to 12.5 in flight
+#: within 4 s at the heavy trace's peak, and asked for a replica that came a cold start
+#: later, when the peak was nearly over (36138dd, seeds 0 and 3 at target 4). A surge
+#: that lasts is read 2 s later; the requests it queues count at once.
+RISE_CUT_SECONDS = 2.0
 
 
 def _recent_rate(rates: Sequence[tuple[float, float]], now: float) -> float | None:
     """The arrival rate over the last :data:`STEADY_WINDOW_SECONDS`, cut where it
-    changed: walking back from the newest
-    tick, a tick whose count is more than :data:`CHANGE_SIGNIFICANCE` standard
-    deviations from its share of its own and the newer ticks' arrivals (binomial, by
-    duration, under one rate) ends the window. A stream that stops (the end of a peak)
-    reads 0 within a tick instead of fading over the window. None without samples."""
+    changed: walking back from the newest tick, a tick whose count is more than
+    :data:`CHANGE_SIGNIFICANCE` standard deviations from its share of its own and the
+    newer ticks' arrivals (binomial, by duration, under one rate) ends the window, a
+    tick above its share at once, one below it (the newer ticks rose) once they span
+    :data:`RISE_CUT_SECONDS`. A stream that stops (the end of a peak) reads 0 within a
+    tick instead of fading over the window; a burst is no new rate. None without
+    samples."""
     count = span = 0.0
     for k in range(len(rates) - 1, -1, -1):
         t, r = rates[k]
@@ -611,7 +623,9 @@ def _recent_rate(rates: Sequence[tuple[float, float]], now: float) -> float | No
         if span > 0:
             n, p = count + c, dt / (span + dt)
             sd = math.sqrt(n * p * (1 - p))
-            if abs(c - n * p) > CHANGE_SIGNIFICANCE * sd:
+            if abs(c - n * p) > CHANGE_SIGNIFICANCE * sd and (
+                c > n * p or span >= RISE_CUT_SECONDS
+            ):
                 break
         count, span = count + c, span + dt
     return count / span if span > 0 else None

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from routerdemand import RouterDemand
 
+from fleetgate.operator import autoscale
 from fleetgate.operator.autoscale import (
     Demand,
     Policy,
@@ -681,3 +682,41 @@ def test_no_scale_down_while_requests_keep_waiting_in_the_routers() -> None:
     state = decide(p, quiet, 3, 3, 21.0, state).state
     dec = decide(p, busy, 3, 3, 22.0, state)
     assert dec.desired == 2, dec.reason  # ceil(7.5 / 4)
+
+
+def test_a_burst_in_the_newest_tick_is_no_new_rate_but_a_surge_that_lasts_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the heavy trace's peak (15 req/s of 0.5 s requests on 2 replicas of 4 slots) a
+    critical burst (8 requests at once) in the newest tick, after a tick low by chance,
+    cut the recent window to that tick: Little's mean read 16 in flight where it had read
+    7.5, and a replica was asked for that came a cold start later, when the peak was
+    nearly over (the closed loop, seed 65; on the cluster at 36138dd the mean jumped from
+    7.6 to 12.5 within 4 s the same way on seeds 0 and 3). A rise cuts the window only
+    once it has lasted RISE_CUT_SECONDS; a drop still cuts at once."""
+    p = policy(cold_start=16.0, down_window=0.0)
+    rates = (*((float(t), 15.0) for t in range(10)), (10.0, 12.0))
+    start = State(service_time=0.5, rates=rates, last_tick=10.0, last_in_flight=7.5)
+
+    def at(t: float, rate: float, state: State) -> tuple[int, str, State]:
+        d = Demand(in_flight=7.5, arrival_rate=rate, completion_rate=15.0)
+        dec = decide(p, d, 2, 2, t, state)
+        return dec.desired, dec.reason, dec.state
+
+    # 32 in one tick after 12: the window keeps the ticks before it, 16.1 req/s, 8.1 in
+    # flight, what 2 replicas hold
+    desired, reason, _ = at(11.0, 32.0, start)
+    assert (desired, "; 8.1 mean in flight" in reason) == (2, True), reason
+    with monkeypatch.context() as m:  # a rise that cuts at once, as before
+        m.setattr(autoscale, "RISE_CUT_SECONDS", 0.0)
+        desired, reason, _ = at(11.0, 32.0, start)
+        assert (desired, "; 16 mean in flight" in reason) == (4, True), reason
+    # 45 req/s: one tick is part of the window (8.7 in flight), two are the rate (22.5
+    # in flight, 6 replicas)
+    desired, reason, state = at(11.0, 45.0, start)
+    assert (desired, "; 8.7 mean in flight" in reason) == (2, True), reason
+    desired, reason, state = at(12.0, 45.0, state)
+    assert (desired, "; 22.5 mean in flight" in reason) == (6, True), reason
+    # a stream that stops reads 0 at the first empty tick
+    desired, reason, _ = at(11.0, 0.0, start)
+    assert (desired, "; 0 mean in flight" in reason) == (1, True), reason
