@@ -103,7 +103,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -138,6 +138,7 @@ QUEUE_DEPTH = "fleetgate_queue_depth"  # gauge, {model, class}
 TTFT_OBJECTIVE = "fleetgate_ttft_objective"  # counter, {model, class, met}
 REQUESTS = "fleetgate_requests"  # counter, {model, engine, endpoint, status}: completions
 DISPATCHES = "fleetgate_dispatches"  # counter, {model, class}: the rate's fallback
+HEALTHY = "fleetgate_endpoint_healthy"  # gauge, {endpoint, engine}: last /health probe 200
 
 #: Idle window with ``minReplicas: 0`` when ``scaleToZeroAfterSeconds`` is unset.
 DEFAULT_IDLE_SECONDS = 300
@@ -212,6 +213,8 @@ class RouterSnapshot:
     """(model, class) -> cumulative dispatches."""
     completions: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """endpoint id -> cumulative requests this router answered from it (any status)."""
+    healthy: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    """endpoint id -> whether this router's last /health probe of it answered 200."""
 
 
 def _add(d: dict[str, float], key: str, value: float) -> None:
@@ -236,6 +239,7 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
     arrivals_c: dict[tuple[str, str], float] = {}
     dispatches_c: dict[tuple[str, str], float] = {}
     completions: dict[str, float] = {}
+    healthy: dict[str, bool] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels, value = s.labels, float(s.value)
@@ -256,6 +260,8 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
             elif s.name == f"{DISPATCHES}_total" and "model" in labels:
                 _add(dispatches, labels["model"], value)
                 _add_c(dispatches_c, labels, value)
+            elif s.name == HEALTHY and "endpoint" in labels:
+                healthy[labels["endpoint"]] = healthy.get(labels["endpoint"], False) or value > 0
             elif s.name == f"{REQUESTS}_total" and labels.get("endpoint", "none") != "none":
                 _add(completions, labels["endpoint"], value)
             elif s.name == f"{TTFT_OBJECTIVE}_total" and "model" in labels:
@@ -273,6 +279,7 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
         arrivals_c,
         dispatches_c,
         completions,
+        healthy,
     )
 
 
@@ -295,6 +302,9 @@ class Demand:
     completion_rate: float | None = None
     """Requests per second the service's endpoints finished since the previous scrape
     (None on the first scrape)."""
+    serving: frozenset[str] | None = None
+    """The service's endpoints some router's last /health probe found serving (None: no
+    router reports the health of any of them)."""
 
     @property
     def load(self) -> float:
@@ -350,7 +360,14 @@ def demand_for(
     kv_by: dict[str, float] = {}
     queued = held = arrived = arrived_all = met = total = completed = 0.0
     rate_known = previous is not None and elapsed > 0
+    probed: set[str] = set()
+    serving: set[str] = set()
     for router, snap in now.items():
+        for ep, ok in snap.healthy.items():
+            if ep in eps:
+                probed.add(ep)
+                if ok:
+                    serving.add(ep)
         for ep, value in snap.in_flight.items():
             if ep in eps:
                 in_flight_by[ep] += value
@@ -411,6 +428,7 @@ def demand_for(
         ttft_total=total,
         in_flight_by_endpoint=in_flight_by,
         completion_rate=completed / elapsed if rate_known else None,
+        serving=frozenset(serving) if probed else None,
     )
 
 
@@ -867,10 +885,21 @@ def decide(
     )
 
 
-def choose_victims(pods: Sequence[tuple[str, float]], n: int) -> list[str]:
-    """The ``n`` replicas to drain first: ``(pod, in flight)`` with the least in flight
-    (ties by name, so repeated ticks pick the same ones)."""
-    return [p for p, _ in sorted(pods, key=lambda p: (p[1], p[0]))[: max(0, n)]]
+def choose_victims(
+    pods: Sequence[tuple[str, float]], n: int, serving: Collection[str] | None = None
+) -> list[str]:
+    """The ``n`` replicas to drain first: ``(pod, in flight)``; pods not in ``serving``
+    (None: all serve) first, then the least in flight (ties by name, so repeated ticks
+    pick the same ones). A pod can be Ready before its engine answers (a readiness
+    probe on the port, not the model; every kwok pod): on the cluster a scale-down
+    drained the replica that had served all along while the one asked for 11 s before
+    was still starting, and the routers held 11 requests for ~4 s (a1da059, target 3,
+    seed 0)."""
+
+    def key(p: tuple[str, float]) -> tuple[bool, float, str]:
+        return (serving is None or p[0] in serving, p[1], p[0])
+
+    return [p for p, _ in sorted(pods, key=key)[: max(0, n)]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -905,18 +934,20 @@ def plan_drain(
     wanted: int,
     now: float,
     timeout: float,
+    serving: Collection[str] | None = None,
 ) -> Drain:
     """Which replicas drain for a scale-down by ``wanted`` (> 0), and whether they go.
 
     ``draining``: ``(pod, since)`` of the replicas already draining; ``in_flight``:
     every Ready replica of the service and what it runs (a draining pod missing from it
-    is gone: removed, or deleted by someone). Every replica to remove drains at once
-    and they go together: the victims share the lowest deletion cost, so a scale-down
-    by their number removes exactly them once all are idle (removing one while another
-    still drains could take the busy one; one at a time made 10 -> 2 with minute-long
-    requests eight drains in a row). Demand partly back (more draining than wanted):
-    the busiest go back to work. A replica past ``timeout`` seconds of draining counts
-    as drained whatever it still runs.
+    is gone: removed, or deleted by someone); ``serving``: the pods the routers find
+    serving (None: unknown), the others drain first (:func:`choose_victims`). Every
+    replica to remove drains at once and they go together: the victims share the lowest
+    deletion cost, so a scale-down by their number removes exactly them once all are
+    idle (removing one while another still drains could take the busy one; one at a time
+    made 10 -> 2 with minute-long requests eight drains in a row). Demand partly back
+    (more draining than wanted): the busiest go back to work. A replica past ``timeout``
+    seconds of draining counts as drained whatever it still runs.
     """
     live = [(p, since) for p, since in draining if p in in_flight]
     released: list[str] = []
@@ -926,7 +957,7 @@ def plan_drain(
         live = live[:wanted]
     marked = {p for p, _ in live}
     new = choose_victims(
-        [(p, n) for p, n in in_flight.items() if p not in marked], wanted - len(live)
+        [(p, n) for p, n in in_flight.items() if p not in marked], wanted - len(live), serving
     )
     live += [(p, now) for p in new]
     busy = [(p, in_flight[p]) for p, since in live if in_flight[p] > 0 and now - since < timeout]

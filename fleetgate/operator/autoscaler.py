@@ -539,8 +539,18 @@ class Autoscaler:
             if any(not _is_ready(p) for p in pods) or not pods:
                 new_replicas = current - 1  # the ReplicaSet removes a not-ready pod first
             else:
+                serving = (
+                    None
+                    if demand.serving is None
+                    else {pod for pod, address in endpoint.items() if address in demand.serving}
+                )
                 step = autoscale.plan_drain(
-                    draining, in_flight, current - target, now, auto.drain_timeout_seconds
+                    draining,
+                    in_flight,
+                    current - target,
+                    now,
+                    auto.drain_timeout_seconds,
+                    serving,
                 )
                 for pod in step.released:
                     self._mark(ns, pod, drain=False)

@@ -16,6 +16,11 @@ from prometheus_client import Counter, Gauge, generate_latest
 from fleetgate.operator import autoscale
 from fleetgate.router.metrics import ClassMetrics, RouterMetrics
 from fleetgate.router.priority.config import PriorityConfig
+from fleetgate.router.scheduling.load import LoadParams
+from fleetgate.router.scheduling.prefix import PrefixIndex
+from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.router.served import adapter_for
+from fleetgate.router.state import Endpoint, Fleet
 
 
 class RouterDemand:
@@ -51,6 +56,25 @@ class RouterDemand:
     def ttft(self, model: str, cls: str, met: int, missed: int) -> None:
         self.classes.ttft_objective.labels(model, cls, "true").inc(met)
         self.classes.ttft_objective.labels(model, cls, "false").inc(missed)
+
+    def set_health(self, endpoints: Mapping[str, bool]) -> None:
+        """The router's per-endpoint state (``fleetgate_endpoint_healthy`` among it),
+        exported by its own fleet collector over endpoints with these ids (once)."""
+        adapter = adapter_for("vllm", None)
+        eps = []
+        for k, (ep, ok) in enumerate(endpoints.items()):
+            e = Endpoint(
+                id=EndpointId(ep),
+                pool="default",
+                engine=adapter.name,
+                url=f"http://127.0.0.1:{18500 + k}",
+                adapter=adapter,
+                metrics_source=adapter.metrics_sources[0],
+            )
+            e.healthy = ok
+            eps.append(e)
+        fleet = Fleet(eps, index=PrefixIndex(1024), load_params=LoadParams())
+        self.metrics.watch_fleet(fleet, lambda: 0.0)
 
     def text(self) -> str:
         return generate_latest(self.metrics.registry).decode()

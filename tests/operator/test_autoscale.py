@@ -563,6 +563,32 @@ def test_victim_is_the_least_loaded_then_by_name() -> None:
     assert choose_victims([], 1) == []
 
 
+def test_a_replica_the_routers_do_not_find_serving_drains_first() -> None:
+    """On kwok every pod is Ready at once, and a readiness probe on the port is Ready
+    before the model: a1da059 (target 3, seed 0) drained the replica that had served
+    all along while the one asked for 11 s before was still starting, and the routers
+    held 11 requests for ~4 s. The routers' health probes say which endpoints serve."""
+    a, b = RouterDemand(), RouterDemand()
+    a.set_health({"ns/p-a": True, "ns/p-b": False})
+    b.set_health({"ns/p-a": True, "ns/p-b": False, "ns/other": False})
+    snaps = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    assert snaps["a"].healthy == {"ns/p-a": True, "ns/p-b": False}
+    d = demand_for(snaps, None, 0.0, model=MODEL, endpoints=["ns/p-a", "ns/p-b"])
+    assert d.serving == frozenset({"ns/p-a"})
+    # no router reports health: unknown, not "none serve"
+    quiet = {"r": parse_router_metrics(RouterDemand().text())}
+    assert demand_for(quiet, None, 0.0, model=MODEL, endpoints=["ns/p-a"]).serving is None
+    # both idle: by name p-a would go; p-b does not serve, so it goes
+    assert choose_victims([("p-a", 0), ("p-b", 0)], 1) == ["p-a"]
+    assert choose_victims([("p-a", 0), ("p-b", 0)], 1, serving={"p-a"}) == ["p-b"]
+    # busier but not serving still goes first (what it "runs" is not work)
+    assert choose_victims([("p-a", 0), ("p-b", 2)], 1, serving={"p-a"}) == ["p-b"]
+    step = plan_drain([], {"p-a": 0.0, "p-b": 0.0}, 1, now=10.0, timeout=60.0, serving={"p-a"})
+    assert step.new == ("p-b",)
+    assert plan_drain(step.draining, {"p-a": 0.0, "p-b": 0.0}, 1, now=11.0, timeout=60.0,
+                      serving={"p-a"}).removed == (("p-b", 0.0),)  # fmt: skip
+
+
 def test_a_scale_down_drains_every_victim_at_once_and_removes_them_together() -> None:
     flight = {"p-a": 3.0, "p-b": 1.0, "p-c": 0.0, "p-d": 2.0}
     first = plan_drain([], flight, 2, now=100.0, timeout=60.0)
