@@ -50,6 +50,7 @@ TRTLLM_VALUES: dict[str, list[Any]] = {
     "enable_block_reuse": [False],
     "tokens_per_block": [64],
     "waiting_queue_policy": ["priority"],
+    "enable_attention_dp": [True],
     "kv_events": [False],
 }
 #: Flags a user may add through engine.extraArgs that the emulator does not know.

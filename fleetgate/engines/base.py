@@ -258,6 +258,11 @@ class KvEventBatch:
     data_parallel_rank: int | None = None
 
 
+#: Most attention-DP ranks one replica may publish events from (``parallelism.tensor``'s
+#: own bound in the CRD).
+MAX_KV_RANKS = 64
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KvEventsEndpoint:
     """Where and how one engine replica publishes KV events (what discovery needs).
@@ -266,6 +271,14 @@ class KvEventsEndpoint:
     ROUTER replay socket on ``replay_port``) or ``http-drain`` (``POST`` on the
     engine's HTTP port at ``path``; reading removes the events, so one reader only).
     ``format`` names the decoder, i.e. the adapter that wrote it.
+
+    ``ranks`` > 1: the replica is several attention-data-parallel ranks, each with its
+    own KV cache and its own event stream (``seq`` counted per rank). ``zmq``: rank
+    ``r`` binds ``port + r`` and ``replay_port + r``; ``http-drain``: one body holds
+    every rank's events, each tagged with its rank. ``rank_choice`` says how the engine
+    picks a rank for a request, so how much of a prefix held by some ranks it can expect
+    to reuse: ``load`` (by load alone: the mean over ranks) or ``cache`` (the rank with
+    the longest cached prefix: the best rank).
     """
 
     transport: Literal["zmq", "http-drain"]
@@ -274,6 +287,16 @@ class KvEventsEndpoint:
     replay_port: int | None = None
     topic: str = ""
     path: str | None = None
+    ranks: int = 1
+    rank_choice: Literal["load", "cache"] = "load"
+
+    def rank_ports(self, rank: int) -> tuple[int | None, int | None]:
+        """The PUB and replay ports of attention-DP rank ``rank`` (``zmq``)."""
+        if not 0 <= rank < self.ranks:
+            raise ValueError(f"rank {rank} outside 0..{self.ranks - 1}")
+        pub = None if self.port is None else self.port + rank
+        replay = None if self.replay_port is None else self.replay_port + rank
+        return pub, replay
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

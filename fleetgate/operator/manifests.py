@@ -88,10 +88,12 @@ ANNOTATION_CONFIG_HASH = "fleetgate.dev/config-hash"
 #: flags and request fields differ by release, e.g. TensorRT-LLM ``1.0``).
 ANNOTATION_ENGINE_VERSION = "fleetgate.dev/engine-version"
 #: Where each replica publishes KV-cache events (absent: events off), as compact JSON
-#: ``{"transport", "format", "port"?, "replayPort"?, "topic"?, "path"?}``: ``zmq``
-#: sockets on the pod IP (also the named container ports ``kv-events`` and
-#: ``kv-replay``), or ``http-drain`` = ``POST path`` on the engine's HTTP port.
-#: ``format`` names the decoder (the engine adapter's ``decode_kv_events``).
+#: ``{"transport", "format", "port"?, "replayPort"?, "topic"?, "path"?, "ranks"?,
+#: "rankChoice"?}``: ``zmq`` sockets on the pod IP (also the named container ports
+#: ``kv-events`` and ``kv-replay``; attention-DP rank r > 0: ``kv-events-r`` and
+#: ``kv-replay-r`` on the base ports + r), or ``http-drain`` = ``POST path`` on the
+#: engine's HTTP port. ``format`` names the decoder (the engine adapter's
+#: ``decode_kv_events``); ``ranks`` and ``rankChoice`` only when there are several ranks.
 ANNOTATION_KV_EVENTS = "fleetgate.dev/kv-events"
 PORT_KV_EVENTS = "kv-events"
 PORT_KV_REPLAY = "kv-replay"
@@ -347,9 +349,12 @@ def _ports(plan: ContainerPlan) -> list[dict[str, Any]]:
     ports: list[dict[str, Any]] = [{"name": "http", "containerPort": plan.port, "protocol": "TCP"}]
     kv = plan.kv_events
     if kv is not None and kv.transport == "zmq":
-        for name, port in ((PORT_KV_EVENTS, kv.port), (PORT_KV_REPLAY, kv.replay_port)):
-            if port is not None:
-                ports.append({"name": name, "containerPort": port, "protocol": "TCP"})
+        for rank in range(kv.ranks):
+            suffix = f"-{rank}" if rank else ""
+            pub, replay = kv.rank_ports(rank)
+            for name, port in ((PORT_KV_EVENTS, pub), (PORT_KV_REPLAY, replay)):
+                if port is not None:
+                    ports.append({"name": name + suffix, "containerPort": port, "protocol": "TCP"})
     return ports
 
 
@@ -364,6 +369,9 @@ def kv_events_annotation(kv: KvEventsEndpoint) -> str:
         data["topic"] = kv.topic
     if kv.path is not None:
         data["path"] = kv.path
+    if kv.ranks > 1:
+        data["ranks"] = kv.ranks
+        data["rankChoice"] = kv.rank_choice
     return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
 

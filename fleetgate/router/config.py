@@ -257,7 +257,8 @@ def parse_backend_flag(flag: str) -> Backend:
 
     Options (what ``fleetgate sim --kv-events`` prints, so its lines paste in):
     ``kv_events=tcp://HOST:PORT`` (ZeroMQ PUB, HOST the URL's), ``kv_replay=tcp://HOST:PORT``,
-    ``kv_topic=TOPIC``, or ``kv_events=http-drain:/PATH`` (TensorRT-LLM); ``name=ID``.
+    ``kv_topic=TOPIC``, or ``kv_events=http-drain:/PATH`` (TensorRT-LLM); ``kv_ranks=N``
+    and ``kv_rank_choice=load|cache`` (attention-DP ranks); ``name=ID``.
     """
     engine, sep, rest = flag.partition("=")
     url, *options = rest.split(",")
@@ -279,9 +280,14 @@ def parse_backend_flag(flag: str) -> Backend:
             kv["port" if key == "kv_events" else "replay_port"] = _tcp_port(flag, url, value)
         elif key == "kv_topic":
             kv["topic"] = value
+        elif key == "kv_ranks":
+            kv["ranks"] = value
+        elif key == "kv_rank_choice":
+            kv["rank_choice"] = value
         else:
             raise ConfigError(
-                f"--backend {flag!r}: unknown option {key!r} (name, kv_events, kv_replay, kv_topic)"
+                f"--backend {flag!r}: unknown option {key!r} (name, kv_events, kv_replay, "
+                "kv_topic, kv_ranks, kv_rank_choice)"
             )
     if kv:
         fields["kv_events"] = kv

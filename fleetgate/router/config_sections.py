@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from fleetgate.engines import UnknownEngineError, get_adapter
-from fleetgate.engines.base import KvEventsEndpoint
+from fleetgate.engines.base import MAX_KV_RANKS, KvEventsEndpoint
 from fleetgate.router.k8s_targets import KubernetesDiscoveryConfig
 from fleetgate.router.served import EngineVersionError, check_version
 
@@ -43,6 +43,12 @@ class BackendKvEvents(_Strict):
     path: str | None = None
     format: str | None = None
     """The decoder's name (informational; the backend's engine adapter decodes)."""
+    ranks: int = Field(1, ge=1, le=MAX_KV_RANKS)
+    """Attention-DP ranks, each with its own stream (``zmq``: rank r on ``port + r`` and
+    ``replay_port + r``; ``http-drain``: every rank's events in one body)."""
+    rank_choice: Literal["load", "cache"] = "load"
+    """How the engine picks a rank: by load (a prefix counts as the mean over ranks) or
+    by cached prefix (as the best rank's)."""
 
     @model_validator(mode="after")
     def _complete(self) -> BackendKvEvents:
@@ -51,6 +57,10 @@ class BackendKvEvents(_Strict):
                 raise ValueError("transport zmq needs port")
             if self.path is not None:
                 raise ValueError("path is for transport http-drain")
+            if self.replay_port is not None and abs(self.replay_port - self.port) < self.ranks:
+                raise ValueError(f"{self.ranks} ranks from port and replay_port overlap")
+            if max(self.port, self.replay_port or 0) + self.ranks - 1 > 65535:
+                raise ValueError(f"{self.ranks} ranks run past port 65535")
         else:
             if self.path is None or not self.path.startswith("/"):
                 raise ValueError("transport http-drain needs path, e.g. /kv_cache_events")
@@ -66,6 +76,8 @@ class BackendKvEvents(_Strict):
             replay_port=self.replay_port,
             topic=self.topic,
             path=self.path,
+            ranks=self.ranks,
+            rank_choice=self.rank_choice,
         )
 
 

@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fleetgate.engines.base import KvEventsEndpoint
+from fleetgate.engines.base import MAX_KV_RANKS, KvEventsEndpoint
 
 # The operator's discovery labels (fleetgate/operator/manifests.py). Copied, not
 # imported: router and operator are independent packages (import-linter contract);
@@ -168,7 +168,7 @@ def parse_kv_events_annotation(value: str) -> KvEventsEndpoint:
         raise ValueError(f"{ANNOTATION_KV_EVENTS} is not JSON: {value[:80]!r}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{ANNOTATION_KV_EVENTS} must be a JSON object")
-    known = {"transport", "format", "port", "replayPort", "topic", "path"}
+    known = {"transport", "format", "port", "replayPort", "topic", "path", "ranks", "rankChoice"}
     if unknown := sorted(set(data) - known):
         raise ValueError(f"{ANNOTATION_KV_EVENTS}: unknown field(s) {', '.join(unknown)}")
     transport = data.get("transport")
@@ -187,14 +187,30 @@ def parse_kv_events_annotation(value: str) -> KvEventsEndpoint:
     topic = data.get("topic", "")
     if not isinstance(topic, str):
         raise ValueError(f"{ANNOTATION_KV_EVENTS}: topic must be a string")
+    ranks = data.get("ranks", 1)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_KV_RANKS:
+        raise ValueError(f"{ANNOTATION_KV_EVENTS}: ranks must be 1-{MAX_KV_RANKS}, not {ranks!r}")
+    choice = data.get("rankChoice", "load")
+    if choice not in ("load", "cache"):
+        raise ValueError(f"{ANNOTATION_KV_EVENTS}: rankChoice must be load or cache")
     if transport == "zmq":
         pub = port("port")
         if pub is None:
             raise ValueError(f"{ANNOTATION_KV_EVENTS}: transport zmq needs port")
-        return KvEventsEndpoint("zmq", fmt, port=pub, replay_port=port("replayPort"), topic=topic)
+        replay = port("replayPort")
+        if max(pub, replay or 0) + ranks - 1 > 65535:
+            raise ValueError(f"{ANNOTATION_KV_EVENTS}: {ranks} ranks run past port 65535")
+        if replay is not None and abs(replay - pub) < ranks:
+            raise ValueError(
+                f"{ANNOTATION_KV_EVENTS}: {ranks} ranks from port {pub} and replayPort "
+                f"{replay} overlap"
+            )
+        return KvEventsEndpoint(
+            "zmq", fmt, port=pub, replay_port=replay, topic=topic, ranks=ranks, rank_choice=choice
+        )
     if transport == "http-drain":
         path = data.get("path")
         if not isinstance(path, str) or not path.startswith("/"):
             raise ValueError(f"{ANNOTATION_KV_EVENTS}: transport http-drain needs a /path")
-        return KvEventsEndpoint("http-drain", fmt, path=path)
+        return KvEventsEndpoint("http-drain", fmt, path=path, ranks=ranks, rank_choice=choice)
     raise ValueError(f"{ANNOTATION_KV_EVENTS}: unknown transport {transport!r}")

@@ -3,8 +3,12 @@
 Each endpoint whose :attr:`~fleetgate.router.state.Endpoint.kv_events` is set gets one
 asyncio task (:class:`KvFeeds`), started with the app (static backends) or when
 Kubernetes discovery adds the endpoint, cancelled when it leaves (its index entries
-are then cleared). Batches are decoded by the endpoint's adapter
-(``decode_kv_events``) and applied to ``Fleet.kv_index`` in order, under the rules of
+are then cleared). An engine of several attention-DP ranks (``kv_events.ranks``) has a
+stream and a KV cache per rank: on ``zmq`` one task per rank (ports base + rank), each
+with its own sequencer and its own entries in the index; the endpoint's feed status is
+the least usable rank's (:class:`~fleetgate.router.kvfeed_base.RankGroup`). Batches are
+decoded by the endpoint's adapter (``decode_kv_events``) and applied to
+``Fleet.kv_index`` in order, under the rules of
 :class:`~fleetgate.router.scheduling.kvsync.FeedSequencer`.
 
 ``zmq`` (vLLM, and TensorRT-LLM's streaming publisher: the same framing and replay
@@ -42,7 +46,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -55,7 +60,7 @@ from fleetgate.engines.base import (
     KvEventsDecodeError,
 )
 from fleetgate.router.config import KvEventsSection
-from fleetgate.router.kvfeed_base import Broken, Feed, Gap
+from fleetgate.router.kvfeed_base import Broken, Feed, Gap, RankGroup
 from fleetgate.router.kvfeed_drain import DrainFeed
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.scheduling.kvindex import KvIndex
@@ -85,13 +90,17 @@ class ZmqFeed(Feed):
         clock: Callable[[], float],
         config: KvEventsSection,
         ctx: zmq.asyncio.Context,
+        rank: int = 0,
+        group: RankGroup | None = None,
     ) -> None:
-        super().__init__(e, index, metrics, clock, config)
+        super().__init__(e, index, metrics, clock, config, rank, group)
         kv = e.kv_events
         assert kv is not None and kv.transport == "zmq" and kv.port is not None
         self.ctx = ctx
-        self.url = zmq_url(e.url, kv.port)
-        self.replay_url = zmq_url(e.url, kv.replay_port) if kv.replay_port is not None else None
+        port, replay_port = kv.rank_ports(rank)
+        assert port is not None
+        self.url = zmq_url(e.url, port)
+        self.replay_url = zmq_url(e.url, replay_port) if replay_port is not None else None
         self.topic = kv.topic.encode()
         self.ipv6 = self.url.startswith("tcp://[")
 
@@ -178,7 +187,7 @@ class ZmqFeed(Feed):
                 self.state("syncing", f"gap: {err}")
                 return False
             # no replay: what the message held is lost for good
-            self.index.clear(self.e.id)
+            self.forget()
             self.seq.accept_gap(self.seq.needed)
         if self.seq.last is not None:
             self.in_sync()  # live, or partial once something was lost for good
@@ -206,7 +215,7 @@ class ZmqFeed(Feed):
             self.offer(batch, replayed=True, replayable=True)
             if i % 256 == 255:
                 await asyncio.sleep(0)  # a long replay does not hold the event loop
-        self.e.kv_feed.verified_at = self.clock()
+        self.verified()
         self.in_sync()
 
     async def _replay(self, start: int, cause: str) -> list[KvEventBatch]:
@@ -237,7 +246,8 @@ class ZmqFeed(Feed):
 
 
 class KvFeeds:
-    """The subscriber tasks of a fleet, one per endpoint with ``kv_events``."""
+    """The subscriber tasks of a fleet: one per endpoint with ``kv_events``, or, for an
+    engine of several attention-DP ranks on ``zmq``, one per rank (ports base + rank)."""
 
     def __init__(
         self,
@@ -253,8 +263,8 @@ class KvFeeds:
         self.metrics = metrics
         self.clock = clock
         self._ctx: zmq.asyncio.Context | None = None
-        self._tasks: dict[EndpointId, asyncio.Task[None]] = {}
-        self.feeds: dict[EndpointId, Feed] = {}
+        self._tasks: dict[EndpointId, list[asyncio.Task[None]]] = {}
+        self.feeds: dict[EndpointId, tuple[Feed, ...]] = {}
 
     def start(self) -> None:
         """A task for every endpoint of the fleet that publishes events."""
@@ -262,36 +272,44 @@ class KvFeeds:
             self.add(e)
 
     def add(self, e: Endpoint) -> bool:
-        """Start ``e``'s subscriber (False: no events, or already running)."""
+        """Start ``e``'s subscriber(s) (False: no events, or already running)."""
         kv = e.kv_events
         if kv is None or not self.config.enabled or e.id in self._tasks:
             return False
-        feed: Feed
+        index = self.fleet.kv_index
+        index.set_ranks(e.id, kv.ranks, kv.rank_choice)
+        feeds: tuple[Feed, ...]
+        runners: list[Coroutine[Any, Any, None]]
         if kv.transport == "zmq":
             if self._ctx is None:
                 self._ctx = zmq.asyncio.Context()
-            feed = ZmqFeed(e, self.fleet.kv_index, self.metrics, self.clock, self.config,
-                           self._ctx)  # fmt: skip
-            runner = feed.run()
+            group = RankGroup(e, kv.ranks) if kv.ranks > 1 else None
+            zfeeds = tuple(
+                ZmqFeed(e, index, self.metrics, self.clock, self.config, self._ctx, r, group)
+                for r in range(kv.ranks)
+            )
+            feeds, runners = zfeeds, [f.run() for f in zfeeds]
         else:
-            feed = DrainFeed(e, self.fleet.kv_index, self.metrics, self.clock, self.config,
-                             self.client)  # fmt: skip
-            runner = feed.run()
-        self.feeds[e.id] = feed
-        self._tasks[e.id] = asyncio.get_running_loop().create_task(runner, name=f"kvfeed:{e.id}")
+            drain = DrainFeed(e, index, self.metrics, self.clock, self.config, self.client)
+            feeds, runners = (drain,), [drain.run()]
+        self.feeds[e.id] = feeds
+        loop = asyncio.get_running_loop()
+        self._tasks[e.id] = [
+            loop.create_task(runner, name=f"kvfeed:{e.id}" + f":{r}" * (len(runners) > 1))
+            for r, runner in enumerate(runners)
+        ]
         return True
 
     async def remove(self, eid: EndpointId) -> None:
-        """Stop ``eid``'s subscriber and forget its blocks (the endpoint left)."""
-        task = self._tasks.pop(eid, None)
-        if task is not None:
+        """Stop ``eid``'s subscriber(s) and forget its blocks (the endpoint left)."""
+        for task in self._tasks.pop(eid, []):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        feed = self.feeds.pop(eid, None)
+        feeds = self.feeds.pop(eid, ())
         self.fleet.kv_index.clear(eid)
-        if feed is not None:
-            feed.e.kv_feed.set("off", self.clock(), "stopped")
+        if feeds:
+            feeds[0].e.kv_feed.set("off", self.clock(), "stopped")
 
     async def stop(self) -> None:
         for eid in list(self._tasks):

@@ -320,6 +320,10 @@ _TRT_CONFIG_NO_EFFECT = {
     "enable_iter_perf_stats",
     "return_perf_metrics",
     "backend",
+    # attention DP: the emulator is one rank (one scheduler, one KV cache), so these
+    # change nothing; with --tp_size 1 TensorRT-LLM has a single rank too
+    "enable_attention_dp",
+    "attention_dp_config",
 }
 
 

@@ -84,6 +84,18 @@ REFUSED = [
         id="trtllm-kv-events-without-block-reuse",
     ),
     pytest.param(
+        "ok",
+        {
+            "engine": {
+                "type": "tensorrt-llm",
+                "image": "t:1.3.0",
+                "tensorrtLlm": {"enableAttentionDp": True, "backend": "tensorrt"},
+            }
+        },
+        "enableAttentionDp needs backend pytorch",
+        id="trtllm-attention-dp-without-pytorch",
+    ),
+    pytest.param(
         "ok", {"gpu": {"resourceName": "gpu"}}, "gpu.resourceName must be", id="resource-no-domain"
     ),
     pytest.param(

@@ -18,6 +18,14 @@ OWNER = manifests.Owner(name="svc", namespace="ns", uid="uid-123")
 #: HTTP drain; main, 1.4 and later: the streaming ZeroMQ publisher).
 TRT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0"
 TRT_MAIN_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.4.0rc4"
+#: The discovery annotation of a TensorRT-LLM main replica (one rank).
+TRT_MAIN_ANNOTATION = {
+    "transport": "zmq",
+    "format": "trtllm-zmq-msgpack",
+    "port": 5557,
+    "replayPort": 5567,
+    "topic": "kv-events",
+}
 
 
 def _spec(
@@ -42,6 +50,14 @@ def _parts(children: manifests.Children) -> tuple[dict[str, Any], dict[str, str]
     container = dep["spec"]["template"]["spec"]["containers"][0]
     pod_ann = dep["spec"]["template"]["metadata"]["annotations"]
     return container, pod_ann, svc["metadata"].get("annotations", {})
+
+
+def _options(children: manifests.Children) -> dict[str, Any]:
+    """The TensorRT-LLM options file the ConfigMap mounts."""
+    cm = children.by_kind("ConfigMap")
+    assert cm is not None
+    options: dict[str, Any] = yaml.safe_load(next(iter(cm["data"].values())))
+    return options
 
 
 def test_vllm_events_on_by_default_with_prefix_caching() -> None:
@@ -86,9 +102,7 @@ def test_vllm_events_off(settings: dict[str, Any]) -> None:
 def test_trtllm_events_keep_a_buffer_drained_over_http() -> None:
     children = _children(_spec("tensorrt-llm"))
     container, pod_ann, _svc = _parts(children)
-    cm = children.by_kind("ConfigMap")
-    assert cm is not None
-    options = yaml.safe_load(next(iter(cm["data"].values())))
+    options = _options(children)
     assert options["kv_cache_config"]["event_buffer_max_size"] == 4096
     assert [p["name"] for p in container["ports"]] == ["http"]
     assert json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS]) == {
@@ -101,9 +115,7 @@ def test_trtllm_events_keep_a_buffer_drained_over_http() -> None:
 def test_trtllm_main_events_stream_over_zeromq() -> None:
     children = _children(_spec("tensorrt-llm", image=TRT_MAIN_IMAGE))
     container, pod_ann, svc_ann = _parts(children)
-    cm = children.by_kind("ConfigMap")
-    assert cm is not None
-    kv_cache = yaml.safe_load(next(iter(cm["data"].values())))["kv_cache_config"]
+    kv_cache = _options(children)["kv_cache_config"]
     assert kv_cache["kv_events_config"] == {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -115,15 +127,8 @@ def test_trtllm_main_events_stream_over_zeromq() -> None:
     assert "event_buffer_max_size" not in kv_cache
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"http": 8000, "kv-events": 5557, "kv-replay": 5567}
-    expected = {
-        "transport": "zmq",
-        "format": "trtllm-zmq-msgpack",
-        "port": 5557,
-        "replayPort": 5567,
-        "topic": "kv-events",
-    }
-    assert json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS]) == expected
-    assert json.loads(svc_ann[manifests.ANNOTATION_KV_EVENTS]) == expected
+    assert json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS]) == TRT_MAIN_ANNOTATION
+    assert json.loads(svc_ann[manifests.ANNOTATION_KV_EVENTS]) == TRT_MAIN_ANNOTATION
 
 
 def test_trtllm_main_with_the_tensorrt_backend_keeps_the_drain() -> None:
@@ -144,20 +149,13 @@ def test_trtllm_events_not_written_for_an_unverified_release() -> None:
         }
     )
     children = _children(spec)
-    cm = children.by_kind("ConfigMap")
-    assert cm is not None
-    assert (
-        "event_buffer_max_size"
-        not in yaml.safe_load(next(iter(cm["data"].values())))["kv_cache_config"]
-    )
+    assert "event_buffer_max_size" not in _options(children)["kv_cache_config"]
     assert manifests.ANNOTATION_KV_EVENTS not in _parts(children)[1]
 
 
 def test_trtllm_events_off_without_block_reuse() -> None:
     children = _children(_spec("tensorrt-llm", {"enableBlockReuse": False}))
-    cm = children.by_kind("ConfigMap")
-    assert cm is not None
-    options = yaml.safe_load(next(iter(cm["data"].values())))
+    options = _options(children)
     assert "event_buffer_max_size" not in options["kv_cache_config"]
     assert manifests.ANNOTATION_KV_EVENTS not in _parts(children)[1]
 
@@ -174,3 +172,80 @@ def test_events_without_prefix_caching_are_refused(
 ) -> None:
     with pytest.raises(pydantic.ValidationError, match=words):
         _spec(kind, settings)
+
+
+def _adp_spec(image: str, tensor: int, **settings: Any) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate(
+        {
+            "model": {"uri": "hf://deepseek-ai/DeepSeek-V3", "name": "ds"},
+            "engine": {
+                "type": "tensorrt-llm",
+                "image": image,
+                "tensorrtLlm": {"enableAttentionDp": True, **settings},
+            },
+            "parallelism": {"tensor": tensor},
+            "gpu": {"count": tensor},
+        }
+    )
+
+
+def test_attention_dp_on_main_streams_every_rank_and_routes_ranks_by_cache() -> None:
+    children = _children(_adp_spec(TRT_MAIN_IMAGE, 4))
+    container, pod_ann, svc_ann = _parts(children)
+    options = _options(children)
+    assert options["enable_attention_dp"] is True
+    # the engine places each request on the rank holding its prefix
+    assert options["attention_dp_config"] == {"enable_kv_cache_aware_routing": True}
+    # rank 0's endpoints; rank r binds them + r (the engine's rule)
+    assert options["kv_cache_config"]["kv_events_config"]["endpoint"] == "tcp://*:5557"
+    assert options["kv_cache_config"]["kv_events_config"]["replay_endpoint"] == "tcp://*:5567"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {
+        "http": 8000,
+        "kv-events": 5557, "kv-replay": 5567,
+        "kv-events-1": 5558, "kv-replay-1": 5568,
+        "kv-events-2": 5559, "kv-replay-2": 5569,
+        "kv-events-3": 5560, "kv-replay-3": 5570,
+    }  # fmt: skip
+    expected = {**TRT_MAIN_ANNOTATION, "ranks": 4, "rankChoice": "cache"}
+    assert json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS]) == expected
+    assert json.loads(svc_ann[manifests.ANNOTATION_KV_EVENTS]) == expected
+
+
+def test_attention_dp_with_more_ranks_than_the_gap_moves_the_replay_base() -> None:
+    container, pod_ann, _svc = _parts(_children(_adp_spec(TRT_MAIN_IMAGE, 16)))
+    ann = json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS])
+    assert (ann["port"], ann["replayPort"], ann["ranks"]) == (5557, 5573, 16)
+    ports = [p["containerPort"] for p in container["ports"] if p["name"] != "http"]
+    assert len(ports) == len(set(ports)) == 32, "no two ranks share a port"
+    assert max(len(p["name"]) for p in container["ports"]) <= 15  # IANA service names
+
+
+def test_attention_dp_on_1_3_drains_every_rank_placed_by_load() -> None:
+    children = _children(_adp_spec(TRT_IMAGE, 2))
+    container, pod_ann, _svc = _parts(children)
+    options = _options(children)
+    assert options["enable_attention_dp"] is True
+    assert "attention_dp_config" not in options  # not on 1.3: the engine balances by load
+    assert [p["name"] for p in container["ports"]] == ["http"]
+    assert json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS]) == {
+        "transport": "http-drain",
+        "format": "trtllm-http-json",
+        "path": "/kv_cache_events",
+        "ranks": 2,
+        "rankChoice": "load",
+    }
+
+
+def test_one_rank_without_attention_dp_writes_no_rank_fields() -> None:
+    spec = _adp_spec(TRT_MAIN_IMAGE, 4, enableAttentionDp=False)
+    children = _children(spec)
+    _container, pod_ann, _svc = _parts(children)
+    assert "ranks" not in json.loads(pod_ann[manifests.ANNOTATION_KV_EVENTS])
+    options = _options(children)
+    assert "enable_attention_dp" not in options and "attention_dp_config" not in options
+
+
+def test_attention_dp_needs_the_pytorch_backend() -> None:
+    with pytest.raises(pydantic.ValidationError, match="enableAttentionDp needs backend pytorch"):
+        _adp_spec(TRT_MAIN_IMAGE, 2, backend="tensorrt")

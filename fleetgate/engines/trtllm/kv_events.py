@@ -27,8 +27,13 @@ a cache-level change: away from level 0 it is a removal from ``GPU``; back to le
 it is dropped (the event has no tokens to store), as are priority-only updates.
 ``window_size`` becomes ``group``.
 Each event is its own batch with ``seq = event_id`` (ids are consecutive, so a jump
-is a gap). The newer streaming ZeroMQ publisher (``kv_cache_config.kv_events_config``)
-is :mod:`.kv_zmq`; which one a release line uses is :mod:`.versions`.
+is a gap). With attention data parallelism every rank's ``KVCacheEventManager`` counts
+its own ``event_id`` from 0 and tags its events with its rank; rank 0 gathers the other
+ranks' events into its own buffer (``cpp/tensorrt_llm/batch_manager/kvCacheEventManager``,
+read through the code index), so one drain interleaves several sequences: the batch
+carries ``data_parallel_rank`` and the router sequences each rank apart. The newer
+streaming ZeroMQ publisher (``kv_cache_config.kv_events_config``) is :mod:`.kv_zmq`;
+which one a release line uses is :mod:`.versions`.
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from fleetgate.engines.trtllm.versions import (
 
 __all__ = [
     "CONFIG_FILE",
+    "attention_dp_ranks",
     "container_plan",
     "kv_events_endpoint",
     "kv_events_transport",
@@ -108,10 +109,10 @@ def container_plan(launch: LaunchSpec, release: TrtllmRelease | None = None) -> 
         liveness_probe=health,
         metrics_path=source.path,
         needs_shared_memory=True,
-        config_files={CONFIG_FILE: llm_api_options_yaml(settings, release)},
+        config_files={CONFIG_FILE: llm_api_options_yaml(settings, release, launch.tensor_parallel)},
         config_mount_path=mount,
         engine_version=release.line,
-        kv_events=kv_events_endpoint(settings, release),
+        kv_events=kv_events_endpoint(settings, release, launch.tensor_parallel),
     )
 
 
@@ -126,25 +127,50 @@ def kv_events_transport(
     return release.kv_events
 
 
-def kv_events_endpoint(settings: TrtllmSettings, release: TrtllmRelease) -> KvEventsEndpoint | None:
-    """Where the replica publishes KV-cache events (the operator's annotation and ports)."""
+def attention_dp_ranks(settings: TrtllmSettings, tensor_parallel: int) -> int:
+    """Attention-DP ranks of one replica: its tensor-parallel GPUs with attention DP on
+    (each runs attention for its own requests on its own KV cache), else 1."""
+    return max(1, tensor_parallel) if settings.enable_attention_dp else 1
+
+
+def kv_events_endpoint(
+    settings: TrtllmSettings, release: TrtllmRelease, tensor_parallel: int = 1
+) -> KvEventsEndpoint | None:
+    """Where the replica publishes KV-cache events (the operator's annotation and ports).
+
+    With attention DP every rank publishes its own stream: on ``zmq`` rank ``r`` binds
+    the base ports + ``r`` (the replay base stays at least ``ranks`` above the PUB base:
+    the engine refuses overlapping ranges); the drain returns all ranks' events, gathered
+    on rank 0, each tagged with its rank."""
     transport = kv_events_transport(settings, release)
+    ranks = attention_dp_ranks(settings, tensor_parallel)
+    choice: Literal["load", "cache"] = (
+        "cache" if ranks > 1 and release.adp_cache_routing else "load"
+    )
     if transport == "zmq":
         return KvEventsEndpoint(
             transport="zmq",
             format=TRTLLM_ZMQ_FORMAT,
             port=KV_EVENTS_PORT,
-            replay_port=KV_REPLAY_PORT,
+            replay_port=KV_EVENTS_PORT + max(KV_REPLAY_PORT - KV_EVENTS_PORT, ranks),
             topic=KV_EVENTS_TOPIC,
+            ranks=ranks,
+            rank_choice=choice,
         )
     if transport == "http-drain":
         return KvEventsEndpoint(
-            transport="http-drain", format=TRTLLM_KV_EVENTS_FORMAT, path=KV_EVENTS_PATH
+            transport="http-drain",
+            format=TRTLLM_KV_EVENTS_FORMAT,
+            path=KV_EVENTS_PATH,
+            ranks=ranks,
+            rank_choice=choice,
         )
     return None
 
 
-def llm_api_options(settings: TrtllmSettings, release: TrtllmRelease) -> dict[str, Any]:
+def llm_api_options(
+    settings: TrtllmSettings, release: TrtllmRelease, tensor_parallel: int = 1
+) -> dict[str, Any]:
     """The ``--extra_llm_api_options`` mapping for ``release``."""
     scheduler: dict[str, Any] = {"capacity_scheduler_policy": settings.capacity_scheduler_policy}
     if release.waiting_queue_policy:
@@ -157,12 +183,16 @@ def llm_api_options(settings: TrtllmSettings, release: TrtllmRelease) -> dict[st
         },
         "scheduler_config": scheduler,
     }
-    kv_events = kv_events_endpoint(settings, release)
+    kv_events = kv_events_endpoint(settings, release, tensor_parallel)
     if kv_events is not None and kv_events.transport == "zmq":
         options["kv_cache_config"]["kv_events_config"] = kv_events_config(kv_events)
         options["kv_cache_config"]["use_kv_cache_manager_v2"] = True
     elif kv_events is not None:
         options["kv_cache_config"]["event_buffer_max_size"] = KV_EVENT_BUFFER
+    if settings.enable_attention_dp:
+        options["enable_attention_dp"] = True
+        if release.adp_cache_routing and settings.enable_block_reuse:
+            options["attention_dp_config"] = {"enable_kv_cache_aware_routing": True}
     if settings.backend == "pytorch":
         # Iteration stats feed both the JSON /metrics and the collector's gauges.
         options["enable_iter_perf_stats"] = True
@@ -171,6 +201,8 @@ def llm_api_options(settings: TrtllmSettings, release: TrtllmRelease) -> dict[st
     return options
 
 
-def llm_api_options_yaml(settings: TrtllmSettings, release: TrtllmRelease) -> str:
+def llm_api_options_yaml(
+    settings: TrtllmSettings, release: TrtllmRelease, tensor_parallel: int = 1
+) -> str:
     """:func:`llm_api_options` as YAML."""
-    return yaml.safe_dump(llm_api_options(settings, release), sort_keys=False)
+    return yaml.safe_dump(llm_api_options(settings, release, tensor_parallel), sort_keys=False)

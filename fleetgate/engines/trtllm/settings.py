@@ -26,6 +26,14 @@ _KV_EVENTS_MESSAGE = (
     "kvEvents is on but enableBlockReuse is off: an engine without block reuse has no "
     "cached blocks to report; turn block reuse on or set kvEvents: false"
 )
+_ADP_RULE = (
+    "!has(self.enableAttentionDp) || !self.enableAttentionDp || "
+    "!has(self.backend) || self.backend == 'pytorch'"
+)
+_ADP_MESSAGE = (
+    "enableAttentionDp needs backend pytorch: attention data parallelism is a feature of "
+    "TensorRT-LLM's PyTorch backend"
+)
 #: Events the executor keeps between two drains of ``/kv_cache_events``.
 KV_EVENT_BUFFER = 4096
 
@@ -39,7 +47,10 @@ class TrtllmSettings(BaseModel):
     model_config = ConfigDict(
         **_MODEL_CONFIG,
         json_schema_extra={
-            "x-kubernetes-validations": [{"rule": _KV_EVENTS_RULE, "message": _KV_EVENTS_MESSAGE}]
+            "x-kubernetes-validations": [
+                {"rule": _KV_EVENTS_RULE, "message": _KV_EVENTS_MESSAGE},
+                {"rule": _ADP_RULE, "message": _ADP_MESSAGE},
+            ]
         },
     )
 
@@ -88,6 +99,15 @@ class TrtllmSettings(BaseModel):
         description="Waiting-queue order; 'priority' honours the request 'priority' field "
         "(higher is sooner) that the router sets; scheduler_config.waiting_queue_policy.",
     )
+    enable_attention_dp: bool = Field(
+        default=False,
+        description="Attention data parallelism (MoE models such as DeepSeek): each of the "
+        "replica's parallelism.tensor GPUs is a rank with its own requests and its own KV "
+        "cache; enable_attention_dp. With kvEvents the router follows every rank's events "
+        "(main: rank r publishes on 5557 + r, replay on 5567 + r; 1.3: one drain holds all "
+        "ranks) and, where the line has it, the engine places each request on the rank "
+        "holding its prefix (attention_dp_config.enable_kv_cache_aware_routing).",
+    )
     kv_events: bool | None = Field(
         default=None,
         description="Publish KV-cache events (blocks stored / removed) for the router's exact "
@@ -103,6 +123,12 @@ class TrtllmSettings(BaseModel):
     def _kv_events_need_block_reuse(self) -> TrtllmSettings:
         if self.kv_events and not self.enable_block_reuse:
             raise ValueError(_KV_EVENTS_MESSAGE)
+        return self
+
+    @model_validator(mode="after")
+    def _attention_dp_needs_pytorch(self) -> TrtllmSettings:
+        if self.enable_attention_dp and self.backend != "pytorch":
+            raise ValueError(_ADP_MESSAGE)
         return self
 
     @property

@@ -65,6 +65,12 @@ class TrtllmRelease:
     ``kv_cache_config.kv_events_config`` with ``use_kv_cache_manager_v2: true``
     (:mod:`.kv_zmq`); it exists for the PyTorch backend only, so a ``tensorrt``-backend
     service on such a line still uses the drain."""
+    adp_cache_routing: bool = False
+    """``attention_dp_config.enable_kv_cache_aware_routing`` exists: with attention DP
+    the engine places a request on the rank holding its prefix (``KVCacheAwareADPRouter``
+    of the PyTorch executor's attention-DP router module, read in TensorRT-LLM's source;
+    ``AttentionDpConfig`` in its LLM-API arguments); without it ranks are chosen by load
+    (``DefaultADPRouter``: fewest active tokens, then requests)."""
 
 
 R1_0 = TrtllmRelease(
@@ -92,7 +98,7 @@ R1_3 = TrtllmRelease(
     kv_events="http-drain",
 )
 #: 1.4 and later: 1.3's facts, with the streaming KV-event publisher.
-MAIN = dataclasses.replace(R1_3, line="main", kv_events="zmq")
+MAIN = dataclasses.replace(R1_3, line="main", kv_events="zmq", adp_cache_routing=True)
 
 #: Every supported release line, oldest first.
 LINES: tuple[TrtllmRelease, ...] = (R1_0, R1_1, R1_3, MAIN)

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import array
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
+from typing import Literal
 
 from fleetgate.engines.base import (
     AllBlocksCleared,
@@ -97,17 +98,31 @@ covers ~65 engines of 30k GPU blocks (an 80 GB card serving an 8B model at block
 size 16). Set ``kv_events.max_blocks`` to the fleet's total GPU blocks or more."""
 
 
+#: One KV cache: an endpoint's attention-data-parallel rank (0 when it has one cache).
+Holder = tuple[EndpointId, int]
+RankChoice = Literal["load", "cache"]
+_ONE_RANK: tuple[int, RankChoice] = (1, "load")
+
+
 class KvIndex:
-    """Per endpoint: block key -> engine hash and back, fed by KV events, queried per request.
+    """Per KV cache: block key -> engine hash and back, fed by KV events, queried per request.
 
-    Each endpoint has two dicts: ``_order`` (router key -> engine hash, in recency
-    order: the first entry is the least recently stored or matched) and
-    ``_by_engine_hash`` (engine hash -> router key, for ``BlockRemoved`` and parent
-    lookups). Nothing is shared between endpoints, so :meth:`match` is one dict
-    lookup per key and :meth:`clear` drops two dicts.
+    A cache is a *holder*: an endpoint, or one attention-data-parallel rank of it (an
+    engine whose ranks each keep their own KV cache and publish their own events,
+    :meth:`set_ranks`). Each holder has two dicts: ``_order`` (router key -> engine
+    hash, in recency order: the first entry is the least recently stored or matched)
+    and ``_by_engine_hash`` (engine hash -> router key, for ``BlockRemoved`` and parent
+    lookups). Nothing is shared between holders, so :meth:`match` is one dict lookup
+    per key and rank and :meth:`clear` drops two dicts per rank.
 
-    Bound: at most ``max_blocks`` entries over all endpoints. When a store goes past
-    it, entries are evicted from the endpoint holding the most (fair: the biggest
+    An endpoint with several ranks is matched as the engine will serve it: the router
+    picks the endpoint, the engine picks the rank. ``load`` (the engine balances ranks
+    by load alone, TensorRT-LLM's default): the prefix a request can expect is the
+    mean of the ranks' chains; ``cache`` (the engine places a request on the rank with
+    its prefix): the longest chain.
+
+    Bound: at most ``max_blocks`` entries over all holders. When a store goes past
+    it, entries are evicted from the holder with the most (fair: the biggest
     holder pays, a small engine keeps its view), oldest first, down to
     ``max_blocks - max_blocks // 256`` so evictions come in batches. Recency: a store
     puts the new blocks, then their parent, at the young end (a parent outlives its
@@ -117,7 +132,7 @@ class KvIndex:
     the first gap), and a later ``BlockStored`` whose parent was evicted is dropped,
     so eviction only ever under-reports.
 
-    One key under two engine hashes on one endpoint (the engine hashed something the
+    One key under two engine hashes in one holder (the engine hashed something the
     router key does not see, e.g. a cache salt): the newer hash wins and the older
     one's later ``BlockRemoved`` is ignored; removing the newer removes the key
     (under-reporting again, never over).
@@ -136,28 +151,46 @@ class KvIndex:
         :meth:`match_believed` counts them, :meth:`match` never does."""
         self._low_water = max_blocks - max_blocks // 256
         self._touch_from = max_blocks // 2
-        self._order: dict[EndpointId, dict[int, BlockHash]] = {}
-        self._by_engine_hash: dict[EndpointId, dict[BlockHash, int]] = {}
+        self._order: dict[Holder, dict[int, BlockHash]] = {}
+        self._by_engine_hash: dict[Holder, dict[BlockHash, int]] = {}
+        self._ranks: dict[EndpointId, tuple[int, RankChoice]] = {}
         self._total = 0
         self.evicted = 0
         """Entries evicted by the bound since the index was built (a counter)."""
 
     # ------------------------------------------------------------------ feed
 
-    def apply(self, endpoint: EndpointId, batch: KvEventBatch) -> None:
-        """Apply one decoded batch of ``endpoint``'s events, in order."""
+    def set_ranks(self, endpoint: EndpointId, ranks: int, choice: RankChoice = "load") -> None:
+        """``endpoint`` keeps ``ranks`` KV caches (attention-DP ranks), each fed by its own
+        stream (:meth:`apply` with ``rank``); ``choice``: how the engine picks one."""
+        if ranks < 1:
+            raise ValueError(f"ranks must be >= 1, not {ranks}")
+        for holder in [h for h in self._order if h[0] == endpoint and h[1] >= ranks]:
+            self._drop(holder)
+        if ranks == 1:
+            self._ranks.pop(endpoint, None)
+        else:
+            self._ranks[endpoint] = (ranks, choice)
+
+    def ranks(self, endpoint: EndpointId) -> int:
+        """How many KV caches ``endpoint`` has (1 unless :meth:`set_ranks` said more)."""
+        return self._ranks.get(endpoint, _ONE_RANK)[0]
+
+    def apply(self, endpoint: EndpointId, batch: KvEventBatch, rank: int = 0) -> None:
+        """Apply one decoded batch of the events of ``endpoint``'s rank ``rank``, in order."""
+        holder = (endpoint, rank)
         for event in batch.events:
             if isinstance(event, BlockStored):
-                self._stored(endpoint, event)
+                self._stored(holder, event)
             elif isinstance(event, BlockRemoved):
-                self._removed(endpoint, event)
+                self._removed(holder, event)
             elif isinstance(event, AllBlocksCleared):
                 if event.medium in (None, "GPU", "gpu"):
-                    self.clear(endpoint)
+                    self._drop(holder)
         if self._total > self.max_blocks:
             self._evict(self._total - self._low_water)
 
-    def _stored(self, endpoint: EndpointId, event: BlockStored) -> None:
+    def _stored(self, holder: Holder, event: BlockStored) -> None:
         if event.medium not in (None, "GPU", "gpu"):
             return
         if event.spec_kind not in (None, "full_attention"):
@@ -165,11 +198,11 @@ class KvIndex:
         size = event.block_size
         if size <= 0 or len(event.token_ids) < size * len(event.block_hashes):
             return  # a partial block: never matched
-        hashes = self._by_engine_hash.get(endpoint)
-        order = self._order.get(endpoint)
+        hashes = self._by_engine_hash.get(holder)
+        order = self._order.get(holder)
         if hashes is None or order is None:
-            hashes = self._by_engine_hash[endpoint] = {}
-            order = self._order[endpoint] = {}
+            hashes = self._by_engine_hash[holder] = {}
+            order = self._order[holder] = {}
         parent: int | None = None
         if event.parent_hash is not None:
             parent = hashes.get(event.parent_hash)
@@ -198,7 +231,7 @@ class KvIndex:
             new_keys.append(key)
         if self.pending is not None:
             for k in new_keys:
-                self.pending.confirm(endpoint, k)
+                self.pending.confirm(holder[0], k)
         # recency: the deepest block oldest, the parent youngest
         for k in reversed(new_keys[:-1]):
             order[k] = order.pop(k)
@@ -206,37 +239,47 @@ class KvIndex:
             order[parent] = order.pop(parent)
         self._total += added
 
-    def _removed(self, endpoint: EndpointId, event: BlockRemoved) -> None:
+    def _removed(self, holder: Holder, event: BlockRemoved) -> None:
         if event.medium not in (None, "GPU", "gpu"):
             return
-        hashes = self._by_engine_hash.get(endpoint)
+        hashes = self._by_engine_hash.get(holder)
         if not hashes:
             return
-        order = self._order[endpoint]
+        order = self._order[holder]
         for engine_hash in event.block_hashes:
             key = hashes.pop(engine_hash, None)
             if key is not None and order.get(key) == engine_hash:
                 del order[key]
                 self._total -= 1
 
-    def clear(self, endpoint: EndpointId) -> None:
-        """Forget everything ``endpoint`` held (AllBlocksCleared, a restart, it left)."""
-        self._by_engine_hash.pop(endpoint, None)
-        if self.pending is not None:
-            self.pending.clear(endpoint)
-        order = self._order.pop(endpoint, None)
+    def _drop(self, holder: Holder) -> None:
+        self._by_engine_hash.pop(holder, None)
+        order = self._order.pop(holder, None)
         if order:
             self._total -= len(order)
 
+    def clear(self, endpoint: EndpointId, rank: int | None = None) -> None:
+        """Forget everything ``endpoint`` held (it left, or nothing it sent can be trusted),
+        or only what its rank ``rank`` held (that rank's stream restarted)."""
+        if rank is not None:
+            self._drop((endpoint, rank))
+            if self.ranks(endpoint) > 1:
+                return  # the router's own placements cannot be told apart by rank
+        else:
+            for holder in [h for h in self._order if h[0] == endpoint]:
+                self._drop(holder)
+        if self.pending is not None:
+            self.pending.clear(endpoint)
+
     def _evict(self, count: int) -> None:
-        """Evict ``count`` entries, always from the endpoint holding the most."""
+        """Evict ``count`` entries, always from the holder with the most."""
         batch = max(1, self.max_blocks // 1024)
         while count > 0:
-            endpoint = max(self._order, key=lambda e: len(self._order[e]))
-            order = self._order[endpoint]
+            holder = max(self._order, key=lambda h: len(self._order[h]))
+            order = self._order[holder]
             if not order:
                 return
-            hashes = self._by_engine_hash[endpoint]
+            hashes = self._by_engine_hash[holder]
             victims = list(islice(order.items(), min(count, batch)))
             for key, engine_hash in victims:
                 del order[key]
@@ -248,12 +291,16 @@ class KvIndex:
 
     # ----------------------------------------------------------------- query
 
+    def _holders(self, endpoint: EndpointId) -> list[Holder]:
+        return [(endpoint, r) for r in range(self.ranks(endpoint))]
+
     def blocks(self, endpoint: EndpointId) -> int:
-        """Blocks ``endpoint`` is known to hold."""
-        return len(self._order.get(endpoint, ()))
+        """Blocks ``endpoint`` is known to hold (over all its ranks)."""
+        return sum(len(self._order.get(h, ())) for h in self._holders(endpoint))
 
     def match(self, endpoint: EndpointId, keys: Sequence[int]) -> int:
-        """Leading blocks of ``keys`` resident on ``endpoint`` (a chain: stop at the first gap).
+        """Leading blocks of ``keys`` resident on ``endpoint`` (a chain: stop at the first
+        gap); with several ranks, what the engine's rank choice can expect (class doc).
 
         Once the index is over half its bound, the matched run becomes the most
         recently used (deepest first, so the root is the youngest and eviction takes
@@ -261,7 +308,14 @@ class KvIndex:
         the move would cost ~8x the lookups (measured: 11 us against 1.4 us for 32
         keys), so order is store order until then.
         """
-        order = self._order.get(endpoint)
+        ranks, choice = self._ranks.get(endpoint, _ONE_RANK)
+        if ranks == 1:
+            return self._match((endpoint, 0), keys)
+        counts = [self._match((endpoint, r), keys) for r in range(ranks)]
+        return max(counts) if choice == "cache" else sum(counts) // ranks
+
+    def _match(self, holder: Holder, keys: Sequence[int]) -> int:
+        order = self._order.get(holder)
         if not order:
             return 0
         n = 0
@@ -276,18 +330,27 @@ class KvIndex:
                 order[key] = pop(key)
         return n
 
+    def _resident(self, endpoint: EndpointId) -> Callable[[int], bool]:
+        """Whether a key is resident on some rank of ``endpoint``."""
+        orders = [o for h in self._holders(endpoint) if (o := self._order.get(h))]
+        if len(orders) == 1:
+            return orders[0].__contains__
+        return lambda key: any(key in o for o in orders)
+
     def match_believed(self, endpoint: EndpointId, keys: Sequence[int]) -> int:
         """Leading blocks of ``keys`` resident on ``endpoint`` OR pending there (placed by
-        this router, not confirmed yet: :class:`PendingBlocks`); a chain of the two."""
+        this router, not confirmed yet: :class:`PendingBlocks`); a chain of the two
+        (with several ranks: from :meth:`match` on, a key resident on any rank or
+        pending extends it, since the router cannot tell which rank a placement went to)."""
         n = self.match(endpoint, keys)
         if self.pending is None or n >= len(keys):
             return n
         pending = self.pending.pending_on(endpoint)
         if pending is None:
             return n
-        order = self._order.get(endpoint, {})
+        resident = self._resident(endpoint)
         for key in keys[n:]:
-            if key not in order and not pending(key):
+            if not resident(key) and not pending(key):
                 break
             n += 1
         return n
@@ -297,23 +360,26 @@ class KvIndex:
         become pending (:meth:`PendingBlocks.place`). Returns the keys to settle."""
         if self.pending is None or not keys:
             return ()
-        order = self._order.get(endpoint, {})
-        return self.pending.place(endpoint, keys, order.__contains__)
+        return self.pending.place(endpoint, keys, self._resident(endpoint))
 
     def settle(self, endpoint: EndpointId, keys: Sequence[int]) -> None:
         """The prefill of a placement (:meth:`place`) is over."""
         if self.pending is not None and keys:
             self.pending.settle(endpoint, keys)
 
-    def engine_hashes(self, endpoint: EndpointId) -> frozenset[BlockHash]:
-        """The engine's own hashes of the blocks ``endpoint`` is known to hold (debugging,
-        tests: compare with what the engine says it caches)."""
-        return frozenset(self._by_engine_hash.get(endpoint, ()))
+    def engine_hashes(self, endpoint: EndpointId, rank: int | None = None) -> frozenset[BlockHash]:
+        """The engine's own hashes of the blocks ``endpoint`` (or its rank ``rank``) is
+        known to hold (debugging, tests: compare with what the engine says it caches)."""
+        holders = self._holders(endpoint) if rank is None else [(endpoint, rank)]
+        out: set[BlockHash] = set()
+        for h in holders:
+            out.update(self._by_engine_hash.get(h, ()))
+        return frozenset(out)
 
     def endpoints(self) -> list[EndpointId]:
         """Endpoints with at least one entry."""
-        return [e for e, order in self._order.items() if order]
+        return list(dict.fromkeys(h[0] for h, order in self._order.items() if order))
 
     def __len__(self) -> int:
-        """Entries over all endpoints ((endpoint, block) pairs: what ``max_blocks`` bounds)."""
+        """Entries over all holders ((holder, block) pairs: what ``max_blocks`` bounds)."""
         return self._total

@@ -25,13 +25,16 @@ CFG = kt.KubernetesDiscoveryConfig()
 TRT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0"
 
 
-def _pod_of(kind: str, ip: str = "10.1.0.7") -> dict[str, Any]:
+def _pod_of(
+    kind: str, ip: str = "10.1.0.7", spec: InferenceServiceSpec | None = None
+) -> dict[str, Any]:
     """A pod as the operator's Deployment template makes it, scheduled at ``ip``."""
     crd_type = "vllm" if kind == "vllm" else "tensorrt-llm"
     engine = {"type": crd_type, "image": "vllm:1" if kind == "vllm" else TRT_IMAGE}
-    spec = InferenceServiceSpec.model_validate(
-        {"model": {"uri": "hf://org/model", "name": "org/M"}, "engine": engine}
-    )
+    if spec is None:
+        spec = InferenceServiceSpec.model_validate(
+            {"model": {"uri": "hf://org/model", "name": "org/M"}, "engine": engine}
+        )
     owner = manifests.Owner(name="svc", namespace="ns", uid="u")
     children = manifests.build_children(owner, spec, OperatorOptions(),
                                         service_monitor_supported=False)  # fmt: skip
@@ -76,8 +79,31 @@ def test_annotation_round_trips_what_the_operator_writes() -> None:
         KvEventsEndpoint("zmq", "f", port=1, replay_port=2, topic="t"),
         KvEventsEndpoint("zmq", "f", port=1),
         KvEventsEndpoint("http-drain", "g", path="/x"),
+        KvEventsEndpoint("zmq", "f", port=5557, replay_port=5567, ranks=8, rank_choice="cache"),
+        KvEventsEndpoint("http-drain", "g", path="/x", ranks=2),
     ):
         assert ka.parse_kv_events_annotation(manifests.kv_events_annotation(kv)) == kv
+
+
+def test_an_attention_dp_pod_gives_every_rank_to_the_router() -> None:
+    """Operator -> pod annotation -> discovery: a TensorRT-LLM main replica with attention
+    DP over 4 GPUs is one endpoint with 4 streams, ranks placed by cache."""
+    spec = InferenceServiceSpec.model_validate(
+        {
+            "model": {"uri": "hf://org/model", "name": "org/M"},
+            "engine": {"type": "tensorrt-llm", "image": "nvcr.io/nvidia/tensorrt-llm/release:1.4.0",
+                       "tensorrtLlm": {"enableAttentionDp": True}},
+            "parallelism": {"tensor": 4},
+            "gpu": {"count": 4},
+        }
+    )  # fmt: skip
+    pod = _pod_of("tensorrt-llm", spec=spec)
+    (t,) = kt.desired_targets(ka.addresses_from_pod(pod, "http"),
+                              {("ns", "svc"): _isvc("tensorrt-llm")}, CFG).values()  # fmt: skip
+    assert t.kv_events == KvEventsEndpoint("zmq", "trtllm-zmq-msgpack", port=5557,
+                                           replay_port=5567, topic="kv-events", ranks=4,
+                                           rank_choice="cache")  # fmt: skip
+    assert [t.kv_events.rank_ports(r) for r in (0, 3)] == [(5557, 5567), (5560, 5570)]
 
 
 @pytest.mark.parametrize(
@@ -93,6 +119,15 @@ def test_annotation_round_trips_what_the_operator_writes() -> None:
         ('{"transport": "kafka", "format": "f"}', "unknown transport"),
         ('{"transport": "zmq", "format": "f", "port": 1, "extra": 1}', "unknown field"),
         ('{"transport": "zmq", "format": "f", "port": 1, "topic": 3}', "topic"),
+        ('{"transport": "zmq", "format": "f", "port": 1, "ranks": 0}', "ranks must be 1-64"),
+        ('{"transport": "zmq", "format": "f", "port": 1, "ranks": 65}', "ranks must be 1-64"),
+        ('{"transport": "zmq", "format": "f", "port": 1, "ranks": true}', "ranks must be"),
+        ('{"transport": "zmq", "format": "f", "port": 1, "rankChoice": "x"}', "load or cache"),
+        (
+            '{"transport": "zmq", "format": "f", "port": 10, "replayPort": 12, "ranks": 4}',
+            "overlap",
+        ),
+        ('{"transport": "zmq", "format": "f", "port": 65535, "ranks": 2}', "past port 65535"),
     ],
 )
 def test_bad_annotations_are_one_line_errors(value: str, message: str) -> None:
@@ -151,6 +186,9 @@ def test_backend_kv_events_field_reaches_the_endpoint() -> None:
         ({"port": 3, "path": "/x"}, "path is for"),
         ({"port": 0}, "greater than or equal"),
         ({"port": 3, "nope": 1}, "Extra inputs"),
+        ({"port": 3, "replay_port": 4, "ranks": 2}, "overlap"),
+        ({"port": 3, "ranks": 0}, "greater than or equal"),
+        ({"port": 3, "rank_choice": "random"}, "'load' or 'cache'"),
     ],
 )
 def test_bad_backend_kv_events(kv: dict[str, Any], message: str) -> None:
@@ -172,6 +210,13 @@ def test_backend_flag_takes_what_the_sim_prints() -> None:
     t = parse_backend_flag("trtllm=http://127.0.0.1:18101,kv_events=http-drain:/kv_cache_events")
     assert t.kv_events is not None and t.kv_events.path == "/kv_cache_events"
     assert parse_backend_flag("vllm=http://127.0.0.1:1").kv_events is None
+    adp = parse_backend_flag(
+        "trtllm=http://127.0.0.1:18102,kv_events=tcp://127.0.0.1:40010,"
+        "kv_replay=tcp://127.0.0.1:40020,kv_ranks=4,kv_rank_choice=cache"
+    )
+    assert adp.kv_events is not None
+    assert adp.kv_events.endpoint("trtllm").rank_ports(3) == (40013, 40023)
+    assert adp.kv_events.rank_choice == "cache"
 
 
 @pytest.mark.parametrize(
@@ -182,6 +227,7 @@ def test_backend_flag_takes_what_the_sim_prints() -> None:
         ("vllm=http://127.0.0.1:1,kv_events=tcp://127.0.0.1", "tcp://HOST:PORT"),
         ("vllm=http://127.0.0.1:1,kv_replay=tcp://127.0.0.1:5", "needs port"),
         ("vllm=http://127.0.0.1:1,bogus=1", "unknown option"),
+        ("vllm=http://127.0.0.1:1,kv_events=tcp://127.0.0.1:5,kv_ranks=two", "valid integer"),
         ("vllm=http://127.0.0.1:1,kv_events", "not KEY=VALUE"),
     ],
 )

@@ -80,10 +80,13 @@ async def until(pred: Callable[[], bool], what: str, within: float = 10.0) -> No
 
 
 @contextlib.asynccontextmanager
-async def feeds_for(cfg: RouterConfig) -> AsyncIterator[tuple[Fleet, KvFeeds, RouterMetrics]]:
+async def feeds_for(
+    cfg: RouterConfig, transport: httpx.AsyncBaseTransport | None = None
+) -> AsyncIterator[tuple[Fleet, KvFeeds, RouterMetrics]]:
+    """The feeds of ``cfg``'s fleet; ``transport`` answers the HTTP drains in-process."""
     fleet = build_fleet(cfg)
     metrics = RouterMetrics()
-    async with httpx.AsyncClient(trust_env=False) as client:
+    async with httpx.AsyncClient(trust_env=False, transport=transport) as client:
         feeds = KvFeeds(fleet, client, cfg.kv_events, metrics, time.monotonic)
         feeds.start()
         try:
