@@ -311,6 +311,9 @@ _TRT_CONFIG_KEYS = {
     "kv_cache_config.kv_events_config": "kv_events_config",
     "scheduler_config.capacity_scheduler_policy": "capacity_scheduler_policy",
     "scheduler_config.waiting_queue_policy": "waiting_queue_policy",
+    # attention DP: --tp_size ranks (not a profile field: see parse_trtllm)
+    "enable_attention_dp": "enable_attention_dp",
+    "attention_dp_config.enable_kv_cache_aware_routing": "adp_cache_routing",
 }
 #: Keys of that file that the emulator accepts and has nothing to do with.
 _TRT_CONFIG_NO_EFFECT = {
@@ -320,10 +323,10 @@ _TRT_CONFIG_NO_EFFECT = {
     "enable_iter_perf_stats",
     "return_perf_metrics",
     "backend",
-    # attention DP: the emulator is one rank (one scheduler, one KV cache), so these
-    # change nothing; with --tp_size 1 TensorRT-LLM has a single rank too
-    "enable_attention_dp",
-    "attention_dp_config",
+    "attention_dp_config.enable_balance",
+    "attention_dp_config.timeout_iters",
+    "attention_dp_config.batching_wait_iters",
+    "attention_dp_config.kv_cache_routing_load_balance_weight",
 }
 
 
@@ -345,9 +348,11 @@ def _trt_parser() -> _Parser:
 
 
 def _flatten(data: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """Top-level keys, and ``section.key`` inside the two sections the emulator reads."""
+    """Top-level keys, and ``section.key`` inside the sections the emulator reads."""
     for key, value in data.items():
-        if key in ("kv_cache_config", "scheduler_config") and isinstance(value, Mapping):
+        if key in ("kv_cache_config", "scheduler_config", "attention_dp_config") and isinstance(
+            value, Mapping
+        ):
             for sub, sub_value in value.items():
                 yield f"{key}.{sub}", sub_value
         else:
@@ -404,6 +409,15 @@ def parse_trtllm(argv: Sequence[str]) -> EngineLaunch:
         value = getattr(ns, flag)
         if value is not None:
             overrides[key] = value
+    if overrides.pop("enable_attention_dp", False):
+        # each of the tensor-parallel GPUs is a rank with its own scheduler and KV cache
+        try:
+            overrides["attention_dp_ranks"] = int(ns.tp_size or 1)
+        except ValueError:
+            raise CliError(f"--tp_size {ns.tp_size!r}: expected an integer") from None
+        ignored = [i for i in ignored if not i.startswith("--tp_size")]
+    elif "adp_cache_routing" in overrides:
+        overrides.pop("adp_cache_routing")  # without attention DP there is one rank
     events_config = overrides.pop("kv_events_config", None)
     if events_config is not None and not isinstance(events_config, Mapping):
         raise CliError(
@@ -532,13 +546,13 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
     spec = engine_spec(launch, profile)
     host = bind_host(launch.host, env)
     sock = _listen(host, launch.port)
-    publisher = _kv_publisher(launch, env, host)
+    publishers = _kv_publishers(launch, env, host)
     try:
         engine, app = build_engine(
-            spec, launch.model, default_model_factory(), time_scale, seed, time.time(), publisher
+            spec, launch.model, default_model_factory(), time_scale, seed, time.time(), publishers
         )
     except FleetError as e:
-        if publisher is not None:
+        for publisher in publishers:
             publisher.close()
         raise CliError(str(e)) from None
     options = engine.options
@@ -568,39 +582,48 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
     try:
         asyncio.run(_serve(engine, app, sock))
     finally:
-        if publisher is not None:
+        for publisher in publishers:
             publisher.close()
     return 0
 
 
-def _kv_publisher(launch: EngineLaunch, env: Mapping[str, str], host: str) -> Any:
-    """The KV-event publisher when vLLM's ``--kv-events-config`` (or TensorRT-LLM's
-    ``kv_cache_config.kv_events_config``, same fields) turns events on, else None.
+def _kv_publishers(launch: EngineLaunch, env: Mapping[str, str], host: str) -> list[Any]:
+    """The KV-event publishers when vLLM's ``--kv-events-config`` (or TensorRT-LLM's
+    ``kv_cache_config.kv_events_config``, same fields) turns events on: one, or one per
+    attention-DP rank (rank r on the endpoints' ports + r); none when events are off.
 
     A ``tcp://*:P`` endpoint binds ``host`` (the HTTP socket's address) unless that is
     a wildcard itself. TensorRT-LLM's publisher writes its own wire and always binds."""
     if not launch.kv_events_config:
-        return None
+        return []
     from fleetgate.sim.vllm.kv_events import KvEventPublisher, parse_kv_events_config
 
     config = parse_kv_events_config(launch.kv_events_config)
     if not config.active:
-        return None
+        return []
     wildcard = None if host in ("0.0.0.0", "::", "") else host
-    publisher: Any
+    publishers: list[Any] = []
     if launch.kind == "trtllm":
         from fleetgate.sim.trtllm.kv_events import trtllm_kv_publisher
 
-        publisher = trtllm_kv_publisher(config, env, wildcard)
+        ranks = int(str(launch.overrides.get("attention_dp_ranks", 1)))
+        try:
+            for rank in range(ranks):
+                publishers.append(trtllm_kv_publisher(config, env, wildcard, rank))
+        except (CliError, ValueError) as e:
+            for p in publishers:
+                p.close()
+            raise CliError(str(e)) from None
     else:
-        publisher = KvEventPublisher(config, env, wildcard)
+        publishers.append(KvEventPublisher(config, env, wildcard))
     log.info(
-        "KV-cache events: %s (topic %r), replay %s",
+        "KV-cache events: %s (topic %r), replay %s%s",
         config.endpoint,
         config.topic,
         config.replay_endpoint,
+        f", {len(publishers)} attention-DP ranks (ports + rank)" * (len(publishers) > 1),
     )
-    return publisher
+    return publishers
 
 
 async def _serve(engine: Any, app: Any, sock: socket.socket) -> None:

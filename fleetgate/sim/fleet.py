@@ -51,6 +51,7 @@ __all__ = [
     "RunningEngine",
     "SharedTokenizer",
     "check_loopback",
+    "free_port_run",
     "run_fleet",
 ]
 
@@ -199,12 +200,13 @@ def build_engine(
     time_scale: float,
     seed: int,
     created: float,
-    kv_events: KvEventSink | None = None,
+    kv_events: Sequence[KvEventSink] = (),
 ) -> tuple[SimEngine, Any]:
     """One engine (model, driver, metrics, ASGI app); nothing started yet.
 
     ``kv_events``: where the engine publishes its KV-cache events over ZeroMQ (vLLM;
-    TensorRT-LLM's streaming publisher). None: off, or TensorRT-LLM's HTTP drain."""
+    TensorRT-LLM's streaming publisher: one per attention-DP rank). Empty: off, or
+    TensorRT-LLM's HTTP drain."""
     try:
         model = factory(spec.kind, spec.profile, spec.overrides, seed)
     except ValueError as e:
@@ -232,18 +234,22 @@ def build_engine(
         raise FleetError(f"engine {spec.kind}: lora_modules is a vLLM option")
     adapter = get_adapter(spec.kind)
     if spec.kind == "vllm":
+        sink = kv_events[0] if kv_events else None
         return build_vllm(
-            options, model, SharedTokenizer(), time_scale, adapter.error_body, created, kv_events
+            options, model, SharedTokenizer(), time_scale, adapter.error_body, created, sink
         )
-    return build_trtllm(
-        options,
-        model,
-        SharedTokenizer(),
-        time_scale,
-        adapter.error_body,
-        spec.kv_event_buffer if spec.kv_events and kv_events is None else None,
-        kv_events,
-    )
+    try:
+        return build_trtllm(
+            options,
+            model,
+            SharedTokenizer(),
+            time_scale,
+            adapter.error_body,
+            spec.kv_event_buffer if spec.kv_events and not kv_events else None,
+            kv_events,
+        )
+    except ValueError as e:
+        raise FleetError(f"engine {spec.kind}: {e}") from None
 
 
 @contextlib.asynccontextmanager
@@ -271,9 +277,8 @@ async def run_fleet(
             sock = _bind(host, want)
             sockets.append(sock)
             name = spec.model or model
-            publisher = _kv_publisher(spec, host)
-            if publisher is not None:
-                publishers.append(publisher)
+            ranked = _kv_publishers(spec, host)
+            publishers += ranked
             engine, app = build_engine(
                 spec,
                 name,
@@ -281,8 +286,9 @@ async def run_fleet(
                 time_scale,
                 spec.seed if spec.seed is not None else seed + i,
                 created,
-                publisher,
+                ranked,
             )
+            publisher = ranked[0] if ranked else None
             config = uvicorn.Config(
                 app,
                 lifespan="off",
@@ -340,29 +346,60 @@ def trtllm_kv_transport(spec: EngineSpec) -> str | None:
     return release_for(spec.version or TRTLLM_VERSION).kv_events or "http-drain"
 
 
-def _kv_publisher(spec: EngineSpec, host: str) -> Any:
-    """A loopback KV-event publisher (ephemeral ports) for a spec with ZeroMQ events on:
-    vLLM, and TensorRT-LLM on a line that streams them (otherwise it keeps its events
-    for ``POST /kv_cache_events``)."""
+def _kv_publishers(spec: EngineSpec, host: str) -> list[Any]:
+    """Loopback KV-event publishers for a spec with ZeroMQ events on (vLLM, and
+    TensorRT-LLM on a line that streams them; otherwise it keeps its events for
+    ``POST /kv_cache_events``): one on ephemeral ports, or one per attention-DP rank
+    (``overrides.attention_dp_ranks``) on a run of free ports, rank r on base + r."""
     if not spec.kv_events:
-        return None
+        return []
     if spec.kind == "trtllm" and trtllm_kv_transport(spec) != "zmq":
-        return None
+        return []
     if ":" in host:
         raise FleetError("kv_events: needs an IPv4 loopback host")
     from fleetgate.sim.vllm.kv_events import KvEventPublisher, KvEventsConfig
 
+    ranks = int(str(spec.overrides.get("attention_dp_ranks", 1)))
+    if ranks > 1:
+        base = free_port_run(host, 2 * ranks)
+        pub, replay = f"{base}", f"{base + ranks}"
+    else:
+        pub = replay = "*"  # '*' as the port: bind an ephemeral one
     config = KvEventsConfig(
         enable_kv_cache_events=True,
-        endpoint=f"tcp://{host}:*",  # '*' as the port: bind an ephemeral one
-        replay_endpoint=f"tcp://{host}:*",
+        endpoint=f"tcp://{host}:{pub}",
+        replay_endpoint=f"tcp://{host}:{replay}",
         topic="kv-events",
     )
     if spec.kind == "trtllm":
         from fleetgate.sim.trtllm.kv_events import trtllm_kv_publisher
 
-        return trtllm_kv_publisher(config, {})
-    return KvEventPublisher(config, {})
+        return [trtllm_kv_publisher(config, {}, rank=r) for r in range(ranks)]
+    return [KvEventPublisher(config, {})]
+
+
+def free_port_run(host: str, n: int) -> int:
+    """A base port with ``n`` consecutive ports free on ``host`` right now."""
+    for _ in range(100):
+        probe = socket.socket()
+        probe.bind((host, 0))
+        base = int(probe.getsockname()[1])
+        probe.close()
+        if base + n > 65535:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind((host, p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise FleetError(f"no {n} consecutive free ports on {host}")
 
 
 async def _tick(servers: list[uvicorn.Server]) -> None:

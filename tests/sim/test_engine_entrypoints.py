@@ -98,6 +98,9 @@ def test_generated_command_line_parses_and_configures(spec: dict[str, Any], tmp_
     # flags with nothing to emulate are named in the log, not silently dropped
     if c.engine == "vllm":
         assert any(i.startswith("--gpu-memory-utilization") for i in launch.ignored)
+    elif s.enable_attention_dp:  # then each tensor-parallel GPU is a rank
+        assert launch.overrides["attention_dp_ranks"] == c.spec.parallelism.tensor
+        assert not any(i.startswith("--tp_size") for i in launch.ignored)
     else:
         assert any(i.startswith("--tp_size") for i in launch.ignored)
 

@@ -20,7 +20,7 @@ from fleetgate.engines import get_adapter
 from fleetgate.engines.base import AllBlocksCleared, BlockRemoved, BlockStored
 from fleetgate.engines.vllm import decode_vllm_kv_events
 from fleetgate.sim.entrypoints import engine_spec, parse
-from fleetgate.sim.fleet import EngineSpec, _kv_publisher, run_fleet
+from fleetgate.sim.fleet import EngineSpec, _kv_publishers, run_fleet
 from fleetgate.sim.vllm.kv_events import KvEventPublisher, parse_kv_events_config
 
 TRT = get_adapter("trtllm")
@@ -132,7 +132,7 @@ async def test_fleet_engines_publish_on_their_own_loopback_ports() -> None:
 async def test_fleet_trtllm_keeps_events_for_the_drain_endpoint() -> None:
     # 1.3 drains; main streams (test_fleet_trtllm_main_streams_its_own_zmq_wire)
     spec = EngineSpec(kind="trtllm", kv_events=True, kv_event_buffer=64, version="1.3.0")
-    assert _kv_publisher(spec, "127.0.0.1") is None  # no sockets: HTTP drain
+    assert _kv_publishers(spec, "127.0.0.1") == []  # no sockets: HTTP drain
     async with run_fleet([spec], time_scale=0) as fleet:
         (trt,) = fleet.engines
         async with httpx.AsyncClient(base_url=trt.url) as client:
@@ -216,16 +216,14 @@ def test_trtllm_entrypoint_reads_the_streaming_config_from_the_options_file(
     assert not any("kv_events_config" in u or "use_kv_cache" in u for u in launch.unknown)
     spec = engine_spec(launch, "test")
     assert not spec.kv_events, "no HTTP-drain buffer beside the stream"
-    publisher = entrypoints._kv_publisher(launch, {"FLEETGATE_TEST_MODE": "1"}, "127.0.0.1")
+    (publisher,) = entrypoints._kv_publishers(launch, {"FLEETGATE_TEST_MODE": "1"}, "127.0.0.1")
     try:
-        assert publisher is not None
         assert publisher.endpoint == f"tcp://127.0.0.1:{pub_port}"
         assert publisher.replay_endpoint == f"tcp://127.0.0.1:{replay_port}"
         frames = publisher._encode(0, _one_removal(), "kv-events")
         assert msgpack.unpackb(frames[2])[1][0]["type"] == "BlockRemoved"
     finally:
-        if publisher is not None:
-            publisher.close()
+        publisher.close()
 
 
 def _one_removal() -> Any:

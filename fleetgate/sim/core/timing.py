@@ -62,6 +62,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from fleetgate.sim.core import kv_trtllm, sched_vllm
+from fleetgate.sim.core.adp import AttentionDpModel
 from fleetgate.sim.core.api import EngineModel
 from fleetgate.sim.core.engine_base import EngineConfig
 from fleetgate.sim.core.sched_trtllm import TrtllmEngine
@@ -98,6 +99,11 @@ class Profile:
     prefix_caching: bool = True
     chunked_prefill: bool = True
     mean_output_tokens: float = 256.0
+    attention_dp_ranks: int = 1
+    """TensorRT-LLM attention data parallelism: ranks of one replica, each with the
+    limits and KV cache above (:class:`~fleetgate.sim.core.adp.AttentionDpModel`)."""
+    adp_cache_routing: bool = False
+    """The engine places a request on the rank holding its prefix (else by load)."""
 
     def step_seconds(
         self, prefill_tokens: int, decode_seqs: int, kv_tokens: int, rng: random.Random
@@ -283,6 +289,14 @@ def build_engine_model(
         raise ValueError(f"profile {profile!r} is for {resolved.engine}, not {kind}")
     config = engine_config(kind, resolved)
     rng = random.Random(seed)
+    if resolved.attention_dp_ranks != 1:
+        if kind != "trtllm" or resolved.attention_dp_ranks < 1:
+            raise ValueError("attention_dp_ranks: a positive count, for trtllm only")
+        ranks = [
+            TrtllmEngine(config, resolved, random.Random(seed * 1009 + r))
+            for r in range(resolved.attention_dp_ranks)
+        ]
+        return AttentionDpModel(ranks, cache_aware=resolved.adp_cache_routing)
     if kind == "vllm":
         return VllmEngine(config, resolved, rng)
     return TrtllmEngine(config, resolved, rng)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -67,32 +67,41 @@ def build_trtllm(
     time_scale: float,
     error_body: ErrorBody,
     kv_event_buffer: int | None = None,
-    kv_publisher: KvEventSink | None = None,
+    kv_publishers: Sequence[KvEventSink] = (),
 ) -> tuple[SimEngine, TrtllmApp]:
-    """One emulated trtllm-serve. ``kv_publisher`` receives each step's KV-cache events
-    (the streaming ``kv_events_config`` publisher); otherwise ``kv_event_buffer`` > 0
-    keeps that many for ``POST /kv_cache_events`` (``event_buffer_max_size``)."""
+    """One emulated trtllm-serve. ``kv_publishers`` receive each step's KV-cache events
+    (the streaming ``kv_events_config`` publisher; one per attention-DP rank, rank
+    order); otherwise ``kv_event_buffer`` > 0 keeps that many for ``POST
+    /kv_cache_events`` (``event_buffer_max_size``), every rank's in one buffer."""
     metrics = TrtllmMetrics(options, model, time.time())
     on_step = metrics.on_step
-    pool = getattr(model, "pool", None)
+    pools = list(getattr(model, "pools", None) or [getattr(model, "pool", None)])
+    pools = [p for p in pools if p is not None]
     events: TrtllmKvEventBuffer | None = None
-    if kv_publisher is not None and pool is not None:
-        pool.enable_kv_events()
-        sink = kv_publisher
+    if kv_publishers and pools:
+        if len(kv_publishers) != len(pools):
+            raise ValueError(f"{len(pools)} attention-DP rank(s), {len(kv_publishers)} publishers")
+        for pool in pools:
+            pool.enable_kv_events()
+        sinks = list(zip(kv_publishers, pools, strict=True))
 
         def on_step(now: float, result: StepResult) -> None:
             metrics.on_step(now, result)
-            sink.publish(pool.take_kv_events())
+            for sink, pool in sinks:
+                sink.publish(pool.take_kv_events())
 
-    elif kv_event_buffer and pool is not None:
-        pool.enable_kv_events()
+    elif kv_event_buffer and pools:
+        for pool in pools:
+            pool.enable_kv_events()
         buffer = events = TrtllmKvEventBuffer(
-            kv_event_buffer, options.max_model_len, options.num_gpu_blocks
-        )
+            kv_event_buffer, options.max_model_len, options.num_gpu_blocks // len(pools),
+            ranks=len(pools),
+        )  # fmt: skip
 
         def on_step(now: float, result: StepResult) -> None:
             metrics.on_step(now, result)
-            buffer.add(pool.take_kv_events())
+            for rank, pool in enumerate(pools):
+                buffer.add(pool.take_kv_events(), rank)
 
     driver = EngineDriver(model, time_scale=time_scale, on_step=on_step)
     engine = SimEngine(options, tokenizer, driver, metrics)

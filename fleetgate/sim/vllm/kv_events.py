@@ -109,8 +109,11 @@ class KvEventPublisher:
         *,
         encode: BatchEncoder = encode_vllm_kv_batch,
         always_bind: bool = False,
+        rank: int = 0,
     ) -> None:
         self.config = config
+        self.rank = rank
+        """The data-parallel rank its batches carry (TensorRT-LLM attention DP)."""
         self._encode = encode
         self._topic = config.topic
         self._queue: queue.Queue[Sequence[KvEvent] | None] = queue.Queue(config.max_queue_size)
@@ -184,7 +187,7 @@ class KvEventPublisher:
             if events is None:
                 return
             batch = KvEventBatch(
-                seq=self._seq, events=tuple(events), ts=time.time(), data_parallel_rank=0
+                seq=self._seq, events=tuple(events), ts=time.time(), data_parallel_rank=self.rank
             )
             frames = self._encode(self._seq, batch, self._topic)
             try:

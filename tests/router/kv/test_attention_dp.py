@@ -17,10 +17,9 @@ events written by the test: the emulated engine itself is one rank (docs/router.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-import random
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,12 +28,14 @@ import pytest
 
 from fleetgate.engines.base import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
 from fleetgate.engines.trtllm.kv_events import trtllm_event_items
-from fleetgate.engines.trtllm.kv_zmq import encode_trtllm_kv_batch
+from fleetgate.engines.trtllm.kv_zmq import encode_trtllm_kv_batch, signed_hash
 from fleetgate.router.scheduling.kvindex import KvIndex, block_keys
 from fleetgate.router.scheduling.types import EndpointId
+from fleetgate.sim.core.kv_vllm import external_hash
+from fleetgate.sim.fleet import EngineSpec, RunningEngine, free_port_run, run_fleet
 from fleetgate.sim.vllm.kv_events import KvEventPublisher, KvEventsConfig
 
-from .test_kvfeed import BS, config, feeds_for, metric, until
+from .test_kvfeed import BS, complete, config, feeds_for, metric, until, zmq_backend
 
 A, B = EndpointId("a"), EndpointId("b")
 
@@ -171,26 +172,6 @@ async def test_a_drain_with_a_rank_beyond_the_configured_ones_is_counted_not_app
 # ------------------------------------------------------------------ ZeroMQ (main)
 
 
-def _free_run(n: int) -> int:
-    """A base port with ``n`` consecutive free loopback ports."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 60000 - n)
-        socks: list[socket.socket] = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no run of free ports")
-
-
 def rank_publisher(port: int, replay: int) -> KvEventPublisher:
     cfg = KvEventsConfig(
         enable_kv_cache_events=True,
@@ -219,7 +200,7 @@ def zmq_config(base: int, replay: int, ranks: int, choice: str) -> Any:
 
 @pytest.mark.parametrize("choice", ["load", "cache"])
 async def test_every_rank_stream_is_followed_and_scored_as_the_engine_picks(choice: str) -> None:
-    base = _free_run(4)
+    base = free_port_run("127.0.0.1", 4)
     replay = base + 2
     doc = toks(6, 4)
     keys = block_keys(doc, BS)
@@ -242,7 +223,7 @@ async def test_every_rank_stream_is_followed_and_scored_as_the_engine_picks(choi
 
 
 async def test_a_rank_that_restarts_is_cleared_alone() -> None:
-    base = _free_run(4)
+    base = free_port_run("127.0.0.1", 4)
     replay = base + 2
     doc = toks(7, 3)
     async with feeds_for(zmq_config(base, replay, 2, "cache")) as (fleet, _feeds, metrics):
@@ -263,3 +244,75 @@ async def test_a_rank_that_restarts_is_cleared_alone() -> None:
                 assert fleet.kv_index.engine_hashes(ep.id, rank=0) == frozenset({100, 101, 102})
                 assert metric(metrics, "fleetgate_kv_feed_restarts_total") >= 1
                 await until(lambda: ep.kv_feed.state == "live", "live again")
+
+
+# ------------------------------------------------------------------ the emulated engine
+
+
+def rank_truth(e: RunningEngine, rank: int, *, stream: bool = True) -> frozenset[int]:
+    """Rank ``rank``'s cached blocks as the engine publishes their hashes (the stream:
+    signed; the drain: as they are)."""
+    model: Any = e.engine.driver.model
+    hashes = (external_hash(h) for h in model.ranks[rank].pool._cached)
+    return frozenset(signed_hash(h) if stream else h for h in hashes)
+
+
+def adp_spec(version: str, cache_aware: bool) -> EngineSpec:
+    overrides = {"tokens_per_block": BS, "attention_dp_ranks": 2, "adp_cache_routing": cache_aware}
+    return EngineSpec(kind="trtllm", kv_events=True, version=version, overrides=overrides)
+
+
+@pytest.mark.parametrize("cache_aware", [False, True])
+async def test_an_emulated_two_rank_engine_streams_each_rank_and_the_index_follows(
+    cache_aware: bool,
+) -> None:
+    doc = list(toks(8, 4)) + [7, 7, 7]
+    async with run_fleet([adp_spec("main", cache_aware)], time_scale=0) as sim:
+        (eng,) = sim.engines
+        choice = "cache" if cache_aware else "load"
+        async with feeds_for(config([zmq_backend(eng, ranks=2, rank_choice=choice)])) as (
+            fleet,
+            _feeds,
+            _metrics,
+        ):
+            (ep,) = fleet
+            await until(lambda: ep.kv_feed.state == "live", "both ranks live")
+            for _ in range(3):  # one after another: each lands on an idle engine
+                await complete(eng.url, eng.model, doc)
+            model: Any = eng.engine.driver.model
+            for r in (0, 1):
+                await until(lambda r=r: fleet.kv_index.engine_hashes(ep.id, rank=r)  # type: ignore[misc]
+                            == rank_truth(eng, r), f"rank {r}: index == engine")  # fmt: skip
+            keys = block_keys(doc, BS)
+            held = [bool(rank_truth(eng, r)) for r in (0, 1)]
+            if cache_aware:
+                # the engine sent the repeats where the document was: one rank holds it
+                assert model.placements in ([3, 0], [0, 3]) and held.count(True) == 1
+                assert fleet.kv_index.match(ep.id, keys) == 4
+            else:
+                # by load: both idle, the lower rank, then the same again (0 active tokens)
+                assert model.placements == [3, 0] and held == [True, False]
+                assert fleet.kv_index.match(ep.id, keys) == 4 // 2
+
+
+async def test_an_emulated_two_rank_engine_drains_every_rank_with_its_own_ids() -> None:
+    async with run_fleet([adp_spec("1.3.0", False)], time_scale=0) as sim:
+        (eng,) = sim.engines
+        backend = {"engine": "trtllm", "url": eng.url,
+                   "kv_events": {"transport": "http-drain", "path": "/kv_cache_events",
+                                 "ranks": 2}}  # fmt: skip
+        async with feeds_for(config([backend])) as (fleet, _feeds, metrics):
+            (ep,) = fleet
+            await until(lambda: ep.kv_feed.state == "live", "both ranks live")
+            # two long prompts at once: by load the second goes to the other rank
+            a, b = list(toks(9, 3)) + [1], list(toks(10, 3)) + [1]
+            await asyncio.gather(complete(eng.url, eng.model, a, max_tokens=8),
+                                 complete(eng.url, eng.model, b, max_tokens=8))  # fmt: skip
+            model: Any = eng.engine.driver.model
+            assert model.placements == [1, 1]
+            for r in (0, 1):
+                await until(lambda r=r: fleet.kv_index.engine_hashes(ep.id, rank=r)  # type: ignore[misc]
+                            == rank_truth(eng, r, stream=False),
+                            f"rank {r}: index == engine")  # fmt: skip
+            assert all(rank_truth(eng, r, stream=False) for r in (0, 1)), "both ranks hold blocks"
+            assert metric(metrics, "fleetgate_kv_feed_restarts_total") == 0

@@ -227,15 +227,14 @@ async def test_lost_or_undecodable_batch_is_replayed(fault: str, publishers: lis
 def publishers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The KvEventPublishers run_fleet creates (real ones, recorded on the way)."""
     made: list[Any] = []
-    real = sim_fleet._kv_publisher
+    real = sim_fleet._kv_publishers
 
-    def record(spec: EngineSpec, host: str) -> Any:
-        publisher = real(spec, host)
-        if publisher is not None:
-            made.append(publisher)
-        return publisher
+    def record(spec: EngineSpec, host: str) -> list[Any]:
+        publishers = real(spec, host)
+        made.extend(publishers)
+        return publishers
 
-    monkeypatch.setattr(sim_fleet, "_kv_publisher", record)
+    monkeypatch.setattr(sim_fleet, "_kv_publishers", record)
     return made
 
 
