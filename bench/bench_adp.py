@@ -117,7 +117,10 @@ async def one_run(
     requests = workload(seed, args.docs, args.rate, args.duration)
     async with run_fleet([spec] * args.engines, time_scale=args.time_scale, seed=seed) as sim:
         ranks = {"all ranks": args.ranks, "rank 0": 1, "approximate": None}[contender]
-        app = build_router(router_config(sim.engines, ranks, "cache" if engine_cache else "load"))
+        choice = args.router_rank_choice
+        if choice == "engine":
+            choice = "cache" if engine_cache else "load"
+        app = build_router(router_config(sim.engines, ranks, choice))
         model = sim.engines[0].model
         async with app.router.lifespan_context(app):
             fleet = app.state.router.fleet
@@ -152,9 +155,10 @@ async def one_run(
 
 async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for engine_cache in (False, True):
+    modes = {"both": (False, True), "load": (False,), "cache": (True,)}[args.engine_choice]
+    for engine_cache in modes:
         for seed in (int(s) for s in args.seeds.split(",")):
-            for contender in ("all ranks", "rank 0", "approximate"):
+            for contender in args.contenders.split(","):
                 row = await one_run(args, seed, engine_cache, contender)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
@@ -171,6 +175,14 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=30.0, help="requests per modelled second")
     ap.add_argument("--docs", type=int, default=24)
     ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument(
+        "--router-rank-choice",
+        choices=("engine", "load", "cache"),
+        default="engine",
+        help="how the router scores a replica's ranks (engine: as the engine places them)",
+    )
+    ap.add_argument("--engine-choice", choices=("both", "load", "cache"), default="both")
+    ap.add_argument("--contenders", default="all ranks,rank 0,approximate")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     rows = asyncio.run(main_async(args))
