@@ -310,6 +310,7 @@ class KvFeeds:
         self.fleet.kv_index.clear(eid)
         if feeds:
             feeds[0].e.kv_feed.set("off", self.clock(), "stopped")
+            feeds[0].e.kv_rank_feeds = ()
 
     async def stop(self) -> None:
         for eid in list(self._tasks):

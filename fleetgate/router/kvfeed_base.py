@@ -47,6 +47,7 @@ class RankGroup:
     def __init__(self, e: Endpoint, ranks: int) -> None:
         self.e = e
         self.statuses = [KvFeedStatus() for _ in range(ranks)]
+        e.kv_rank_feeds = tuple(self.statuses)
 
     def merge(self, now: float) -> None:
         worst = min(range(len(self.statuses)), key=lambda r: _USABLE[self.statuses[r].state])

@@ -336,6 +336,12 @@ class _FleetCollector(Collector):
             "the exact view is used only while live.",
             labels=[*ep, "state"],
         )
+        rank_feed = GaugeMetricFamily(
+            "fleetgate_kv_feed_rank_state",
+            "1 for the current state of each attention-DP rank's KV-event feed (endpoints "
+            "with several ranks only; fleetgate_kv_feed_state is the least usable rank's).",
+            labels=[*ep, "rank", "state"],
+        )
         feed_age = GaugeMetricFamily(
             "fleetgate_kv_feed_verified_age_seconds",
             "Seconds since the KV-event feed last confirmed it had every batch (a batch "
@@ -357,6 +363,11 @@ class _FleetCollector(Collector):
             lv = [e.id, e.engine]
             for state in FEED_STATES:
                 feed.add_metric([*lv, state], 1.0 if e.kv_feed.state == state else 0.0)
+            for rank, status in enumerate(e.kv_rank_feeds):
+                for state in FEED_STATES:
+                    rank_feed.add_metric(
+                        [*lv, str(rank), state], 1.0 if status.state == state else 0.0
+                    )
             if e.kv_feed.verified_at is not None:
                 feed_age.add_metric(lv, max(0.0, now - e.kv_feed.verified_at))
             kv_blocks.add_metric(lv, float(kv_index.blocks(e.id)))
@@ -379,7 +390,7 @@ class _FleetCollector(Collector):
             if s.prefix_query_tokens is not None:
                 queries.add_metric(lv, s.prefix_query_tokens)
         yield from (healthy, ejected, age, kv, queued, hits, queries, index, speed, backlog)
-        yield from (feed, feed_age, kv_blocks, evictions)
+        yield from (feed, rank_feed, feed_age, kv_blocks, evictions)
 
 
 class ClassMetrics:

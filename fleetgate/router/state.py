@@ -106,6 +106,9 @@ class Endpoint:
     kv_feed: KvFeedStatus = dataclasses.field(default_factory=KvFeedStatus)
     """Its subscriber's state (``fleetgate.router.kvfeed``): the exact view in
     ``Fleet.kv_index`` is usable only while ``kv_feed.exact`` (state ``live``)."""
+    kv_rank_feeds: tuple[KvFeedStatus, ...] = ()
+    """With several attention-DP ranks (``kv_events.ranks``): each rank's feed, in rank
+    order (``kv_feed`` is then the least usable of them); empty otherwise."""
 
     @property
     def kv_live(self) -> bool:

@@ -97,6 +97,21 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         "1.2.0rc3, 1.3.0...): request fields, metrics and how KV events are published",
     )
     group.add_argument(
+        "--trtllm-attention-dp",
+        type=int,
+        metavar="RANKS",
+        help="TensorRT-LLM engines run attention data parallelism over RANKS ranks, each "
+        "with the per-engine limits and KV cache given here and its own KV events (ports "
+        "base + rank; printed as kv_ranks=RANKS)",
+    )
+    group.add_argument(
+        "--trtllm-adp-routing",
+        choices=("load", "cache"),
+        default="load",
+        help="how such an engine places a request on a rank: by load (TensorRT-LLM's "
+        "default) or by cached prefix (attention_dp_config.enable_kv_cache_aware_routing)",
+    )
+    group.add_argument(
         "--max-num-queued-reqs", type=int, help="vLLM admission limit: 503 beyond it"
     )
     group.add_argument("--scheduling-policy", choices=("fcfs", "priority"), help="queue policy")
@@ -194,6 +209,12 @@ def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int
     details = args.prompt_tokens_details
     if args.max_num_queued_reqs is not None and args.max_num_queued_reqs < 0:
         raise CliError("--max-num-queued-reqs must be >= 0")
+    trt_overrides = dict(overrides)
+    if args.trtllm_attention_dp is not None:
+        if args.trtllm_attention_dp < 1:
+            raise CliError("--trtllm-attention-dp must be >= 1")
+        trt_overrides["attention_dp_ranks"] = args.trtllm_attention_dp
+        trt_overrides["adp_cache_routing"] = args.trtllm_adp_routing == "cache"
     for kind, count in (("vllm", args.vllm), ("trtllm", args.trtllm)):
         profile = args.profile
         if profile == "auto":
@@ -202,7 +223,7 @@ def resolve(args: argparse.Namespace) -> tuple[list[EngineSpec], str, float, int
             EngineSpec(
                 kind=kind,
                 profile=profile,
-                overrides=overrides,
+                overrides=trt_overrides if kind == "trtllm" else overrides,
                 enable_prompt_tokens_details=details,
                 max_num_queued_reqs=args.max_num_queued_reqs,
                 version=args.vllm_version if kind == "vllm" else args.trtllm_version,
@@ -236,6 +257,10 @@ async def serve(args: argparse.Namespace) -> int:
                 kv = f" kv_events={e.kv_events} kv_replay={e.kv_replay}" if e.kv_events else ""
                 if trtllm_kv_transport(spec) == "http-drain":
                     kv = f" kv_events=http-drain:{TRTLLM_KV_EVENTS_PATH}"
+                ranks = int(str(spec.overrides.get("attention_dp_ranks", 1)))
+                if kv and ranks > 1:
+                    cache = str(spec.overrides.get("adp_cache_routing")).lower() in ("true", "1")
+                    kv += f" kv_ranks={ranks} kv_rank_choice={'cache' if cache else 'load'}"
                 print(f"engine={e.kind} url={e.url} model={e.model}{kv}", flush=True)
             await stop.wait()
     except FleetError as e:

@@ -116,14 +116,15 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
             },
         }
         k8s_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(isvc))
-        # emulated engines: 2 vLLM + 1 TensorRT-LLM, small so the load queues, with KV
-        # events (the exact-view panels); the router subscribes with the emulator's tokenizer
+        # emulated engines: 2 vLLM + 1 TensorRT-LLM of 2 attention-DP ranks, small so the
+        # load queues, with KV events (the exact-view panels, per rank too); the router
+        # subscribes with the emulator's tokenizer
         sim_port = _free_port()
         sim = procs.start(
             "sim",
             [*fg, "sim", "--vllm", "2", "--trtllm", "1", "--port", str(sim_port),
              "--profile", "test", "--max-num-seqs", "4", "--model", "tiny", "--seed", "3",
-             "--kv-events"],
+             "--kv-events", "--trtllm-attention-dp", "2"],
         )  # fmt: skip
         engines: list[tuple[str, str]] = []
         feeds: list[str] = []
@@ -137,7 +138,11 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
             ]
             engines = [(kv["engine"], kv["url"]) for kv in started]
             feeds = [
-                "".join(f",{k}={kv[k]}" for k in ("kv_events", "kv_replay") if k in kv)
+                "".join(
+                    f",{k}={kv[k]}"
+                    for k in ("kv_events", "kv_replay", "kv_ranks", "kv_rank_choice")
+                    if k in kv
+                )
                 for kv in started
             ]
             if sim.poll() is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -207,13 +208,21 @@ async def test_every_rank_stream_is_followed_and_scored_as_the_engine_picks(choi
     with ranks_up(base, replay, [0]) as pubs:
         pubs[0].publish([stored(100, doc)])
         async with feeds_for(zmq_config(base, replay, 2, choice)) as (fleet, feeds, metrics):
+            metrics.watch_fleet(fleet, time.monotonic)
             (ep,) = fleet
             assert len(feeds.feeds[ep.id]) == 2, "a subscriber per rank"
             await until(lambda: fleet.kv_index.blocks(ep.id) == 4, "rank 0 replayed")
             # rank 1 has no publisher yet: the endpoint is not exact, whatever rank 0 is
-            assert ep.kv_feed.state != "live"
+            await until(lambda: ep.kv_rank_feeds[0].state == "live", "rank 0 live")
+            assert ep.kv_feed.state != "live" and ep.kv_rank_feeds[1].state != "live"
+            assert "rank 1" in (ep.kv_feed.reason or "")
+            rank_state = "fleetgate_kv_feed_rank_state"
+            assert metric(metrics, rank_state, endpoint=ep.id, rank="0", state="live") == 1
+            assert metric(metrics, rank_state, endpoint=ep.id, rank="1", state="live") == 0
+            assert metric(metrics, "fleetgate_kv_feed_state", endpoint=ep.id, state="live") == 0
             with ranks_up(base, replay, [1]) as more:
                 await until(lambda: ep.kv_feed.state == "live", "both ranks live")
+                assert metric(metrics, rank_state, endpoint=ep.id, state="live") == 2
                 more[1].publish([stored(100, doc[: 2 * BS])])
                 await until(lambda: fleet.kv_index.blocks(ep.id) == 6, "rank 1's blocks")
                 want = 4 if choice == "cache" else (4 + 2) // 2

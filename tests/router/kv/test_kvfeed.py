@@ -502,12 +502,15 @@ def test_endpoint_kv_events_default() -> None:
                     adapter.metrics_sources[0], kv_events=kv).kv_events == kv  # fmt: skip
 
 
-@pytest.mark.parametrize("trtllm_version", [None, "1.3.0"])
+@pytest.mark.parametrize(
+    ("trtllm_version", "adp"), [(None, False), ("1.3.0", False), (None, True), ("1.3.0", True)]
+)
 async def test_sim_lines_paste_into_router_backend_flags(
-    tmp_path: Path, trtllm_version: str | None
+    tmp_path: Path, trtllm_version: str | None, adp: bool
 ) -> None:
     """``fleetgate sim --vllm 1 --trtllm 1 --kv-events`` prints what ``--backend`` takes:
-    TensorRT-LLM main's ZeroMQ stream by default, 1.3's HTTP drain with that version."""
+    TensorRT-LLM main's ZeroMQ stream by default, 1.3's HTTP drain with that version; with
+    ``--trtllm-attention-dp 2`` the ranks too, and the router follows both."""
     import argparse
 
     from fleetgate.router.cli import resolve_config
@@ -517,6 +520,8 @@ async def test_sim_lines_paste_into_router_backend_flags(
            "--kv-events", "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
     if trtllm_version is not None:
         cmd += ["--trtllm-version", trtllm_version]
+    if adp:
+        cmd += ["--trtllm-attention-dp", "2", "--trtllm-adp-routing", "cache"]
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(*cmd, stdout=out, stderr=out,
                                                     stdin=asyncio.subprocess.DEVNULL)  # fmt: skip
@@ -530,7 +535,8 @@ async def test_sim_lines_paste_into_router_backend_flags(
             if not line.startswith("engine="):
                 continue
             fields = dict(part.split("=", 1) for part in line.split())
-            kv = [f"{k}={fields[k]}" for k in ("kv_events", "kv_replay") if k in fields]
+            keys = ("kv_events", "kv_replay", "kv_ranks", "kv_rank_choice")
+            kv = [f"{k}={fields[k]}" for k in keys if k in fields]
             flags.append(",".join([f"{fields['engine']}={fields['url']}", *kv]))
         (trt,) = [f for f in flags if f.startswith("trtllm=")]
         (vllm,) = [f for f in flags if f.startswith("vllm=")]
@@ -538,13 +544,16 @@ async def test_sim_lines_paste_into_router_backend_flags(
         if trtllm_version is None:
             assert "kv_events=tcp://127.0.0.1:" in trt and "kv_replay=tcp://127.0.0.1:" in trt
         else:
-            assert trt.endswith(",kv_events=http-drain:/kv_cache_events"), flags
+            assert ",kv_events=http-drain:/kv_cache_events" in trt, flags
+        assert trt.endswith(",kv_ranks=2,kv_rank_choice=cache") == adp, flags
         args = argparse.Namespace(config=None, backend=flags)
         app = build_router(resolve_config(args))
         async with app.router.lifespan_context(app):
             eps = list(app.state.router.fleet)
             assert all(e.kv_events is not None for e in eps)
             await until(lambda: all(e.kv_feed.state == "live" for e in eps), "both live", 20)
+            (t,) = [e for e in eps if e.engine == "trtllm"]
+            assert len(t.kv_rank_feeds) == (2 if adp else 0)
     finally:
         if proc.returncode is None:
             proc.terminate()

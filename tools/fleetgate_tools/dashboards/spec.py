@@ -199,6 +199,19 @@ ROUTING = DashboardSpec(
             "view in use), syncing, partial (older blocks unknown), broken, off (no feed).",
         ),
         PanelSpec(
+            "KV-event feed state per attention-DP rank",
+            "short",
+            (
+                Query(
+                    "max by (endpoint, rank, state) (fleetgate_kv_feed_rank_state) == 1",
+                    "{{endpoint}} rank {{rank}} {{state}}",
+                ),
+            ),  # fmt: skip
+            description="Engines of several attention-DP ranks (TensorRT-LLM "
+            "enable_attention_dp): one line per rank's own feed; the endpoint is live only "
+            "when every rank is.",
+        ),
+        PanelSpec(
             "Exact index blocks per endpoint (from KV events)",
             "short",
             (Query("fleetgate_kv_index_blocks", "{{engine}} {{endpoint}}"),),
