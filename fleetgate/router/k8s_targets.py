@@ -119,12 +119,20 @@ class KnownService:
         return self.min_replicas is not None
 
 
-def _capacity(engine_spec: Mapping[str, Any]) -> int | None:
-    """Concurrency limit from the InferenceService (vLLM metrics do not carry it)."""
+def _capacity(spec: Mapping[str, Any]) -> int | None:
+    """Concurrency limit from the InferenceService (vLLM metrics do not carry it). With
+    TensorRT-LLM attention DP ``maxBatchSize`` is each rank's: the replica holds it times
+    its ranks (``parallelism.tensor``)."""
+    engine_spec = spec.get("engine") or {}
     for section, field in (("vllm", "maxNumSeqs"), ("tensorrtLlm", "maxBatchSize")):
-        value = (engine_spec.get(section) or {}).get(field)
-        if isinstance(value, int) and value > 0:
-            return value
+        settings = engine_spec.get(section) or {}
+        value = settings.get(field)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            continue
+        tensor = (spec.get("parallelism") or {}).get("tensor", 1)
+        if settings.get("enableAttentionDp") is True and isinstance(tensor, int) and tensor > 1:
+            return value * tensor
+        return value
     return None
 
 
@@ -242,7 +250,7 @@ def target_for(
         pool=pool,
         engine=engine,
         url=f"http://{host}:{a.port}",
-        capacity=_capacity(engine_spec),
+        capacity=_capacity(spec),
         namespace=a.namespace,
         service=a.service,
         model=a.annotation(ANNOTATION_SERVED_MODEL)

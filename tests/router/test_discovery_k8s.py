@@ -207,6 +207,14 @@ def test_engine_type_and_trtllm_capacity() -> None:
     found = ka.addresses_from_pod(pod("a", "10.1.0.1"), "http")
     (t,) = kt.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
     assert (t.engine, t.capacity) == ("trtllm", 64)
+    # attention DP: maxBatchSize is each rank's, the replica has parallelism.tensor ranks
+    svc["spec"]["engine"]["tensorrtLlm"]["enableAttentionDp"] = True
+    svc["spec"]["parallelism"] = {"tensor": 4}
+    (t,) = kt.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
+    assert t.capacity == 4 * 64
+    svc["spec"]["engine"]["tensorrtLlm"]["enableAttentionDp"] = False
+    (t,) = kt.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
+    assert t.capacity == 64, "tensor parallelism alone is one scheduler"
     svc["spec"]["engine"] = {"type": "sglang"}
     assert kt.desired_targets(found, {("ns", "llama"): svc}, CFG) == {}
 
