@@ -259,8 +259,8 @@ class KvIndex:
             self._total -= len(order)
 
     def clear(self, endpoint: EndpointId, rank: int | None = None) -> None:
-        """Forget everything ``endpoint`` held (it left, or nothing it sent can be trusted),
-        or only what its rank ``rank`` held (that rank's stream restarted)."""
+        """Forget everything ``endpoint`` held, its rank count too (it left), or only what
+        its rank ``rank`` held (that rank's stream restarted, or cannot be trusted)."""
         if rank is not None:
             self._drop((endpoint, rank))
             if self.ranks(endpoint) > 1:
@@ -268,6 +268,7 @@ class KvIndex:
         else:
             for holder in [h for h in self._order if h[0] == endpoint]:
                 self._drop(holder)
+            self._ranks.pop(endpoint, None)
         if self.pending is not None:
             self.pending.clear(endpoint)
 

@@ -95,8 +95,8 @@ def test_a_rank_restart_forgets_that_rank_and_set_ranks_drops_ranks_gone() -> No
     idx.set_ranks(A, 2, "cache")  # rank 2 is gone (a smaller replica)
     assert idx.blocks(A) == 0 and idx.match(A, keys) == 0
     assert idx.match(B, keys) == 3 and idx.ranks(B) == 1 and idx.ranks(A) == 2
-    idx.clear(A)
-    assert idx.endpoints() == [B]
+    idx.clear(A)  # it left: no entries, and no rank count kept for it
+    assert idx.endpoints() == [B] and idx.ranks(A) == 1
 
 
 # ------------------------------------------------------------------ the HTTP drain (1.3)
