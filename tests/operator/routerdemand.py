@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from endpoints import loopback_endpoint
 from prometheus_client import Counter, Gauge, generate_latest
 
 from fleetgate.operator import autoscale
@@ -18,9 +19,7 @@ from fleetgate.router.metrics import ClassMetrics, RouterMetrics
 from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.prefix import PrefixIndex
-from fleetgate.router.scheduling.types import EndpointId
-from fleetgate.router.served import adapter_for
-from fleetgate.router.state import Endpoint, Fleet
+from fleetgate.router.state import Fleet
 
 
 class RouterDemand:
@@ -60,17 +59,9 @@ class RouterDemand:
     def set_health(self, endpoints: Mapping[str, bool]) -> None:
         """The router's per-endpoint state (``fleetgate_endpoint_healthy`` among it),
         exported by its own fleet collector over endpoints with these ids (once)."""
-        adapter = adapter_for("vllm", None)
         eps = []
         for k, (ep, ok) in enumerate(endpoints.items()):
-            e = Endpoint(
-                id=EndpointId(ep),
-                pool="default",
-                engine=adapter.name,
-                url=f"http://127.0.0.1:{18500 + k}",
-                adapter=adapter,
-                metrics_source=adapter.metrics_sources[0],
-            )
+            e = loopback_endpoint("vllm", ep, 18500 + k)
             e.healthy = ok
             eps.append(e)
         fleet = Fleet(eps, index=PrefixIndex(1024), load_params=LoadParams())

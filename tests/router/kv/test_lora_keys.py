@@ -11,9 +11,9 @@ recorded vLLM 0.32 list plus one adapter card in vLLM's shape.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import msgpack
+from endpoints import loopback_endpoint
 from recordings import VLLM_032
 from routerkit import router_config
 
@@ -30,7 +30,7 @@ from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.types import EndpointId
 from fleetgate.router.served import adapter_for
-from fleetgate.router.state import Endpoint, Fleet
+from fleetgate.router.state import Fleet
 
 BS = 16
 BASE = "base-model"
@@ -55,23 +55,10 @@ def _stored(tokens: list[int], lora_name: str | None) -> KvEventBatch:
     )
 
 
-def _endpoint(kind: str, name: str, port: int, **kw: Any) -> Endpoint:
-    adapter = adapter_for(kind, None)
-    return Endpoint(
-        id=EndpointId(name),
-        pool="default",
-        engine=adapter.name,
-        url=f"http://127.0.0.1:{port}",
-        adapter=adapter,
-        metrics_source=adapter.metrics_sources[0],
-        **kw,
-    )
-
-
 def _fleet() -> Fleet:
     eps = []
     for name in ("base-holder", "lora-holder"):
-        e = _endpoint("vllm", name, 18400)
+        e = loopback_endpoint("vllm", name, 18400)
         e.healthy = True
         e.set_models([BASE, LORA], {LORA: LoraAdapter(salt=LORA, base_model=BASE)})
         e.kv_feed.set("live", 1.0)
@@ -105,7 +92,7 @@ def test_an_adapters_base_model_goes_by_the_name_clients_use() -> None:
     """An adapter is tokenized with its base model's tokenizer, which the router's
     config names by the served name; an engine that lists its model under another
     name (its path) names the adapter's parent that way."""
-    e = _endpoint("vllm", "renamed", 18401, served_model="llama")
+    e = loopback_endpoint("vllm", "renamed", 18401, served_model="llama")
     e.set_models(["/models/llama", LORA], {LORA: LoraAdapter(LORA, "/models/llama")})
     fleet = Fleet([e], index=PrefixIndex(1024), load_params=LoadParams(), kv_index=KvIndex())
     assert e.models == {"llama", LORA}
@@ -176,7 +163,7 @@ def test_a_tensorrt_llm_request_names_its_adapter_in_the_body() -> None:
         assert trt.request_lora_salt(bad) is None
     assert adapter_for("vllm", None).request_lora_salt(body) is None  # vLLM: by model
 
-    e = _endpoint("trtllm", "trt", 18402)
+    e = loopback_endpoint("trtllm", "trt", 18402)
     e.kv_feed.set("live", 1.0)
     fleet = Fleet([e], index=PrefixIndex(1024), load_params=LoadParams(), kv_index=KvIndex())
     assert fleet.request_lora_salt(body) == "lora-id:3"
