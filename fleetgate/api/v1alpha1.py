@@ -323,6 +323,15 @@ class EngineSpec(_Model):
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
     """Extra environment variables for the engine container."""
 
+    def settings_for(self, key: str) -> BaseModel | None:
+        """The typed settings section stored under ``key`` (an engine adapter's
+        ``spec_key``, e.g. ``tensorrtLlm``); None when it is not set or not a section."""
+        for field, info in type(self).model_fields.items():
+            if info.alias == key:
+                value = getattr(self, field)
+                return value if isinstance(value, BaseModel) else None
+        return None
+
     @model_validator(mode="after")
     def _settings_match_engine(self) -> EngineSpec:
         if self.image != self.image.strip():

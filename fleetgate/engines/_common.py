@@ -251,6 +251,15 @@ def json_section(
 # --------------------------------------------------------------------------------------
 
 
+def spec_positive_int(settings: Mapping[str, Any], key: str) -> int | None:
+    """``settings[key]`` when it is a positive integer (not a bool), else None: for raw
+    InferenceService sections that may be of another API revision."""
+    value = settings.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
 def clamp_level(level: int) -> int:
     """``level`` clamped into [LEVEL_MIN, LEVEL_MAX]; non-integers are a TypeError."""
     if isinstance(level, bool) or not isinstance(level, int):

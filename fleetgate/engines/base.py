@@ -355,6 +355,9 @@ class EngineAdapter(Protocol):
     """Other names (e.g. the CRD's ``tensorrt-llm``)."""
     default_block_size: int
     settings_model: type[BaseModel]
+    spec_key: str
+    """Key of this engine's settings under an InferenceService's ``spec.engine``
+    (camelCase, as stored: ``vllm``, ``tensorrtLlm``)."""
     metrics_sources: tuple[MetricsSource, ...]
     """In order of preference; the first is the default."""
     accepts_token_ids_prompt: bool
@@ -416,6 +419,14 @@ class EngineAdapter(Protocol):
         router salts such a request's block keys with it, as the index salts the
         blocks (:func:`fleetgate.router.scheduling.kvindex.block_keys`), and tokenizes
         it with the base model's tokenizer."""
+        ...
+
+    def concurrency_limit(self, settings: Mapping[str, Any], tensor_parallel: int) -> int | None:
+        """The most requests one replica runs at once, from its InferenceService (pure):
+        ``settings`` is the raw ``spec.engine.<spec_key>`` section (camelCase; read
+        defensively, as the object may be of another API revision), ``tensor_parallel``
+        its ``parallelism.tensor``. None when the section does not say. The router's
+        capacity hint for engines whose metrics do not carry the limit."""
         ...
 
     def request_lora_salt(self, doc: Mapping[str, Any]) -> str | None:

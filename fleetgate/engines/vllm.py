@@ -62,6 +62,7 @@ from fleetgate.engines._common import (
     kv_opt_text,
     kv_removed_or_cleared,
     require_some,
+    spec_positive_int,
     text_message,
     validate_launch,
 )
@@ -268,6 +269,7 @@ class VllmAdapter:
     aliases: tuple[str, ...] = ()
     default_block_size = 16
     settings_model: type[BaseModel] = VllmSettings
+    spec_key = "vllm"
     metrics_sources = (MetricsSource(name="metrics", path="/metrics", format="prometheus"),)
     #: A token-id list as ``prompt`` gives the same output as the text (200).
     accepts_token_ids_prompt = True
@@ -447,6 +449,11 @@ class VllmAdapter:
         if isinstance(model, str) and model and isinstance(parent, str) and parent:
             return LoraAdapter(salt=model, base_model=parent)
         return None
+
+    def concurrency_limit(self, settings: Mapping[str, Any], tensor_parallel: int) -> int | None:
+        """``maxNumSeqs`` (vLLM's metrics do not carry it); tensor parallelism is one
+        scheduler."""
+        return spec_positive_int(settings, "maxNumSeqs")
 
     def request_lora_salt(self, doc: Mapping[str, Any]) -> str | None:
         """None: vLLM names an adapter by the request's ``model`` (:meth:`lora_adapter`)."""

@@ -222,7 +222,7 @@ def model_location(spec: InferenceServiceSpec) -> ModelLocation:
 
 
 def _settings(spec: InferenceServiceSpec) -> Any:
-    return spec.engine.vllm if spec.engine.type == "vllm" else spec.engine.tensorrt_llm
+    return spec.engine.settings_for(get_adapter(spec.engine.type).spec_key)
 
 
 def _http_probe(probe: Probe, period: int, timeout: int, failures: int) -> dict[str, Any]:

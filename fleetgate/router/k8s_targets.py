@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetgate.engines import UnknownEngineError, get_adapter
-from fleetgate.engines.base import KvEventsEndpoint
+from fleetgate.engines.base import EngineAdapter, KvEventsEndpoint
 from fleetgate.router.k8s_addresses import (
     ANNOTATION_ENGINE_VERSION,
     ANNOTATION_KV_EVENTS,
@@ -119,21 +119,18 @@ class KnownService:
         return self.min_replicas is not None
 
 
-def _capacity(spec: Mapping[str, Any]) -> int | None:
-    """Concurrency limit from the InferenceService (vLLM metrics do not carry it). With
-    TensorRT-LLM attention DP ``maxBatchSize`` is each rank's: the replica holds it times
-    its ranks (``parallelism.tensor``)."""
+def _capacity(adapter: EngineAdapter, spec: Mapping[str, Any]) -> int | None:
+    """The replica's concurrency limit, as its engine's adapter reads the
+    InferenceService (vLLM metrics do not carry it)."""
     engine_spec = spec.get("engine") or {}
-    for section, field in (("vllm", "maxNumSeqs"), ("tensorrtLlm", "maxBatchSize")):
-        settings = engine_spec.get(section) or {}
-        value = settings.get(field)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            continue
-        tensor = (spec.get("parallelism") or {}).get("tensor", 1)
-        if settings.get("enableAttentionDp") is True and isinstance(tensor, int) and tensor > 1:
-            return value * tensor
-        return value
-    return None
+    settings = engine_spec.get(adapter.spec_key) if isinstance(engine_spec, Mapping) else None
+    parallelism = spec.get("parallelism") or {}
+    tensor = parallelism.get("tensor", 1) if isinstance(parallelism, Mapping) else 1
+    if not isinstance(settings, Mapping):
+        return None
+    return adapter.concurrency_limit(
+        settings, tensor if isinstance(tensor, int) and not isinstance(tensor, bool) else 1
+    )
 
 
 def _number(value: Any) -> float | None:
@@ -233,9 +230,10 @@ def target_for(
         return None
     engine_spec = spec.get("engine") or {}
     try:
-        engine = get_adapter(str(engine_spec.get("type", ""))).name
+        adapter = get_adapter(str(engine_spec.get("type", "")))
     except UnknownEngineError:
         return None
+    engine = adapter.name
     who = a.pod or f"{a.service}/{a.address}:{a.port}"
     host = f"[{a.address}]" if a.ipv6 else a.address
     kv_events, kv_error = None, None
@@ -250,7 +248,7 @@ def target_for(
         pool=pool,
         engine=engine,
         url=f"http://{host}:{a.port}",
-        capacity=_capacity(spec),
+        capacity=_capacity(adapter, spec),
         namespace=a.namespace,
         service=a.service,
         model=a.annotation(ANNOTATION_SERVED_MODEL)

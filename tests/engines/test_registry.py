@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 
 import fleetgate.engines as engines
+from fleetgate.api.v1alpha1 import EngineSpec
 from fleetgate.engines import UnknownEngineError, adapters, get_adapter
 from fleetgate.engines.base import EngineAdapter, LaunchSpec, LoadSnapshot, TokenEventShapes
 from fleetgate.engines.trtllm import TrtllmAdapter
 from fleetgate.engines.vllm import VllmAdapter
+from fleetgate.router import k8s_addresses as ka
+from fleetgate.router import k8s_targets as kt
 
 
 @pytest.mark.parametrize(
@@ -55,6 +58,37 @@ def test_adapters_satisfy_the_protocol(name: str) -> None:
     assert adapter.metrics_sources, "an adapter needs at least one metrics source"
     assert adapter.default_block_size > 0
     adapter.settings_model()  # defaults are valid on their own
+
+
+@pytest.mark.parametrize("name", ["vllm", "trtllm"])
+def test_spec_key_names_the_adapters_settings_section(name: str) -> None:
+    """The InferenceService stores each engine's settings under the adapter's key."""
+    adapter = get_adapter(name)
+    engine = EngineSpec.model_validate(
+        {"type": name if name == "vllm" else "tensorrt-llm", "image": "img:1", adapter.spec_key: {}}
+    )
+    assert isinstance(engine.settings_for(adapter.spec_key), adapter.settings_model)
+    assert engine.settings_for("noSuchSection") is None
+
+
+@pytest.mark.parametrize(
+    "name, settings, tensor, want",
+    [
+        pytest.param("vllm", {"maxNumSeqs": 32}, 4, 32, id="vllm-tp-one-scheduler"),
+        pytest.param("vllm", {}, 1, None, id="vllm-unset"),
+        pytest.param("vllm", {"maxNumSeqs": True}, 1, None, id="vllm-bool"),
+        pytest.param("trtllm", {"maxBatchSize": 64}, 4, 64, id="trt-tp"),
+        pytest.param(
+            "trtllm", {"maxBatchSize": 64, "enableAttentionDp": True}, 4, 256, id="trt-adp"
+        ),
+        pytest.param("trtllm", {"maxBatchSize": 0}, 1, None, id="trt-zero"),
+        pytest.param("trtllm", {"maxBatchSize": "64"}, 1, None, id="trt-string"),
+    ],
+)
+def test_concurrency_limit(
+    name: str, settings: dict[str, object], tensor: int, want: int | None
+) -> None:
+    assert get_adapter(name).concurrency_limit(settings, tensor) == want
 
 
 @pytest.mark.parametrize("name", ["vllm", "trtllm"])
@@ -102,6 +136,7 @@ class ToyAdapter:
     aliases = ("toy",)
     default_block_size = 8
     settings_model = ToySettings
+    spec_key = "toy"
     metrics_sources = (MetricsSource("load", "/load", "json"),)
     accepts_token_ids_prompt = False
     returns_token_ids = False
@@ -137,6 +172,9 @@ class ToyAdapter:
     def request_lora_salt(self, doc):
         return None
 
+    def concurrency_limit(self, settings, tensor_parallel):
+        return settings.get("slots")
+
 
 ADAPTER = ToyAdapter()
 '''
@@ -155,6 +193,15 @@ def toy_engine_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         adapters.cache_clear()
 
 
+def _pod() -> dict[str, object]:
+    """A ready pod of InferenceService ``ns/m`` on a loopback address."""
+    return {
+        "metadata": {"name": "m-0", "namespace": "ns", "labels": {ka.LABEL_INSTANCE: "m"}},
+        "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8000}]}]},
+        "status": {"podIP": "127.0.1.9", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
 def test_one_new_file_adds_an_engine(toy_engine_dir: Path) -> None:
     toy = get_adapter("TOY")
     assert toy.name == "toyengine"
@@ -167,6 +214,15 @@ def test_one_new_file_adds_an_engine(toy_engine_dir: Path) -> None:
     )
     assert toy.priority_fields(4) == {"urgency": 4}
     assert toy.container(LaunchSpec("/w", "w", 1234)).metrics_path == "/load"
+    # and discovery reads its capacity through the adapter, knowing no field of its own
+    found = ka.addresses_from_pod(_pod(), "http")
+    svc = {
+        "metadata": {"name": "m", "namespace": "ns"},
+        "spec": {"engine": {"type": "toy", "toy": {"slots": 7}}},
+    }
+    config = kt.KubernetesDiscoveryConfig()
+    (target,) = kt.desired_targets(found, {("ns", "m"): svc}, config).values()
+    assert (target.engine, target.capacity) == ("toyengine", 7)
 
 
 def test_the_throwaway_engine_is_gone_afterwards() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from fleetgate.engines._common import clamp_level
+from fleetgate.engines._common import clamp_level, spec_positive_int
 from fleetgate.engines.base import (
     LEVEL_MAX,
     ContainerPlan,
@@ -49,6 +49,7 @@ class TrtllmAdapter:
     aliases: tuple[str, ...] = ("tensorrt-llm", "tensorrt_llm", "trt-llm")
     default_block_size = 32
     settings_model: type[BaseModel] = TrtllmSettings
+    spec_key = "tensorrtLlm"
     metrics_sources: tuple[MetricsSource, ...] = (PROMETHEUS, ITERATION_STATS, TRITON)
     #: trtllm-serve's ``CompletionRequest.prompt`` is
     #: ``Union[List[int], List[List[int]], str, List[str]]`` (serve/openai_protocol.py).
@@ -126,6 +127,14 @@ class TrtllmAdapter:
         """None: trtllm-serve lists only its model; a LoRA adapter is named per request
         (``lora_request``: :meth:`request_lora_salt`)."""
         return None
+
+    def concurrency_limit(self, settings: Mapping[str, Any], tensor_parallel: int) -> int | None:
+        """``maxBatchSize``; with attention DP it is each rank's limit and the replica has
+        ``tensor_parallel`` ranks, each scheduling its own requests."""
+        limit = spec_positive_int(settings, "maxBatchSize")
+        if limit is not None and settings.get("enableAttentionDp") is True and tensor_parallel > 1:
+            return limit * tensor_parallel
+        return limit
 
     def request_lora_salt(self, doc: Mapping[str, Any]) -> str | None:
         """trtllm-serve's OpenAI request names its adapter in ``lora_request``
