@@ -81,7 +81,9 @@ class LoadSnapshot:
     blocks_total: int | None = None
     blocks_free: int | None = None
     max_running: int | None = None
-    """The engine's concurrent-sequence limit (max_num_seqs / max batch size)."""
+    """The engine's concurrent-sequence limit (max_num_seqs / max batch size) as it
+    reports it: one scheduler's, so a replica of several (``EngineAdapter.schedulers``,
+    TensorRT-LLM's attention-DP ranks) holds this times their number."""
     decode_seconds_sum: float | None = None
     """Cumulative sum of observed decode latencies, each in seconds per output token
     (a latency histogram's ``_sum``). With :attr:`decode_observations` it gives the
@@ -421,8 +423,16 @@ class EngineAdapter(Protocol):
         it with the base model's tokenizer."""
         ...
 
+    def schedulers(self, settings: Mapping[str, Any], tensor_parallel: int) -> int:
+        """How many schedulers one replica runs, each with its own requests and its own
+        concurrency limit (pure; arguments as :meth:`concurrency_limit`): 1 for most,
+        TensorRT-LLM's attention-DP ranks. The limit the engine's metrics report
+        (:attr:`LoadSnapshot.max_running`) is one scheduler's."""
+        ...
+
     def concurrency_limit(self, settings: Mapping[str, Any], tensor_parallel: int) -> int | None:
-        """The most requests one replica runs at once, from its InferenceService (pure):
+        """The most requests one replica runs at once (all its :meth:`schedulers`), from
+        its InferenceService (pure):
         ``settings`` is the raw ``spec.engine.<spec_key>`` section (camelCase; read
         defensively, as the object may be of another API revision), ``tensor_parallel``
         its ``parallelism.tensor``. None when the section does not say. The router's

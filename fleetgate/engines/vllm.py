@@ -450,6 +450,11 @@ class VllmAdapter:
             return LoraAdapter(salt=model, base_model=parent)
         return None
 
+    def schedulers(self, settings: Mapping[str, Any], tensor_parallel: int) -> int:
+        """One: tensor and pipeline parallelism split the model, not the requests
+        (data parallelism, one engine core per rank, is not written by the operator)."""
+        return 1
+
     def concurrency_limit(self, settings: Mapping[str, Any], tensor_parallel: int) -> int | None:
         """``maxNumSeqs`` (vLLM's metrics do not carry it); tensor parallelism is one
         scheduler."""

@@ -83,6 +83,7 @@ def build_fleet(config: RouterConfig, clock: Callable[[], float] = time.monotoni
                 adapter=adapter,
                 metrics_source=source,
                 capacity_hint=b.capacity,
+                schedulers=b.scheduler_count,
                 served_model=b.served_model,
                 kv_events=b.kv_events.endpoint(adapter.name) if b.kv_events else None,
             )

@@ -258,7 +258,8 @@ def parse_backend_flag(flag: str) -> Backend:
     Options (what ``fleetgate sim --kv-events`` prints, so its lines paste in):
     ``kv_events=tcp://HOST:PORT`` (ZeroMQ PUB, HOST the URL's), ``kv_replay=tcp://HOST:PORT``,
     ``kv_topic=TOPIC``, or ``kv_events=http-drain:/PATH`` (TensorRT-LLM); ``kv_ranks=N``
-    and ``kv_rank_choice=load|cache`` (attention-DP ranks); ``name=ID``.
+    and ``kv_rank_choice=load|cache`` (attention-DP ranks); ``schedulers=N`` (default: the
+    ranks); ``name=ID``.
     """
     engine, sep, rest = flag.partition("=")
     url, *options = rest.split(",")
@@ -284,10 +285,12 @@ def parse_backend_flag(flag: str) -> Backend:
             kv["ranks"] = value
         elif key == "kv_rank_choice":
             kv["rank_choice"] = value
+        elif key == "schedulers":
+            fields["schedulers"] = value
         else:
             raise ConfigError(
                 f"--backend {flag!r}: unknown option {key!r} (name, kv_events, kv_replay, "
-                "kv_topic, kv_ranks, kv_rank_choice)"
+                "kv_topic, kv_ranks, kv_rank_choice, schedulers)"
             )
     if kv:
         fields["kv_events"] = kv

@@ -92,6 +92,10 @@ class Backend(_Strict):
     capacity: int | None = Field(None, ge=1)
     """Concurrent sequences (vLLM ``max_num_seqs``, TRT max batch size), used when the
     engine's metrics do not carry it (vLLM's do not)."""
+    schedulers: int | None = Field(None, ge=1, le=MAX_KV_RANKS)
+    """Schedulers the replica runs, each with its own requests and the concurrency limit
+    its metrics report (TensorRT-LLM attention-DP ranks). Default: ``kv_events.ranks``,
+    else 1."""
     version: str | None = None
     """Engine release, for engines whose request fields and metrics differ by release
     (TensorRT-LLM: ``1.0.0``, ``1.2.0rc3``, ``main``...; ``fleetgate.router.served``)."""
@@ -101,6 +105,13 @@ class Backend(_Strict):
     kv_events: BackendKvEvents | None = None
     """Where the engine publishes KV-cache events, for the exact prefix view (docs/router.md
     "Exact prefix view: KV events"). Absent: no subscriber for this backend."""
+
+    @property
+    def scheduler_count(self) -> int:
+        """:attr:`schedulers`, defaulted."""
+        if self.schedulers is not None:
+            return self.schedulers
+        return self.kv_events.ranks if self.kv_events is not None else 1
 
     @field_validator("engine")
     @classmethod

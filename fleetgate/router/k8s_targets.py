@@ -85,6 +85,8 @@ class Target:
     source only: EndpointSlices carry no annotations)."""
     kv_events_error: str | None = None
     """Why a present ``fleetgate.dev/kv-events`` annotation was not usable."""
+    schedulers: int = 1
+    """Schedulers per replica (``EngineAdapter.schedulers``: attention-DP ranks)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,18 +121,17 @@ class KnownService:
         return self.min_replicas is not None
 
 
-def _capacity(adapter: EngineAdapter, spec: Mapping[str, Any]) -> int | None:
-    """The replica's concurrency limit, as its engine's adapter reads the
-    InferenceService (vLLM metrics do not carry it)."""
+def _concurrency(adapter: EngineAdapter, spec: Mapping[str, Any]) -> tuple[int | None, int]:
+    """The replica's concurrency limit (vLLM metrics do not carry it) and its schedulers,
+    as its engine's adapter reads the InferenceService."""
     engine_spec = spec.get("engine") or {}
     settings = engine_spec.get(adapter.spec_key) if isinstance(engine_spec, Mapping) else None
     parallelism = spec.get("parallelism") or {}
     tensor = parallelism.get("tensor", 1) if isinstance(parallelism, Mapping) else 1
     if not isinstance(settings, Mapping):
-        return None
-    return adapter.concurrency_limit(
-        settings, tensor if isinstance(tensor, int) and not isinstance(tensor, bool) else 1
-    )
+        return None, 1
+    tensor = tensor if isinstance(tensor, int) and not isinstance(tensor, bool) else 1
+    return adapter.concurrency_limit(settings, tensor), adapter.schedulers(settings, tensor)
 
 
 def _number(value: Any) -> float | None:
@@ -234,6 +235,7 @@ def target_for(
     except UnknownEngineError:
         return None
     engine = adapter.name
+    capacity, schedulers = _concurrency(adapter, spec)
     who = a.pod or f"{a.service}/{a.address}:{a.port}"
     host = f"[{a.address}]" if a.ipv6 else a.address
     kv_events, kv_error = None, None
@@ -248,7 +250,8 @@ def target_for(
         pool=pool,
         engine=engine,
         url=f"http://{host}:{a.port}",
-        capacity=_capacity(adapter, spec),
+        capacity=capacity,
+        schedulers=schedulers,
         namespace=a.namespace,
         service=a.service,
         model=a.annotation(ANNOTATION_SERVED_MODEL)

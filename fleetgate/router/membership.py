@@ -77,6 +77,7 @@ class FleetMembership:
             adapter=adapter,
             metrics_source=adapter.metrics_sources[0],
             capacity_hint=t.capacity,
+            schedulers=t.schedulers,
             served_model=t.model,
             draining=t.draining,
             kv_events=t.kv_events,

@@ -41,7 +41,7 @@ from fleetgate.router.priority.saturation import SaturationView
 from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.kvindex import KvIndex
 from fleetgate.router.scheduling.kvsync import KvFeedStatus
-from fleetgate.router.scheduling.load import LoadParams, RouterCounts, estimate_load
+from fleetgate.router.scheduling.load import LoadParams, RouterCounts, estimate_load, slot_limit
 from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.scrape_pace import PaceInputs, ScrapePace, fresh_extension
@@ -66,6 +66,11 @@ class Endpoint:
     adapter: EngineAdapter
     metrics_source: MetricsSource
     capacity_hint: int | None = None
+    """The replica's concurrency limit from its configuration, used while its metrics
+    do not report one (:meth:`slot_limit`)."""
+    schedulers: int = 1
+    """Schedulers the replica runs (``EngineAdapter.schedulers``, TensorRT-LLM
+    attention-DP ranks): a reported ``max_running`` is one of them's."""
     served_model: str | None = None
     """The name clients use for this endpoint's model, when the engine may list another
     (trtllm-serve lists its model path): shown in :attr:`models` in its place
@@ -185,6 +190,11 @@ class Endpoint:
         self.scrape_failing = False
         self.counts = RouterCounts(in_flight=self.counts.in_flight)
 
+    def slot_limit(self) -> int | None:
+        """The most requests the replica runs at once (``slot_limit`` of the load module,
+        from its last scrape), None when nothing says."""
+        return slot_limit(self.snapshot, self.capacity_hint, self.schedulers)
+
     def pace_inputs(self) -> PaceInputs:
         """What the scrape-interval rule (``scheduling.scrape_pace``) reads of this endpoint."""
         snap, c = self.snapshot, self.counts
@@ -199,7 +209,7 @@ class Endpoint:
             running=snap.running if snap else None,
             waiting=snap.waiting if snap else None,
             kv_usage=snap.kv_usage if snap else None,
-            capacity=(snap.max_running if snap else None) or self.capacity_hint,
+            capacity=self.slot_limit(),
         )
 
     def scrape_failed(self) -> None:
@@ -403,6 +413,7 @@ class Fleet:
                 now,
                 self.load_params_for(e),
                 capacity_hint=e.capacity_hint,
+                schedulers=e.schedulers,
                 block_size_hint=e.adapter.default_block_size,
                 scrape_failing=e.scrape_failing,
             )
@@ -471,6 +482,6 @@ class Fleet:
             running=snap.running if snap else None,
             in_flight=c.in_flight,
             scrape_age_s=max(0.0, now - snap.scraped_at) if snap else None,
-            max_running=(snap.max_running if snap else None) or e.capacity_hint,
+            max_running=e.slot_limit(),
             in_flight_at_scrape=at_scrape if snap else None,
         )

@@ -261,6 +261,8 @@ async def serve(args: argparse.Namespace) -> int:
                 if kv and ranks > 1:
                     cache = str(spec.overrides.get("adp_cache_routing")).lower() in ("true", "1")
                     kv += f" kv_ranks={ranks} kv_rank_choice={'cache' if cache else 'load'}"
+                elif ranks > 1:
+                    kv += f" schedulers={ranks}"  # no events: the ranks as schedulers
                 print(f"engine={e.kind} url={e.url} model={e.model}{kv}", flush=True)
             await stop.wait()
     except FleetError as e:

@@ -172,6 +172,9 @@ class ToyAdapter:
     def request_lora_salt(self, doc):
         return None
 
+    def schedulers(self, settings, tensor_parallel):
+        return settings.get("lanes", 1)
+
     def concurrency_limit(self, settings, tensor_parallel):
         return settings.get("slots")
 

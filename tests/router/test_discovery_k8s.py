@@ -211,10 +211,10 @@ def test_engine_type_and_trtllm_capacity() -> None:
     svc["spec"]["engine"]["tensorrtLlm"]["enableAttentionDp"] = True
     svc["spec"]["parallelism"] = {"tensor": 4}
     (t,) = kt.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
-    assert t.capacity == 4 * 64
+    assert (t.capacity, t.schedulers) == (4 * 64, 4)
     svc["spec"]["engine"]["tensorrtLlm"]["enableAttentionDp"] = False
     (t,) = kt.desired_targets(found, {("ns", "llama"): svc}, CFG).values()
-    assert t.capacity == 64, "tensor parallelism alone is one scheduler"
+    assert (t.capacity, t.schedulers) == (64, 1), "tensor parallelism alone is one scheduler"
     svc["spec"]["engine"] = {"type": "sglang"}
     assert kt.desired_targets(found, {("ns", "llama"): svc}, CFG) == {}
 

@@ -75,7 +75,8 @@ def test_ranks_step_together_and_the_replica_sums_their_figures() -> None:
     m = model(cache_aware=False, max_num_seqs=4, num_gpu_blocks=64)
     one = build_engine_model("trtllm", "test", {"max_num_seqs": 4, "num_gpu_blocks": 64})
     s = m.stats()
-    assert (s.blocks_total, s.max_running) == (2 * 64, 2 * 4)
+    # blocks summed; the limit one rank's, as TensorRT-LLM's maxNumActiveRequests
+    assert (s.blocks_total, s.max_running) == (2 * 64, 4)
     m.add_request(req("long", other(1, 12 * BS)))
     m.add_request(req("short", other(2, 8)))
     assert m.placements == [1, 1]

@@ -128,13 +128,20 @@ class TrtllmAdapter:
         (``lora_request``: :meth:`request_lora_salt`)."""
         return None
 
+    def schedulers(self, settings: Mapping[str, Any], tensor_parallel: int) -> int:
+        """With attention DP each of the ``tensor_parallel`` ranks schedules its own
+        requests under its own ``max_batch_size``, and ``maxNumActiveRequests`` in the
+        iteration stats (and the Prometheus gauge fed from them) is one rank's: rank 0's
+        executor fills them, and on current main the per-rank rows copy rank 0's
+        (``adp_iter_stats.py``, read in TensorRT-LLM's source). Else one."""
+        if settings.get("enableAttentionDp") is True and tensor_parallel > 1:
+            return tensor_parallel
+        return 1
+
     def concurrency_limit(self, settings: Mapping[str, Any], tensor_parallel: int) -> int | None:
-        """``maxBatchSize``; with attention DP it is each rank's limit and the replica has
-        ``tensor_parallel`` ranks, each scheduling its own requests."""
+        """``maxBatchSize`` of each of the replica's :meth:`schedulers`, times them."""
         limit = spec_positive_int(settings, "maxBatchSize")
-        if limit is not None and settings.get("enableAttentionDp") is True and tensor_parallel > 1:
-            return limit * tensor_parallel
-        return limit
+        return None if limit is None else limit * self.schedulers(settings, tensor_parallel)
 
     def request_lora_salt(self, doc: Mapping[str, Any]) -> str | None:
         """trtllm-serve's OpenAI request names its adapter in ``lora_request``

@@ -72,6 +72,17 @@ def confidence(age: float, params: LoadParams) -> float:
     return 1.0 - (age - params.fresh_for) / (params.stale_after - params.fresh_for)
 
 
+def slot_limit(
+    snapshot: LoadSnapshot | None, capacity_hint: int | None, schedulers: int = 1
+) -> int | None:
+    """The most requests a replica runs at once: the limit its engine reports (one
+    scheduler's) times its ``schedulers``, else ``capacity_hint`` (its configuration's);
+    None when neither says."""
+    if snapshot is not None and snapshot.max_running:
+        return snapshot.max_running * schedulers
+    return capacity_hint
+
+
 def estimate_load(
     snapshot: LoadSnapshot | None,
     counts: RouterCounts,
@@ -79,6 +90,7 @@ def estimate_load(
     params: LoadParams,
     *,
     capacity_hint: int | None = None,
+    schedulers: int = 1,
     block_size_hint: int | None = None,
     scrape_failing: bool = False,
 ) -> LoadEstimate:
@@ -87,11 +99,7 @@ def estimate_load(
     ``scrape_failing`` (the latest scrape attempt failed) zeroes confidence
     at once: a failing engine is never trusted on an older good scrape.
     """
-    capacity = (
-        (snapshot.max_running if snapshot is not None and snapshot.max_running else None)
-        or capacity_hint
-        or params.default_capacity
-    )
+    capacity = slot_limit(snapshot, capacity_hint, schedulers) or params.default_capacity
     block_size = (
         (snapshot.block_size if snapshot is not None and snapshot.block_size else None)
         or block_size_hint

@@ -132,19 +132,24 @@ class AttentionDpModel:
 
     def stats(self) -> EngineStats:
         """The replica's figures: counts and blocks summed over the ranks (KV usage from
-        the sums), iterations of the replica (one per lockstep iteration)."""
+        the sums), iterations of the replica (one per lockstep iteration), and
+        ``max_running`` one rank's, as TensorRT-LLM reports ``maxNumActiveRequests`` (rank
+        0's executor's, copied into every rank's row on main: ``adp_iter_stats.py``).
+        Where the engine reports rank 0's active count, the emulator reports the sum."""
         each = [r.stats() for r in self.ranks]
         total = sum(s.blocks_total for s in each)
         summed = {
             f.name: sum(getattr(s, f.name) for s in each)
             for f in dataclasses.fields(EngineStats)
-            if f.name not in ("kv_usage", "block_size", "iterations", "last_step_duration")
+            if f.name
+            not in ("kv_usage", "block_size", "iterations", "last_step_duration", "max_running")
         }
         summed["blocks_total"] = total
         return EngineStats(
             **summed,
             kv_usage=sum(s.blocks_used for s in each) / total,  # usedNumBlocks / maxNumBlocks
             block_size=self.block_size,
+            max_running=each[0].max_running,
             iterations=self._iterations,
             last_step_duration=self._last_duration,
         )

@@ -217,6 +217,11 @@ def test_backend_flag_takes_what_the_sim_prints() -> None:
     assert adp.kv_events is not None
     assert adp.kv_events.endpoint("trtllm").rank_ports(3) == (40013, 40023)
     assert adp.kv_events.rank_choice == "cache"
+    # the ranks are the replica's schedulers unless told otherwise
+    assert adp.scheduler_count == 4
+    plain = parse_backend_flag("trtllm=http://127.0.0.1:18103,schedulers=2")
+    assert (plain.kv_events, plain.scheduler_count) == (None, 2)
+    assert parse_backend_flag("vllm=http://127.0.0.1:1").scheduler_count == 1
 
 
 @pytest.mark.parametrize(
@@ -229,6 +234,7 @@ def test_backend_flag_takes_what_the_sim_prints() -> None:
         ("vllm=http://127.0.0.1:1,bogus=1", "unknown option"),
         ("vllm=http://127.0.0.1:1,kv_events=tcp://127.0.0.1:5,kv_ranks=two", "valid integer"),
         ("vllm=http://127.0.0.1:1,kv_events", "not KEY=VALUE"),
+        ("trtllm=http://127.0.0.1:1,schedulers=0", "greater than or equal to 1"),
     ],
 )
 def test_bad_backend_flags(flag: str, message: str) -> None:

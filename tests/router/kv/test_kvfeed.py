@@ -554,6 +554,8 @@ async def test_sim_lines_paste_into_router_backend_flags(
             await until(lambda: all(e.kv_feed.state == "live" for e in eps), "both live", 20)
             (t,) = [e for e in eps if e.engine == "trtllm"]
             assert len(t.kv_rank_feeds) == (2 if adp else 0)
+            # its ranks are its schedulers: a reported limit counts once per rank
+            assert t.schedulers == (2 if adp else 1)
     finally:
         if proc.returncode is None:
             proc.terminate()

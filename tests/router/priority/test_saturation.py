@@ -5,14 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from endpoints import loopback_endpoint
 from pydantic import ValidationError
 
+from fleetgate.engines.base import LoadSnapshot
 from fleetgate.router.priority.saturation import (
     SaturationThresholds,
     SaturationView,
     endpoint_verdict,
     pool_saturation,
 )
+from fleetgate.router.scheduling.load import LoadParams
+from fleetgate.router.scheduling.prefix import PrefixIndex
+from fleetgate.router.state import Fleet
 
 T = SaturationThresholds(kv_usage_max=0.8, waiting_max=0, max_scrape_age_s=1.0)
 
@@ -197,3 +202,18 @@ def test_holders_are_asked_only_when_a_short_queue_could_open() -> None:
     assert asked == []
     assert pool_saturation([_view(endpoint="a", waiting=1)], T, holders).available == ("a",)
     assert asked == [1]
+
+
+def test_an_attention_dp_replica_is_full_at_its_ranks_limits_not_one_ranks() -> None:
+    """TensorRT-LLM reports one rank's maxNumActiveRequests; a 2-rank replica with 6 of
+    the router's requests in flight under a reported 4 is not over: it holds 8."""
+    verdicts = []
+    for schedulers in (1, 2):
+        e = loopback_endpoint("trtllm", f"t{schedulers}", 18000, schedulers=schedulers)
+        e.scraped(LoadSnapshot(scraped_at=10.0, kv_usage=0.1, running=0, waiting=0, max_running=4))
+        for _ in range(6):
+            e.dispatch(kv_tokens=16)
+        view = Fleet([e], index=PrefixIndex(16), load_params=LoadParams()).saturation_view(e, 10.1)
+        assert view.max_running == 4 * schedulers
+        verdicts.append(endpoint_verdict(view, T).verdict)
+    assert verdicts == ["over", "free"]

@@ -12,6 +12,7 @@ from fleetgate.router.scheduling.load import (
     RouterCounts,
     estimate_load,
     kv_tokens_needed,
+    slot_limit,
 )
 
 from .views import P, snap
@@ -63,6 +64,19 @@ def test_mixed_engines_normalised_by_their_own_capacity() -> None:
     vllm = estimate_load(snap(running=64, max_running=256), RouterCounts(), 100.0, P)
     trt = estimate_load(snap(running=16, max_running=64, block_size=32), RouterCounts(), 100.0, P)
     assert vllm.work == pytest.approx(trt.work) == pytest.approx(0.25)
+
+
+def test_a_replica_of_several_schedulers_holds_the_reported_limit_each() -> None:
+    """TensorRT-LLM attention DP: 4 ranks, maxNumActiveRequests 64 is one rank's. The
+    router's 128 requests in flight fill half the replica, not two replicas' worth."""
+    s = snap(running=32, max_running=64)
+    counts = RouterCounts(in_flight=128)
+    one = estimate_load(s, counts, 100.0, P)
+    adp = estimate_load(s, counts, 100.0, P, schedulers=4)
+    assert (one.work, adp.work) == (pytest.approx(2.0), pytest.approx(0.5))
+    assert slot_limit(s, 512, 4) == 256, "a reported limit wins over the configured one"
+    assert slot_limit(None, 512, 4) == 512
+    assert slot_limit(snap(max_running=None), None, 4) is None
 
 
 def test_kv_estimate_counts_tokens_dispatched_since_scrape() -> None:
