@@ -257,7 +257,7 @@ class ClassQueueAdmission:
             return affinity(item)[1]
 
         def kv_share(item: QueueItem[Request], endpoint: str) -> float:
-            snap = self.fleet.endpoints[EndpointId(endpoint)].snapshot
+            snap = self.fleet.endpoints[EndpointId(endpoint)].replica_snapshot()
             pool = snap.total_kv_tokens if snap else None
             return item.payload.kv_tokens / pool if pool else 0.0
 

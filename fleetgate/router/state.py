@@ -41,7 +41,13 @@ from fleetgate.router.priority.saturation import SaturationView
 from fleetgate.router.scheduling.exact import PromptKeys
 from fleetgate.router.scheduling.kvindex import KvIndex
 from fleetgate.router.scheduling.kvsync import KvFeedStatus
-from fleetgate.router.scheduling.load import LoadParams, RouterCounts, estimate_load, slot_limit
+from fleetgate.router.scheduling.load import (
+    LoadParams,
+    RouterCounts,
+    estimate_load,
+    replica_snapshot,
+    slot_limit,
+)
 from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached
 from fleetgate.router.scheduling.prefix import PrefixIndex
 from fleetgate.router.scheduling.scrape_pace import PaceInputs, ScrapePace, fresh_extension
@@ -190,10 +196,15 @@ class Endpoint:
         self.scrape_failing = False
         self.counts = RouterCounts(in_flight=self.counts.in_flight)
 
+    def replica_snapshot(self) -> LoadSnapshot | None:
+        """The last scrape with its per-scheduler figures made the replica's
+        (``replica_snapshot`` of the load module)."""
+        return replica_snapshot(self.snapshot, self.schedulers)
+
     def slot_limit(self) -> int | None:
         """The most requests the replica runs at once (``slot_limit`` of the load module,
         from its last scrape), None when nothing says."""
-        return slot_limit(self.snapshot, self.capacity_hint, self.schedulers)
+        return slot_limit(self.replica_snapshot(), self.capacity_hint)
 
     def pace_inputs(self) -> PaceInputs:
         """What the scrape-interval rule (``scheduling.scrape_pace``) reads of this endpoint."""
@@ -465,7 +476,7 @@ class Fleet:
         instead of the endpoint staying "over" until the next scrape and the
         still-waiting request preempting a second victim meanwhile.
         """
-        snap, c = e.snapshot, e.counts
+        snap, c = e.replica_snapshot(), e.counts
         at_scrape = c.in_flight - c.dispatched_since_scrape + c.finished_since_scrape
         waiting = snap.waiting if snap else None
         if waiting:
@@ -482,6 +493,6 @@ class Fleet:
             running=snap.running if snap else None,
             in_flight=c.in_flight,
             scrape_age_s=max(0.0, now - snap.scraped_at) if snap else None,
-            max_running=e.slot_limit(),
+            max_running=(snap.max_running if snap else None) or e.capacity_hint,
             in_flight_at_scrape=at_scrape if snap else None,
         )

@@ -71,12 +71,12 @@ def test_a_cached_prefix_draws_its_request_only_when_routing_is_cache_aware(
     assert (hit >= 8 * BS) == cache_aware, "the prefix was reused only on its own rank"
 
 
-def test_ranks_step_together_and_the_replica_sums_their_figures() -> None:
+def test_ranks_step_together_and_report_as_tensorrt_llm_does() -> None:
     m = model(cache_aware=False, max_num_seqs=4, num_gpu_blocks=64)
     one = build_engine_model("trtllm", "test", {"max_num_seqs": 4, "num_gpu_blocks": 64})
     s = m.stats()
-    # blocks summed; the limit one rank's, as TensorRT-LLM's maxNumActiveRequests
-    assert (s.blocks_total, s.max_running) == (2 * 64, 4)
+    # the limit and the blocks are rank 0's, as TensorRT-LLM's iteration stats give them
+    assert (s.blocks_total, s.max_running) == (64, 4)
     m.add_request(req("long", other(1, 12 * BS)))
     m.add_request(req("short", other(2, 8)))
     assert m.placements == [1, 1]
@@ -84,9 +84,13 @@ def test_ranks_step_together_and_the_replica_sums_their_figures() -> None:
     durations = [r.counters.last_step_duration for r in m.ranks]
     assert result.duration == max(durations), "an iteration lasts as long as the slowest rank"
     s = m.stats()
-    assert s.running == 2 and s.iterations == 1
-    assert s.blocks_used == sum(r.stats().blocks_used for r in m.ranks)
-    assert s.kv_usage == pytest.approx(s.blocks_used / (2 * 64))
+    # one runs on each rank: rank 0's active count and KV use are what the engine reports
+    rank0 = m.ranks[0].stats()
+    assert s.running == rank0.running == 1 and s.iterations == 1
+    assert s.blocks_used == rank0.blocks_used < sum(r.stats().blocks_used for r in m.ranks)
+    assert s.kv_usage == pytest.approx(rank0.blocks_used / 64)
+    m.add_request(req("queued", other(3, 8)))  # waits for the next iteration on its rank
+    assert m.stats().waiting == sum(r.stats().waiting for r in m.ranks) == 1
     assert one.stats().blocks_total == 64
 
 

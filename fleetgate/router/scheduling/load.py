@@ -72,14 +72,31 @@ def confidence(age: float, params: LoadParams) -> float:
     return 1.0 - (age - params.fresh_for) / (params.stale_after - params.fresh_for)
 
 
-def slot_limit(
-    snapshot: LoadSnapshot | None, capacity_hint: int | None, schedulers: int = 1
-) -> int | None:
-    """The most requests a replica runs at once: the limit its engine reports (one
-    scheduler's) times its ``schedulers``, else ``capacity_hint`` (its configuration's);
-    None when neither says."""
+def replica_snapshot(snapshot: LoadSnapshot | None, schedulers: int) -> LoadSnapshot | None:
+    """The replica's figures from a scrape whose concurrency limit and KV block counts
+    are one of its ``schedulers``' (``LoadSnapshot.max_running``; TensorRT-LLM attention
+    DP, whose ranks have pools of one size): those times the schedulers, the rest as
+    scraped. The snapshot itself for one scheduler. Applied where the figures are read,
+    never stored: the poller hands the scraped snapshot back to the parser."""
+    if snapshot is None or schedulers == 1:
+        return snapshot
+
+    def times(value: int | None) -> int | None:
+        return None if value is None else value * schedulers
+
+    return dataclasses.replace(
+        snapshot,
+        max_running=times(snapshot.max_running),
+        blocks_total=times(snapshot.blocks_total),
+        blocks_free=times(snapshot.blocks_free),
+    )
+
+
+def slot_limit(snapshot: LoadSnapshot | None, capacity_hint: int | None) -> int | None:
+    """The most requests a replica runs at once: the limit in its (replica) snapshot,
+    else ``capacity_hint`` (its configuration's); None when neither says."""
     if snapshot is not None and snapshot.max_running:
-        return snapshot.max_running * schedulers
+        return snapshot.max_running
     return capacity_hint
 
 
@@ -99,7 +116,8 @@ def estimate_load(
     ``scrape_failing`` (the latest scrape attempt failed) zeroes confidence
     at once: a failing engine is never trusted on an older good scrape.
     """
-    capacity = slot_limit(snapshot, capacity_hint, schedulers) or params.default_capacity
+    snapshot = replica_snapshot(snapshot, schedulers)
+    capacity = slot_limit(snapshot, capacity_hint) or params.default_capacity
     block_size = (
         (snapshot.block_size if snapshot is not None and snapshot.block_size else None)
         or block_size_hint

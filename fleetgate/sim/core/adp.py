@@ -131,25 +131,21 @@ class AttentionDpModel:
         return StepResult(duration=duration, events=events)
 
     def stats(self) -> EngineStats:
-        """The replica's figures: counts and blocks summed over the ranks (KV usage from
-        the sums), iterations of the replica (one per lockstep iteration), and
-        ``max_running`` one rank's, as TensorRT-LLM reports ``maxNumActiveRequests`` (rank
-        0's executor's, copied into every rank's row on main: ``adp_iter_stats.py``).
-        Where the engine reports rank 0's active count, the emulator reports the sum."""
+        """The replica's figures as TensorRT-LLM reports them with attention DP: rank 0's
+        executor fills the iteration stats (on main every rank's row copies its scalars
+        and KV figures, ``adp_iter_stats.py``), so the active requests, the limit and the
+        KV blocks are rank 0's; the waiting requests (the engine's queue, on rank 0,
+        holds every rank's) and the cumulative counters are summed over the ranks (the
+        engine's counters are rank 0's: the sums keep the emulator's own hit rates the
+        replica's). Iterations: the replica's lockstep ones."""
         each = [r.stats() for r in self.ranks]
-        total = sum(s.blocks_total for s in each)
-        summed = {
-            f.name: sum(getattr(s, f.name) for s in each)
-            for f in dataclasses.fields(EngineStats)
-            if f.name
-            not in ("kv_usage", "block_size", "iterations", "last_step_duration", "max_running")
-        }
-        summed["blocks_total"] = total
-        return EngineStats(
-            **summed,
-            kv_usage=sum(s.blocks_used for s in each) / total,  # usedNumBlocks / maxNumBlocks
+        summed = ("waiting", "paused", "prefix_query_tokens", "prefix_hit_tokens",
+                  "reused_blocks", "missed_blocks", "preemptions", "prompt_tokens",
+                  "generation_tokens")  # fmt: skip
+        return dataclasses.replace(
+            each[0],
+            **{name: sum(getattr(s, name) for s in each) for name in summed},
             block_size=self.block_size,
-            max_running=each[0].max_running,
             iterations=self._iterations,
             last_step_duration=self._last_duration,
         )

@@ -12,6 +12,7 @@ from fleetgate.router.scheduling.load import (
     RouterCounts,
     estimate_load,
     kv_tokens_needed,
+    replica_snapshot,
     slot_limit,
 )
 
@@ -74,9 +75,16 @@ def test_a_replica_of_several_schedulers_holds_the_reported_limit_each() -> None
     one = estimate_load(s, counts, 100.0, P)
     adp = estimate_load(s, counts, 100.0, P, schedulers=4)
     assert (one.work, adp.work) == (pytest.approx(2.0), pytest.approx(0.5))
-    assert slot_limit(s, 512, 4) == 256, "a reported limit wins over the configured one"
-    assert slot_limit(None, 512, 4) == 512
-    assert slot_limit(snap(max_running=None), None, 4) is None
+    assert slot_limit(replica_snapshot(s, 4), 512) == 256, "a reported limit wins"
+    assert slot_limit(replica_snapshot(None, 4), 512) == 512
+    assert slot_limit(snap(max_running=None), None) is None
+    # the rank's pool too: the router's tokens since the scrape spread over 4 ranks' blocks
+    kv = snap(kv_usage=0.5, blocks_total=100, blocks_free=50, block_size=16, max_running=64)
+    counts = RouterCounts(in_flight=1, dispatched_tokens_since_scrape=1600)
+    assert replica_snapshot(kv, 1) is kv
+    assert estimate_load(kv, counts, 100.0, P).kv_fraction == pytest.approx(1.0)
+    spread = estimate_load(kv, counts, 100.0, P, schedulers=4)
+    assert spread.kv_fraction == pytest.approx(1 - (4 * 50 * 16 - 1600) / (4 * 100 * 16))
 
 
 def test_kv_estimate_counts_tokens_dispatched_since_scrape() -> None:
