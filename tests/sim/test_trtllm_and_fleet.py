@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetgate.engines import get_adapter
+from fleetgate.engines.trtllm.sources import PROMETHEUS
 from fleetgate.sim.fleet import EngineSpec, Fleet, FleetError, run_fleet
 
 
@@ -65,6 +67,9 @@ async def test_trt_json_metrics_are_drained(trt: Fleet) -> None:
         assert "trtllm_num_requests_running{" in prom
         assert "trtllm_kv_cache_utilization{" in prom
         assert "trtllm_request_success_total{" in prom
+        # the limit the router reads, in both sources alike
+        snap = get_adapter("trtllm").parse_metrics(PROMETHEUS, prom.encode(), 0.0, None)
+        assert snap.max_running == it["maxNumActiveRequests"] > 0
         models = (await c.get("/v1/models")).json()
         assert models["data"][0]["owned_by"] == "tensorrt_llm"
 

@@ -187,6 +187,11 @@ class TrtllmMetrics(Collector):
         yield gauge("trtllm_num_requests_running", "Number of running requests.", one(s.running))
         yield gauge("trtllm_num_requests_waiting", "Number of waiting requests.", one(s.waiting))
         yield gauge(
+            "trtllm_max_num_active_requests",
+            "Maximum number of active requests",
+            one(s.max_running),
+        )
+        yield gauge(
             "trtllm_kv_cache_utilization",
             "KV cache utilization.",
             one(s.blocks_used / s.blocks_total if s.blocks_total else 0.0),
