@@ -79,6 +79,8 @@ class LoadSnapshot:
     block_size: int | None = None
     """Tokens per KV block (vLLM 16 on GPU / 128 on CPU; TensorRT-LLM 32)."""
     blocks_total: int | None = None
+    """KV blocks, as the engine reports them: like :attr:`max_running`, one scheduler's
+    pool (TensorRT-LLM attention DP: rank 0's; each rank has one of the same size)."""
     blocks_free: int | None = None
     max_running: int | None = None
     """The engine's concurrent-sequence limit (max_num_seqs / max batch size) as it

@@ -493,6 +493,6 @@ class Fleet:
             running=snap.running if snap else None,
             in_flight=c.in_flight,
             scrape_age_s=max(0.0, now - snap.scraped_at) if snap else None,
-            max_running=(snap.max_running if snap else None) or e.capacity_hint,
+            max_running=slot_limit(snap, e.capacity_hint),
             in_flight_at_scrape=at_scrape if snap else None,
         )
