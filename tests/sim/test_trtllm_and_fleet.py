@@ -74,6 +74,38 @@ async def test_trt_json_metrics_are_drained(trt: Fleet) -> None:
         assert models["data"][0]["owned_by"] == "tensorrt_llm"
 
 
+#: Families of main's collector (the contract exposition) the emulator does not write,
+#: and why.
+NOT_EMULATED = {
+    "trtllm_kv_cache_iter_reused_blocks": "from kvCacheIterationStats, not emulated",
+}
+
+
+def _families(text: str) -> set[str]:
+    """``trtllm_*`` family names of an exposition (``_total`` dropped, as TYPE gives them
+    for counters by the client library's version)."""
+    return {
+        line.split()[2].removesuffix("_total")
+        for line in text.splitlines()
+        if line.startswith("# TYPE trtllm_")
+    }
+
+
+async def test_trt_prometheus_has_every_family_of_mains_collector(trt: Fleet) -> None:
+    contract = Path(__file__).parents[1] / "engines" / "data" / "trtllm_prometheus_main.prom.txt"
+    want = _families(contract.read_text()) - set(NOT_EMULATED)
+    async with httpx.AsyncClient(base_url=trt.engines[0].url, timeout=10) as c:
+        before = _families((await c.get("/prometheus/metrics")).text)
+        r = await c.post("/v1/completions", json={"prompt": "hello", "max_tokens": 3})
+        assert r.status_code == 200
+        prom = (await c.get("/prometheus/metrics")).text
+    assert want - _families(prom) == set(), "families main's collector writes"
+    # the row-fed families appear once a request completed, as in the collector
+    assert "trtllm_iteration_latency_seconds" not in before
+    snap = get_adapter("trtllm").parse_metrics(PROMETHEUS, prom.encode(), 0.0, None)
+    assert snap.max_running is not None and snap.running == 0
+
+
 async def test_trt_stream_quirks(trt: Fleet) -> None:
     async with httpx.AsyncClient(base_url=trt.engines[0].url, timeout=10) as c:
         body = {

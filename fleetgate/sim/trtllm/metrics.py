@@ -62,6 +62,11 @@ class TrtllmMetrics(Collector):
         # The collector sets the trtllm_* gauges from iteration stats when a request
         # completes; between completions a scrape sees the last completion's values.
         self._gauges: EngineStats = model.stats()
+        # ...and the families it reads straight from the newest iteration row
+        self._last_row: dict[str, Any] | None = None
+        self._row: dict[str, Any] | None = None
+        self._completed_iterations = 0  # numCompletedRequests summed over the rows
+        self._completed_at_refresh = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -109,6 +114,7 @@ class TrtllmMetrics(Collector):
     def _completed(self) -> None:
         """A request ended: the points at which the real collector refreshes."""
         self._gauges = self.model.stats()
+        self._row, self._completed_at_refresh = self._last_row, self._completed_iterations
         if self.release.json_metrics == "completion-buffer":
             self.iterations.extend(self._pending)
             self._pending.clear()
@@ -122,50 +128,50 @@ class TrtllmMetrics(Collector):
         alloc_new, self._prev_alloc = alloc_total - self._prev_alloc, alloc_total
         queried = s.reused_blocks + s.missed_blocks
         queue = self.iterations if self.release.json_metrics == "drain" else self._pending
-        queue.append(
-            {
-                "timestamp": time.strftime("%m-%d-%Y %H:%M:%S", time.gmtime()),
-                "iter": self._iter,
-                "iterLatencyMS": result.duration * 1000.0,
-                "newActiveRequestsQueueLatencyMS": 0.0,
-                "numNewActiveRequests": new,
-                "numActiveRequests": s.running,
-                "numQueuedRequests": s.waiting,
-                "numCompletedRequests": done,
-                "maxNumActiveRequests": s.max_running,
-                "maxBatchSizeStatic": s.max_running,
-                "maxBatchSizeTunerRecommended": s.max_running,
-                "maxBatchSizeRuntime": s.max_running,
-                "maxNumTokensStatic": 8192,
-                "maxNumTokensTunerRecommended": 8192,
-                "maxNumTokensRuntime": 8192,
-                "gpuMemUsage": s.blocks_used * s.block_size * 131072,
-                "cpuMemUsage": 0,
-                "pinnedMemUsage": 0,
-                "kvCacheStats": {
-                    "maxNumBlocks": s.blocks_total,
-                    "freeNumBlocks": s.blocks_free,
-                    "usedNumBlocks": s.blocks_used,
-                    "tokensPerBlock": s.block_size,
-                    "allocTotalBlocks": alloc_total,
-                    "allocNewBlocks": max(0, alloc_new),
-                    "reusedBlocks": s.reused_blocks,
-                    "missedBlocks": s.missed_blocks,
-                    "cacheHitRate": (s.reused_blocks / queried) if queried else 0.0,
-                },
-                "staticBatchingStats": None,
-                "inflightBatchingStats": {
-                    "numScheduledRequests": s.running,
-                    "numContextRequests": new,
-                    "numGenRequests": max(0, s.running - new),
-                    "numPausedRequests": s.paused,
-                    "numCtxTokens": 0,
-                    "microBatchId": 0,
-                    "avgNumDecodedTokensPerIter": 1.0,
-                },
-                "specDecodingStats": None,
-            }
-        )
+        self._completed_iterations += done
+        self._last_row = row = {
+            "timestamp": time.strftime("%m-%d-%Y %H:%M:%S", time.gmtime()),
+            "iter": self._iter,
+            "iterLatencyMS": result.duration * 1000.0,
+            "newActiveRequestsQueueLatencyMS": 0.0,
+            "numNewActiveRequests": new,
+            "numActiveRequests": s.running,
+            "numQueuedRequests": s.waiting,
+            "numCompletedRequests": done,
+            "maxNumActiveRequests": s.max_running,
+            "maxBatchSizeStatic": s.max_running,
+            "maxBatchSizeTunerRecommended": s.max_running,
+            "maxBatchSizeRuntime": s.max_running,
+            "maxNumTokensStatic": 8192,
+            "maxNumTokensTunerRecommended": 8192,
+            "maxNumTokensRuntime": 8192,
+            "gpuMemUsage": s.blocks_used * s.block_size * 131072,
+            "cpuMemUsage": 0,
+            "pinnedMemUsage": 0,
+            "kvCacheStats": {
+                "maxNumBlocks": s.blocks_total,
+                "freeNumBlocks": s.blocks_free,
+                "usedNumBlocks": s.blocks_used,
+                "tokensPerBlock": s.block_size,
+                "allocTotalBlocks": alloc_total,
+                "allocNewBlocks": max(0, alloc_new),
+                "reusedBlocks": s.reused_blocks,
+                "missedBlocks": s.missed_blocks,
+                "cacheHitRate": (s.reused_blocks / queried) if queried else 0.0,
+            },
+            "staticBatchingStats": None,
+            "inflightBatchingStats": {
+                "numScheduledRequests": s.running,
+                "numContextRequests": new,
+                "numGenRequests": max(0, s.running - new),
+                "numPausedRequests": s.paused,
+                "numCtxTokens": 0,
+                "microBatchId": 0,
+                "avgNumDecodedTokensPerIter": 1.0,
+            },
+            "specDecodingStats": None,
+        }
+        queue.append(row)
 
     def drain(self) -> list[dict[str, Any]]:
         out = list(self.iterations)
@@ -214,6 +220,35 @@ class TrtllmMetrics(Collector):
             "trtllm_kv_cache_missed_blocks", "Missed KV cache blocks.", one(s.missed_blocks), c
         )
         yield gauge("trtllm_num_scheduled_requests", "Scheduled requests.", one(s.running))
+        row = self._row
+        if row is not None:  # the collector's families read from the iteration row itself
+            ifb = row["inflightBatchingStats"]
+            yield counter(
+                "trtllm_num_requests_completed",
+                "Total number of completed requests across iterations",
+                one(self._completed_at_refresh),
+                c,
+            )
+            yield gauge(
+                "trtllm_iteration_latency_seconds",
+                "Iteration latency in seconds",
+                one(row["iterLatencyMS"] / 1000.0),
+            )
+            yield gauge(
+                "trtllm_gpu_memory_usage_bytes",
+                "GPU memory usage in bytes",
+                one(row["gpuMemUsage"]),
+            )
+            yield gauge(
+                "trtllm_num_context_requests",
+                "Number of context requests",
+                one(ifb["numContextRequests"]),
+            )
+            yield gauge(
+                "trtllm_num_generation_requests",
+                "Number of generation requests",
+                one(ifb["numGenRequests"]),
+            )
         yield gauge("trtllm_num_paused_requests", "Paused requests.", one(s.paused))
         yield counter("trtllm_prompt_tokens", "Prompt tokens processed.", one(s.prompt_tokens), c)
         yield counter(
