@@ -112,6 +112,17 @@ def test_iteration_stats_latest_by_iter_wins_even_out_of_order() -> None:
     assert snap.source == "iteration-stats"
 
 
+def test_iteration_stats_of_attention_dp_ranks_read_rank_0s_row() -> None:
+    """Main fans an iteration out one row per rank; rank 0's carries the queue."""
+    rows = [
+        iteration(iter=7, attentionDpRank=0, numActiveRequests=3, numQueuedRequests=5),
+        iteration(iter=7, attentionDpRank=1, numActiveRequests=3, numQueuedRequests=0),
+        iteration(iter=6, attentionDpRank=0, numActiveRequests=1, numQueuedRequests=9),
+    ]
+    assert (parse_json(rows).running, parse_json(rows).waiting) == (3, 5)
+    assert parse_json(rows[::-1]).waiting == 5, "whatever the order"
+
+
 def test_iteration_stats_without_iter_uses_last_element() -> None:
     first, second = iteration(numActiveRequests=9), iteration(numActiveRequests=1)
     del first["iter"], second["iter"]

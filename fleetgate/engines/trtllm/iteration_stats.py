@@ -14,12 +14,18 @@ __all__ = ["parse_iteration_stats"]
 
 
 def _latest(items: list[Any]) -> Mapping[str, Any]:
+    """The newest iteration's row (the last one without ``iter``s). With attention DP
+    current main writes one row per rank per iteration (``attentionDpRank``; the others
+    copy rank 0's scalars and KV figures but zero the queued count, which is rank 0's:
+    ``adp_iter_stats.py``, read in TensorRT-LLM's source): rank 0's row, lowest rank
+    first."""
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise MetricsParseError(f"iteration stats element {i} is not an object: {item!r}")
     iters = [json_number(item, "iter", "iteration stats") for item in items]
     if all(i is not None for i in iters):
-        best = max(range(len(items)), key=lambda i: (iters[i] or 0.0, i))
+        ranks = [json_number(item, "attentionDpRank", "iteration stats") or 0.0 for item in items]
+        best = max(range(len(items)), key=lambda i: (iters[i] or 0.0, -ranks[i], i))
         latest: Mapping[str, Any] = items[best]
         return latest
     last: Mapping[str, Any] = items[-1]
