@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from fleetgate.engines import get_adapter
-from fleetgate.engines.trtllm.sources import PROMETHEUS
+from fleetgate.engines.trtllm.sources import ITERATION_STATS, PROMETHEUS
 from fleetgate.sim.fleet import EngineSpec, Fleet, FleetError, run_fleet
 
 
@@ -272,3 +272,39 @@ async def test_trt_refuses_a_body_that_is_not_json(trt: Fleet, ctype: str) -> No
             headers = {} if ok_type is None else {"content-type": ok_type}
             resp = await c.post("/v1/completions", content=body, headers=headers)
             assert resp.status_code == 200, resp.text
+
+
+async def test_trt_main_writes_one_iteration_row_per_attention_dp_rank() -> None:
+    spec = EngineSpec(kind="trtllm", overrides={"attention_dp_ranks": 2})
+    async with (
+        run_fleet([spec], "127.0.0.1", 0, model="m") as f,
+        httpx.AsyncClient(base_url=f.engines[0].url, timeout=10) as c,
+    ):
+        body = {"prompt": "hello there", "max_tokens": 4, "ignore_eos": True}
+        answers = await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(4)))
+        assert all(r.status_code == 200 for r in answers)
+        rows = (await c.get("/metrics")).json()
+    by_iter: dict[int, list[dict[str, object]]] = {}
+    for row in rows:
+        by_iter.setdefault(row["iter"], []).append(row)
+    assert by_iter and all(
+        [r["attentionDpRank"] for r in group] == [0, 1] for group in by_iter.values()
+    )
+    for zero, one in by_iter.values():
+        assert one["numQueuedRequests"] == 0 and one["kvCacheStats"] == zero["kvCacheStats"]
+    scheduled = sum(r["inflightBatchingStats"]["numScheduledRequests"] for r in rows)
+    assert scheduled > 0 and any(
+        r["attentionDpRank"] == 1 and r["inflightBatchingStats"]["numScheduledRequests"]
+        for r in rows
+    ), "both ranks ran requests"
+    snap = get_adapter("trtllm").parse_metrics(ITERATION_STATS, json.dumps(rows).encode(), 0, None)
+    newest = by_iter[max(by_iter)][0]
+    assert snap.running == newest["numActiveRequests"]
+    assert snap.waiting == newest["numQueuedRequests"], "rank 0's row: it carries the queue"
+
+
+async def test_trt_main_rows_without_attention_dp_are_rank_0(trt: Fleet) -> None:
+    async with httpx.AsyncClient(base_url=trt.engines[0].url, timeout=10) as c:
+        await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        rows = (await c.get("/metrics")).json()
+    assert rows and {r["attentionDpRank"] for r in rows} == {0}

@@ -59,6 +59,7 @@ class AttentionDpModel:
         """Requests placed on each rank so far (a counter, for tests and metrics)."""
         self._iterations = 0
         self._last_duration = 0.0
+        self._last_new = [0] * len(self.ranks)
 
     @property
     def pools(self) -> list[object]:
@@ -118,9 +119,13 @@ class AttentionDpModel:
         return all([r.reset_prefix_cache() for r in self.ranks])
 
     def step(self, now: float) -> StepResult:
-        results = [r.step(now) for r in self.ranks if r.has_work()]
+        by_rank = [r.step(now) if r.has_work() else None for r in self.ranks]
+        results = [res for res in by_rank if res is not None]
         if not results:
             return StepResult(duration=0.0, events=())
+        self._last_new = [
+            0 if res is None else sum(1 for e in res.events if e.first) for res in by_rank
+        ]
         events = tuple(e for res in results for e in res.events)
         for e in events:
             if e.finish_reason is not None:
@@ -129,6 +134,11 @@ class AttentionDpModel:
         self._iterations += 1
         self._last_duration = duration
         return StepResult(duration=duration, events=events)
+
+    def rank_figures(self) -> list[tuple[EngineStats, int]]:
+        """Each rank's own figures and the requests that started on it in the last
+        iteration, in rank order (for main's one iteration-stats row per rank)."""
+        return [(r.stats(), new) for r, new in zip(self.ranks, self._last_new, strict=True)]
 
     def stats(self) -> EngineStats:
         """The replica's figures as TensorRT-LLM reports them with attention DP: rank 0's

@@ -171,7 +171,33 @@ class TrtllmMetrics(Collector):
             },
             "specDecodingStats": None,
         }
-        queue.append(row)
+        queue.extend(self._rank_rows(row))
+
+    def _rank_rows(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """``row`` as main writes it: tagged ``attentionDpRank`` (0 without attention
+        DP), and with attention DP one row per rank: each copies rank 0's scalars and KV
+        figures, carries its own scheduled, context, generation and paused counts, and
+        all but rank 0's zero the queue-owned ones (``adp_iter_stats.py``)."""
+        ranks = getattr(self.model, "rank_figures", None)
+        if self.release.line != "main":
+            return [row]
+        if ranks is None:
+            return [{**row, "attentionDpRank": 0}]
+        rows = []
+        for r, (s, new) in enumerate(ranks()):
+            ifb = {
+                **row["inflightBatchingStats"],
+                "numScheduledRequests": s.running,
+                "numContextRequests": new,
+                "numGenRequests": max(0, s.running - new),
+                "numPausedRequests": s.paused,
+            }
+            out = {**row, "attentionDpRank": r, "inflightBatchingStats": ifb}
+            if r:
+                out.update(numQueuedRequests=0, numCompletedRequests=0, numNewActiveRequests=0,
+                           newActiveRequestsQueueLatencyMS=0.0)  # fmt: skip
+            rows.append(out)
+        return rows
 
     def drain(self) -> list[dict[str, Any]]:
         out = list(self.iterations)
