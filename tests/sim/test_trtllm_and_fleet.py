@@ -21,6 +21,7 @@ import pytest
 
 from fleetgate.engines import get_adapter
 from fleetgate.engines.trtllm.sources import ITERATION_STATS, PROMETHEUS
+from fleetgate.router.config import parse_backend_flag
 from fleetgate.sim.fleet import EngineSpec, Fleet, FleetError, run_fleet
 
 
@@ -230,6 +231,24 @@ def test_cli_prints_engines_and_exits_on_sigterm(tmp_path: Path) -> None:
         proc.terminate()
         _, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
+
+
+def test_cli_line_of_an_attention_dp_replica_pastes_into_a_backend_flag() -> None:
+    """Without KV events the ranks are printed as the replica's schedulers."""
+    cmd = [sys.executable, "-m", "fleetgate", "sim", "--trtllm", "1",
+           "--trtllm-attention-dp", "2", "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    fields = dict(part.split("=", 1) for part in line.split())
+    assert fields["schedulers"] == "2" and "kv_events" not in fields, line
+    backend = parse_backend_flag(f"trtllm={fields['url']},schedulers={fields['schedulers']}")
+    assert backend.scheduler_count == 2
 
 
 async def test_port_in_use_is_a_clear_error_and_frees_what_started() -> None:
