@@ -419,12 +419,11 @@ class Fleet:
         out = []
         for e in self.endpoints.values():
             load = estimate_load(
-                e.snapshot,
+                e.replica_snapshot(),
                 e.counts,
                 now,
                 self.load_params_for(e),
                 capacity_hint=e.capacity_hint,
-                schedulers=e.schedulers,
                 block_size_hint=e.adapter.default_block_size,
                 scrape_failing=e.scrape_failing,
             )

@@ -107,16 +107,15 @@ def estimate_load(
     params: LoadParams,
     *,
     capacity_hint: int | None = None,
-    schedulers: int = 1,
     block_size_hint: int | None = None,
     scrape_failing: bool = False,
 ) -> LoadEstimate:
-    """Combine one endpoint's last scrape with the router's own counts.
+    """Combine one endpoint's last scrape (its replica's figures: :func:`replica_snapshot`)
+    with the router's own counts.
 
     ``scrape_failing`` (the latest scrape attempt failed) zeroes confidence
     at once: a failing engine is never trusted on an older good scrape.
     """
-    snapshot = replica_snapshot(snapshot, schedulers)
     capacity = slot_limit(snapshot, capacity_hint) or params.default_capacity
     block_size = (
         (snapshot.block_size if snapshot is not None and snapshot.block_size else None)

@@ -73,7 +73,7 @@ def test_a_replica_of_several_schedulers_holds_the_reported_limit_each() -> None
     s = snap(running=32, max_running=64)
     counts = RouterCounts(in_flight=128)
     one = estimate_load(s, counts, 100.0, P)
-    adp = estimate_load(s, counts, 100.0, P, schedulers=4)
+    adp = estimate_load(replica_snapshot(s, 4), counts, 100.0, P)
     assert (one.work, adp.work) == (pytest.approx(2.0), pytest.approx(0.5))
     assert slot_limit(replica_snapshot(s, 4), 512) == 256, "a reported limit wins"
     assert slot_limit(replica_snapshot(None, 4), 512) == 512
@@ -83,7 +83,7 @@ def test_a_replica_of_several_schedulers_holds_the_reported_limit_each() -> None
     counts = RouterCounts(in_flight=1, dispatched_tokens_since_scrape=1600)
     assert replica_snapshot(kv, 1) is kv
     assert estimate_load(kv, counts, 100.0, P).kv_fraction == pytest.approx(1.0)
-    spread = estimate_load(kv, counts, 100.0, P, schedulers=4)
+    spread = estimate_load(replica_snapshot(kv, 4), counts, 100.0, P)
     assert spread.kv_fraction == pytest.approx(1 - (4 * 50 * 16 - 1600) / (4 * 100 * 16))
 
 
