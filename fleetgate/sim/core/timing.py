@@ -119,6 +119,22 @@ class Profile:
             base *= 1.0 + self.jitter * (2.0 * rng.random() - 1.0)
         return max(base, 0.0)
 
+    def lone_prefill_seconds(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
+        """Seconds to the first token of a prompt alone on an idle engine: its
+        ``uncached_tokens`` (at least one: the engine computes the last prompt token
+        even on a full hit) in steps of ``max_step_tokens``, each reading the context
+        so far, at the mean step time (no jitter). A lower bound on a loaded engine's
+        TTFT for that prompt, used by the benchmark's TTFT floor."""
+        left = max(1, uncached_tokens)
+        done = max(0, cached_tokens)
+        seconds = 0.0
+        while left > 0:
+            n = min(left, self.max_step_tokens) if self.chunked_prefill else left
+            seconds += self.fixed_s + self.prefill_token_s * n + self.kv_token_s * (done + n)
+            done += n
+            left -= n
+        return seconds
+
 
 PROFILES: dict[str, Profile] = {
     p.name: p

@@ -135,3 +135,27 @@ def test_every_profile_builds_for_its_engines(name: str) -> None:
         assert stats.blocks_total == PROFILES[name].num_blocks
         assert stats.block_size == (16 if kind == "vllm" else 32)
         assert engine.max_model_len == PROFILES[name].max_model_len
+
+
+@pytest.mark.parametrize("kind", ["vllm", "trtllm"])
+def test_lone_prefill_seconds_is_the_emulators_own_ttft_for_a_lone_prompt(kind: str) -> None:
+    """The benchmark's TTFT floor prices a prompt alone on an idle engine with
+    ``Profile.lone_prefill_seconds``: it must be what the engine model itself takes,
+    for a cold prompt in several prefill chunks and for the same prompt again (a hit)."""
+    overrides = {"jitter": 0.0, "max_step_tokens": 128}
+    profile = resolve_profile("test", overrides)
+    prompt = [tk.CHUNK_BASE + (j * 31) % 18000 for j in range(300)]
+
+    engine = build_engine_model(kind, "test", overrides, seed=0)
+    engine.add_request(request("cold", prompt, 1))
+    cold = run(engine)
+    assert cold.first_token_time("cold") == pytest.approx(profile.lone_prefill_seconds(300))
+
+    engine.add_request(request("warm", prompt, 1))
+    warm = run(engine, now=cold.duration)
+    hit = engine.stats().prefix_hit_tokens
+    assert 0 < hit < 300
+    assert warm.first_token_time("warm") - cold.duration == pytest.approx(
+        profile.lone_prefill_seconds(300 - hit, hit)
+    )
+    assert profile.lone_prefill_seconds(300 - hit, hit) < profile.lone_prefill_seconds(300) / 3
