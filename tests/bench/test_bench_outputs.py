@@ -132,3 +132,20 @@ def test_several_replica_counts_name_the_contenders() -> None:
     for bad in ("0", "1,1", "x", "5"):
         with pytest.raises(CliError, match="--router-replicas"):
             bench_cli.resolve(parse(["run", "agentic", "--router-replicas", bad]))
+
+
+def test_references_print_the_ceiling_and_the_ttft_floor_and_start_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--references`` computes from the requests alone: no fleet, no report written
+    even where one would be refused, and a conversation workload says why it has none."""
+    (tmp_path / "evictions.md").write_text("committed report\n")
+    argv = ["bench", "run", "evictions,chat-multiturn", "--engines", "4", "--duration", "20"]
+    argv += ["--warmup", "2", "--report", str(tmp_path), "--references"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("evictions: hit-rate ceiling 85.1%")
+    assert "unloaded TTFT p90 floor" in out[1] and "0.107 s with the ceiling's hits" in out[1]
+    assert out[2].startswith("chat-multiturn: no references")
+    assert (tmp_path / "evictions.md").read_text() == "committed report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evictions.md"]

@@ -17,6 +17,10 @@ wasted) would make the fleet behave about like that pooled cache. It is not a st
 bound (an engine's blocks of running requests cannot be evicted, and a placement can
 beat pooled LRU in corner cases), but it says how much any placement can still win.
 
+A third, :func:`ttft_quantile`: the TTFT each request would get alone on an idle engine,
+prefilling what either cache above does not hold; its p90 says how far a TTFT goal
+stated as a ratio to a peer can go before it asks for more hits than the cache has.
+
 Only for workloads whose sessions are single requests (shared-prefix, evictions,
 flash-crowd): later turns of a conversation carry the engine's answers, which are
 not known before the run.
@@ -25,27 +29,83 @@ not known before the run.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from fleetgate.router.scheduling.kvindex import block_keys
 from fleetgate.router.scheduling.tokenize import Tokenizer, prompt_token_ids
 from fleetgate_tools.bench.workloads import Session
 
+#: (arrival, prompt tokens, chain keys of the prompt's whole blocks), in arrival order.
+PromptBlocks = list[tuple[float, int, list[int]]]
+#: (prompt tokens, tokens hit) of each steady request.
+Hits = list[tuple[int, int]]
 
-def _requests(
-    sessions: Sequence[Session], tokenizer: Tokenizer, block: int
-) -> Iterator[tuple[float, int, list[int]]] | None:
-    """(start, prompt tokens, chain keys of its whole blocks) in arrival order, or
-    None when a session has more than one request or a prompt cannot be tokenized."""
+
+def prompt_blocks(
+    sessions: Sequence[Session], tokenizer: Tokenizer, block: int = 16
+) -> PromptBlocks | None:
+    """Every request's blocks (tokenize once, then ask :func:`lru_hits` as often as
+    needed), or None when a session has more than one request or a prompt cannot
+    be tokenized."""
     if any(len(s.turns) != 1 for s in sessions):
         return None
-    out = []
+    out: PromptBlocks = []
     for s in sorted(sessions, key=lambda s: s.start_s):
         ids = prompt_token_ids({"messages": s.messages_for(0, [])}, tokenizer)
         if ids is None:
             return None
         out.append((s.start_s, len(ids), list(block_keys(ids, block))))
-    return iter(out)
+    return out
+
+
+def lru_hits(
+    requests: PromptBlocks, warmup_s: float, capacity_blocks: int | None, block: int = 16
+) -> Hits:
+    """(prompt tokens, tokens hit) of each request starting at or after ``warmup_s``
+    through one LRU cache of ``capacity_blocks`` blocks (None: unbounded); a
+    request's blocks are used (hit or stored) when it arrives."""
+    lru: OrderedDict[int, None] = OrderedDict()
+    out: Hits = []
+    for start, n_tokens, keys in requests:
+        matched = 0
+        for k in keys:
+            if k not in lru:
+                break
+            matched += 1
+        if start >= warmup_s:
+            out.append((n_tokens, matched * block))
+        for k in keys:
+            lru[k] = None
+            lru.move_to_end(k)
+        if capacity_blocks is not None:
+            while len(lru) > capacity_blocks:
+                lru.popitem(last=False)
+    return out
+
+
+def hit_rate(hits: Hits) -> float | None:
+    """Tokens hit over prompt tokens (None: no steady request)."""
+    total = sum(n for n, _ in hits)
+    return sum(h for _, h in hits) / total if total else None
+
+
+def ttft_quantile(
+    hits: Hits, prefill_seconds: Callable[[int, int], float], quantile: float = 0.9
+) -> float | None:
+    """The ``quantile`` of the unloaded TTFTs: each prompt alone on an idle engine,
+    ``prefill_seconds(uncached, cached)`` (e.g. the emulator profile's
+    :meth:`~fleetgate.sim.core.timing.Profile.lone_prefill_seconds`).
+
+    With :func:`lru_hits` unbounded no router on this fleet goes below it (the
+    ceiling's hits, no queue, no batch to share a step with). With the fleet's
+    capacity it is the pooled-LRU reference's TTFT: what a perfect split of the
+    prefixes would give with every engine idle; a TTFT goal under it asks the
+    placement to beat LRU itself.
+    """
+    if not hits:
+        return None
+    times = sorted(prefill_seconds(n - h, h) for n, h in hits)
+    return times[min(len(times) - 1, int(quantile * len(times)))]
 
 
 def hit_ceiling(
@@ -64,25 +124,8 @@ def pooled_lru_hit_rate(
     block: int = 16,
 ) -> float | None:
     """The hit rate of one LRU cache of ``capacity_blocks`` blocks (None: unbounded,
-    the ceiling); a request's blocks are used (hit or stored) when it arrives."""
-    requests = _requests(sessions, tokenizer, block)
-    if requests is None:
-        return None
-    lru: OrderedDict[int, None] = OrderedDict()
-    hit = total = 0
-    for start, n_tokens, keys in requests:
-        matched = 0
-        for k in keys:
-            if k not in lru:
-                break
-            matched += 1
-        if start >= warmup_s:
-            hit += matched * block
-            total += n_tokens
-        for k in keys:
-            lru[k] = None
-            lru.move_to_end(k)
-        if capacity_blocks is not None:
-            while len(lru) > capacity_blocks:
-                lru.popitem(last=False)
-    return hit / total if total else None
+    the ceiling)."""
+    requests = prompt_blocks(sessions, tokenizer, block)
+    return (
+        None if requests is None else hit_rate(lru_hits(requests, warmup_s, capacity_blocks, block))
+    )

@@ -36,7 +36,7 @@ from typing import Any
 from fleetgate.cli import CliError
 from fleetgate_tools.bench import compare, infperf_run, peers, report, runner, scenarios
 from fleetgate_tools.bench import contenders as cmod
-from fleetgate_tools.bench.ceiling import hit_ceiling, pooled_lru_hit_rate
+from fleetgate_tools.bench.ceiling import hit_rate, lru_hits, prompt_blocks, ttft_quantile
 from fleetgate_tools.bench.summary import RunRecord, RunSummary, aggregate, summarise_run
 from fleetgate_tools.paths import cache_dir
 
@@ -98,6 +98,12 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         "--load-factors", default="1", help="comma-separated multiples of the base rate (1)"
     )
     p.add_argument("--mixed", action="store_true", help="alternate TensorRT-LLM and vLLM engines")
+    p.add_argument(
+        "--references",
+        action="store_true",
+        help="print each workload's hit-rate ceiling, pooled-LRU reference and TTFT floors "
+        "for these flags (computed from the requests, nothing started) and exit",
+    )
     p.add_argument("--json", type=Path, help="write every run and the medians as JSON")
     p.add_argument(
         "--report",
@@ -486,12 +492,12 @@ def ceiling_notes(settings: Settings, scales: dict[str, float]) -> list[str]:
 
     tok = load_tokenizer("emulator", TokenizerSpec(kind="emulator"))
 
-    def span(values: list[float | None]) -> str | None:
+    def span(values: list[float | None], fmt: str = ".1%") -> str | None:
         found = [v for v in values if v is not None]
         if not found:
             return None
-        lo, hi = min(found), max(found)
-        return f"{lo:.1%}" if hi - lo < 0.0005 else f"{lo:.1%}-{hi:.1%}"
+        lo, hi = format(min(found), fmt), format(max(found), fmt)
+        return lo if lo == hi else f"{lo}-{hi}"
 
     out = []
     for w in settings.workloads:
@@ -507,19 +513,54 @@ def ceiling_notes(settings: Settings, scales: dict[str, float]) -> list[str]:
             for seed in settings.seeds
         ]  # fmt: skip
         warm = settings.warmup_s(m)
-        ceiling = span([hit_ceiling(sc.sessions(), warm, tok) for sc in runs])
+        rates: dict[str, list[float | None]] = {"ceiling": [], "pooled": []}
+        floors: dict[str, list[float | None]] = {"ceiling": [], "pooled": []}
+        for sc in runs:
+            requests = prompt_blocks(sc.sessions(), tok)
+            if requests is None:
+                continue
+            for ref, capacity in (("ceiling", None), ("pooled", sc.cache_tokens() // 16)):
+                hits = lru_hits(requests, warm, capacity)
+                rates[ref].append(hit_rate(hits))
+                floors[ref].append(ttft_quantile(hits, sc.lone_prefill_seconds))
+        ceiling = span(rates["ceiling"])
         if ceiling is None:
             continue
-        pooled = span(
-            [pooled_lru_hit_rate(sc.sessions(), warm, tok, sc.cache_tokens() // 16) for sc in runs]
-        )
         out.append(
             f"{w}: hit-rate ceiling {ceiling} (one unbounded cache holding every earlier "
             f"prompt's 16-token blocks: no router beats it); one LRU cache the size of the "
-            f"whole fleet's KV cache {pooled} (about what a perfect split of the prefixes "
-            "over the engines would give)."
+            f"whole fleet's KV cache {span(rates['pooled'])} (about what a perfect split of "
+            "the prefixes over the engines would give)."
+        )
+        out.append(
+            f"{w}: unloaded TTFT p90 floor (each prompt alone on an idle engine of the "
+            "fleet's fastest kind, the emulator's cost model, prefilling what the cache "
+            "lacks): "
+            f"{_seconds(span(floors['ceiling'], '.3f'))} with the ceiling's hits (no router "
+            f"goes below it), {_seconds(span(floors['pooled'], '.3f'))} with the pooled "
+            "LRU's (a TTFT goal under this asks a placement to beat LRU)."
         )
     return out
+
+
+def print_references(settings: Settings) -> int:
+    """``bench run --references``: the references of ``ceiling_notes`` without a run.
+    They depend on modelled seconds only, so an ``auto`` time scale needs no
+    calibration (``--wall-duration`` then reads at scale 2 x engines, the default)."""
+    scale = settings.time_scale or 2.0 * settings.engines
+    notes = ceiling_notes(settings, {w: scale for w in settings.workloads})
+    for w in settings.workloads:
+        if not any(n.startswith(f"{w}:") for n in notes):
+            notes.append(
+                f"{w}: no references (its sessions have several turns: later prompts carry "
+                "the engines' answers, unknown before a run)"
+            )
+    print("\n".join(notes))
+    return 0
+
+
+def _seconds(span_text: str | None) -> str:
+    return "n/a" if span_text is None else f"{span_text} s"
 
 
 def command_line(args: argparse.Namespace, settings: Settings) -> str:
@@ -588,6 +629,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "infperf":
         return infperf_run.run(args)
     settings = resolve(args)
+    if args.references:
+        return print_references(settings)
     if args.report is None:
         args.report = default_report_dir()
     clobber = existing_outputs(args, settings)

@@ -163,6 +163,16 @@ class Scenario:
             total += cfg.num_blocks * cfg.block_size
         return total
 
+    def lone_prefill_seconds(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
+        """Modelled seconds to a first token of a prompt alone on an idle engine of
+        this fleet, on its fastest engine kind (the emulator profile's cost model)."""
+        return min(
+            resolve_profile(
+                PROFILES[kind], ENGINE_SHAPES[self.load.shape][kind]
+            ).lone_prefill_seconds(uncached_tokens, cached_tokens)
+            for kind in set(self.engine_kinds())
+        )
+
     def slots(self) -> int:
         """Concurrent sequences of the whole fleet (0 when a limit is unknown)."""
         caps = [self.capacity(k) for k in self.engine_kinds()]
