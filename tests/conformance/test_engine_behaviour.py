@@ -358,3 +358,40 @@ async def test_client_disconnect_aborts_the_request(
     # Quirk 5: vLLM 0.32 does not count client aborts as finished requests.
     key = "vllm:request_success_total"
     assert after.value(key, finished_reason="abort") == before.value(key, finished_reason="abort")
+
+
+async def _chat(
+    client: httpx.AsyncClient, backend: Backend, messages: list[dict[str, str]], max_tokens: int
+) -> dict[str, Any]:
+    payload = {"model": backend.model, "messages": messages, "max_tokens": max_tokens}
+    payload |= {"temperature": 0, "ignore_eos": True}
+    resp = await client.post(f"{backend.base_url}/v1/chat/completions", json=payload)
+    assert resp.status_code == 200, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+async def test_a_conversations_next_turn_hits_the_earlier_prompt(
+    backend: Backend, client: httpx.AsyncClient
+) -> None:
+    """A chat client sends the answer back in the next turn, which then hits at least
+    every whole block of the earlier prompt (the router's conversation affinity rests
+    on it), and at most those of the earlier prompt and answer. The real tiny model
+    hits exactly the earlier prompt's blocks (its random-weight answers do not
+    re-encode to the ids it generated); the emulator, whose answers do, hits into the
+    answer too, as a trained model's would (docs/emulator-fidelity.md, F15)."""
+    first = [{"role": "user", "content": _prefix(f"chat-{backend.name}")}]
+    a = await _chat(client, backend, first, 2 * BLOCK_SIZE)
+    prompt_a, answer_a = a["usage"]["prompt_tokens"], a["usage"]["completion_tokens"]
+    second = first + [
+        {"role": "assistant", "content": a["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And what is gamma?"},
+    ]
+    b = await _chat(client, backend, second, 1)
+    cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert b["usage"]["prompt_tokens"] > prompt_a + answer_a
+    assert prompt_a > 2 * BLOCK_SIZE
+    assert prompt_a // BLOCK_SIZE * BLOCK_SIZE <= cached, (
+        f"turn 2 hit {cached} tokens, not every whole block of turn 1's {prompt_a}-token prompt"
+    )
+    assert cached <= (prompt_a + answer_a) // BLOCK_SIZE * BLOCK_SIZE

@@ -221,7 +221,11 @@ def render_chat(
 ) -> str:
     """The chat template: ``"<role>: <content>\\n"`` per message.
 
-    ``add_generation_prompt`` appends ``"assistant:"`` (the model's turn).
+    ``add_generation_prompt`` appends ``"assistant: "`` (the model's turn): exactly
+    how an assistant message starts, as real templates end the generation prompt
+    (Llama 3's ``<|start_header_id|>assistant<|end_header_id|>\\n\\n``), so when a
+    client sends the answer back the next prompt carries the generated ids right
+    after it and the engine's cached answer blocks are hit.
     Raises :class:`ChatTemplateError` for a message without a string ``role``
     or with non-text content.
     """
@@ -232,7 +236,7 @@ def render_chat(
             raise ChatTemplateError("every message needs a non-empty string 'role'")
         lines.append(f"{role}: {_content_text(message.get('content'))}\n")
     if add_generation_prompt:
-        lines.append("assistant:")
+        lines.append("assistant: ")
     return "".join(lines)
 
 

@@ -22,7 +22,7 @@ How the computed tokenizer becomes a table-driven one:
   the ``<0xNN>`` tokens, which sit at ids 4..259 like the emulator's byte range);
 * **vocabulary**: the emulator's ids exactly (specials, bytes, chunks, word forms);
 * **chat template**: ``"<role>: <content>\\n"`` per message after BOS, then
-  ``"assistant:"`` for a generation prompt, as :func:`render_chat` renders it.
+  ``"assistant: "`` for a generation prompt, as :func:`render_chat` renders it.
 
 Equality with the computed tokenizer is a test (random texts, Unicode, the chat
 template), and so is equality of the shipped files with :func:`tokenizer_json` /
@@ -51,7 +51,7 @@ CHAT_TEMPLATE = (
     "{% if message['content'] is not none %}{{ message['content'] }}{% endif %}"
     "{{ '\\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
 )
 
 

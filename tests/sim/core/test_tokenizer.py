@@ -74,7 +74,7 @@ def test_chat_template_renders_roles_and_starts_with_bos() -> None:
     ]
     text = tk.render_chat(messages)
     # text parts are joined with a newline, as vLLM's "string" content format does
-    assert text == "system: Be brief.\nuser: hello \nworld\nassistant:"
+    assert text == "system: Be brief.\nuser: hello \nworld\nassistant: "
     assert tk.render_chat(messages, add_generation_prompt=False).endswith("world\n")
     ids = tk.encode_chat(messages)
     assert ids[0] == tk.BOS_ID
