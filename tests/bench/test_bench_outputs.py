@@ -137,15 +137,16 @@ def test_several_replica_counts_name_the_contenders() -> None:
 def test_references_print_the_ceiling_and_the_ttft_floor_and_start_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--references`` computes from the requests alone: no fleet, no report written
-    even where one would be refused, and a conversation workload says why it has none."""
+    """``--references`` computes from the requests alone (a conversation's answers
+    replayed offline): no fleet, no report written even where one would be refused."""
     (tmp_path / "evictions.md").write_text("committed report\n")
     argv = ["bench", "run", "evictions,chat-multiturn", "--engines", "4", "--duration", "20"]
     argv += ["--warmup", "2", "--report", str(tmp_path), "--references"]
     assert main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("evictions: hit-rate ceiling 85.1%")
-    assert "unloaded TTFT p90 floor" in out[1] and "0.107 s with the ceiling's hits" in out[1]
-    assert out[2].startswith("chat-multiturn: no references")
+    assert "unloaded TTFT p90 floor" in out[1] and "0.108 s with the ceiling's hits" in out[1]
+    assert out[2].startswith("chat-multiturn: hit-rate ceiling")
+    assert "unloaded TTFT p90 floor" in out[3] and len(out) == 4
     assert (tmp_path / "evictions.md").read_text() == "committed report\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evictions.md"]

@@ -127,3 +127,52 @@ def test_every_router_is_above_the_ttft_floor_at_16_engines(
     assert floor is not None and 0.2 < floor < 0.229
     cold = sc.lone_prefill_seconds(3000)
     assert 0.8 * cold < floor < 1.2 * cold
+
+
+async def test_a_replayed_conversation_is_what_the_emulator_answers_and_caches() -> None:
+    """The references replay a conversation offline (answers from ``textgen``, seed 0).
+    Played against one emulated vLLM engine with room for all of it, the engine's own
+    prompt lengths and cached tokens per turn are the replay's through an unbounded
+    cache: its answers are the engine's, and its cache holds what the engine's does."""
+    import httpx
+
+    from fleetgate.sim.fleet import EngineSpec, run_fleet
+
+    turns = tuple(
+        Turn(content=" ".join(f"turn{k} word{i}" for i in range(40 + 9 * k)), max_tokens=37 + k)
+        for k in range(3)
+    )
+    s = Session("chat-0", 0.0, "You are terse. " * 30, turns)
+    replay = prompt_blocks([s], TOK, answer_seconds=lambda p, o: 1.0)
+    assert replay is not None and [r[0] for r in replay] == [0.0, 1.0, 2.0]
+    want = lru_hits(replay, 0.0, None)
+
+    spec = EngineSpec(kind="vllm", overrides={"num_gpu_blocks": 4096, "max_model_len": 8192})
+    got: list[tuple[int, int]] = []
+    answers: list[str] = []
+    async with run_fleet([spec], "127.0.0.1", 0, model="m", time_scale=0.01) as fleet:
+        async with httpx.AsyncClient(base_url=fleet.engines[0].url, timeout=30) as c:
+            for k, turn in enumerate(turns):
+                r = await c.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "m",
+                        "messages": s.messages_for(k, answers),
+                        "max_tokens": turn.max_tokens,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                    },
+                )
+                assert r.status_code == 200, r.text
+                body = r.json()
+                answers.append(body["choices"][0]["message"]["content"])
+                usage = body["usage"]
+                got.append(
+                    (usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"])
+                )
+    assert got == want
+    # each later turn hits past the earlier prompt, into the earlier answer: the
+    # generation prompt is how the template starts an assistant message
+    for k in (1, 2):
+        assert got[k][1] > got[k - 1][0] // 16 * 16 + 16
+        assert got[k][1] <= (got[k - 1][0] + turns[k - 1].max_tokens) // 16 * 16

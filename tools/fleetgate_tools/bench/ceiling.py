@@ -21,9 +21,15 @@ A third, :func:`ttft_quantile`: the TTFT each request would get alone on an idle
 prefilling what either cache above does not hold; its p90 says how far a TTFT goal
 stated as a ratio to a peer can go before it asks for more hits than the cache has.
 
-Only for workloads whose sessions are single requests (shared-prefix, evictions,
-flash-crowd): later turns of a conversation carry the engine's answers, which are
-not known before the run.
+Conversations (chat-multiturn, agentic): a later turn carries the engine's earlier
+answers. The emulator's output is a pure function of the prompt's token ids and the
+seed (``fleetgate.sim.core.textgen``; the bench sends no seed, so 0, and fixed lengths),
+so :func:`prompt_blocks` replays each conversation offline, turn by turn, and a turn
+leaves its prompt's and its answer's blocks in the cache (the engine caches generated
+tokens too; the next turn's prompt starts with them). A turn's arrival is estimated
+(the session's start, the think times, and each earlier answer alone on an idle
+engine), so the pooled LRU's order of use is approximate there; the ceiling does not
+depend on it.
 """
 
 from __future__ import annotations
@@ -33,28 +39,70 @@ from collections.abc import Callable, Sequence
 
 from fleetgate.router.scheduling.kvindex import block_keys
 from fleetgate.router.scheduling.tokenize import Tokenizer, prompt_token_ids
+from fleetgate.sim.core import textgen
+from fleetgate.sim.core import tokenizer as sim_tokenizer
 from fleetgate_tools.bench.workloads import Session
 
-#: (arrival, prompt tokens, chain keys of the prompt's whole blocks), in arrival order.
-PromptBlocks = list[tuple[float, int, list[int]]]
+#: (arrival, prompt tokens, chain keys of the prompt's whole blocks, chain keys of the
+#: whole blocks it leaves cached: the prompt's, and the answer's in a conversation), in
+#: arrival order.
+PromptBlocks = list[tuple[float, int, list[int], list[int]]]
 #: (prompt tokens, tokens hit) of each steady request.
 Hits = list[tuple[int, int]]
+#: Modelled seconds of a turn alone on an idle engine: (prompt tokens, output tokens).
+AnswerSeconds = Callable[[int, int], float]
 
 
 def prompt_blocks(
-    sessions: Sequence[Session], tokenizer: Tokenizer, block: int = 16
+    sessions: Sequence[Session],
+    tokenizer: Tokenizer,
+    block: int = 16,
+    answer_seconds: AnswerSeconds | None = None,
 ) -> PromptBlocks | None:
     """Every request's blocks (tokenize once, then ask :func:`lru_hits` as often as
-    needed), or None when a session has more than one request or a prompt cannot
-    be tokenized."""
-    if any(len(s.turns) != 1 for s in sessions):
+    needed), or None when a prompt cannot be tokenized, or a session has more than
+    one turn and no ``answer_seconds`` to place its later turns in time."""
+    multi = any(len(s.turns) != 1 for s in sessions)
+    if multi and answer_seconds is None:
         return None
     out: PromptBlocks = []
-    for s in sorted(sessions, key=lambda s: s.start_s):
-        ids = prompt_token_ids({"messages": s.messages_for(0, [])}, tokenizer)
+    for s in sessions:
+        if not multi:
+            ids = prompt_token_ids({"messages": s.messages_for(0, [])}, tokenizer)
+            if ids is None:
+                return None
+            keys = list(block_keys(ids, block))
+            out.append((s.start_s, len(ids), keys, keys))
+            continue
+        assert answer_seconds is not None
+        replayed = _replay(s, tokenizer, block, answer_seconds)
+        if replayed is None:
+            return None
+        out += replayed
+    out.sort(key=lambda r: r[0])
+    return out
+
+
+def _replay(
+    s: Session, tokenizer: Tokenizer, block: int, answer_seconds: AnswerSeconds
+) -> PromptBlocks | None:
+    """One conversation's turns as the emulator answers them (seed 0, no stop tokens)."""
+    answers: list[str] = []
+    out: PromptBlocks = []
+    t = s.start_s
+    for k, turn in enumerate(s.turns):
+        ids = prompt_token_ids({"messages": s.messages_for(k, answers)}, tokenizer)
         if ids is None:
             return None
-        out.append((s.start_s, len(ids), list(block_keys(ids, block))))
+        t += turn.think_s
+        output, _ = textgen.generate(
+            ids, seed=0, max_tokens=turn.max_tokens, ignore_eos=s.ignore_eos
+        )
+        # the last sampled token is never fed back, so never cached
+        cached = ids + output[:-1]
+        out.append((t, len(ids), list(block_keys(ids, block)), list(block_keys(cached, block))))
+        answers.append(sim_tokenizer.decode(output))
+        t += answer_seconds(len(ids), len(output))
     return out
 
 
@@ -66,7 +114,7 @@ def lru_hits(
     request's blocks are used (hit or stored) when it arrives."""
     lru: OrderedDict[int, None] = OrderedDict()
     out: Hits = []
-    for start, n_tokens, keys in requests:
+    for start, n_tokens, keys, stored in requests:
         matched = 0
         for k in keys:
             if k not in lru:
@@ -74,7 +122,10 @@ def lru_hits(
             matched += 1
         if start >= warmup_s:
             out.append((n_tokens, matched * block))
-        for k in keys:
+        # tail first, as vLLM's free queue takes a finished request's blocks (and
+        # the emulator's): a chain loses its end before its start, which later
+        # prompts may still share
+        for k in reversed(stored):
             lru[k] = None
             lru.move_to_end(k)
         if capacity_blocks is not None:
@@ -112,7 +163,8 @@ def hit_ceiling(
     sessions: Sequence[Session], warmup_s: float, tokenizer: Tokenizer, block: int = 16
 ) -> float | None:
     """The ceiling (0-1) over the requests starting at or after ``warmup_s``; None
-    when a session has more than one request or nothing is steady."""
+    when a session has more than one request (conversations need an answer-time model:
+    :func:`prompt_blocks` with ``answer_seconds``) or nothing is steady."""
     return pooled_lru_hit_rate(sessions, warmup_s, tokenizer, None, block)
 
 

@@ -516,7 +516,7 @@ def ceiling_notes(settings: Settings, scales: dict[str, float]) -> list[str]:
         rates: dict[str, list[float | None]] = {"ceiling": [], "pooled": []}
         floors: dict[str, list[float | None]] = {"ceiling": [], "pooled": []}
         for sc in runs:
-            requests = prompt_blocks(sc.sessions(), tok)
+            requests = prompt_blocks(sc.sessions(), tok, answer_seconds=sc.lone_answer_seconds)
             if requests is None:
                 continue
             for ref, capacity in (("ceiling", None), ("pooled", sc.cache_tokens() // 16)):
@@ -552,8 +552,8 @@ def print_references(settings: Settings) -> int:
     for w in settings.workloads:
         if not any(n.startswith(f"{w}:") for n in notes):
             notes.append(
-                f"{w}: no references (its sessions have several turns: later prompts carry "
-                "the engines' answers, unknown before a run)"
+                f"{w}: no references (a prompt could not be rendered and tokenized with "
+                "the emulator's tokenizer)"
             )
     print("\n".join(notes))
     return 0

@@ -173,6 +173,18 @@ class Scenario:
             for kind in set(self.engine_kinds())
         )
 
+    def lone_answer_seconds(self, prompt_tokens: int, output_tokens: int) -> float:
+        """Modelled seconds of a whole answer alone on an idle engine of the fastest
+        kind: the prompt's prefill, then one decode step per further token (where the
+        hit-rate references place a conversation's later turns in time)."""
+
+        def one(kind: str) -> float:
+            p = resolve_profile(PROFILES[kind], ENGINE_SHAPES[self.load.shape][kind])
+            step = p.fixed_s + p.decode_seq_s + p.kv_token_s * (prompt_tokens + output_tokens / 2)
+            return p.lone_prefill_seconds(prompt_tokens) + max(0, output_tokens - 1) * step
+
+        return min(one(kind) for kind in set(self.engine_kinds()))
+
     def slots(self) -> int:
         """Concurrent sequences of the whole fleet (0 when a limit is unknown)."""
         caps = [self.capacity(k) for k in self.engine_kinds()]
