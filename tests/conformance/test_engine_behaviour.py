@@ -59,15 +59,22 @@ def _prefix(tag: str) -> str:
     return f"{tag}: " + " ".join(f"alpha{i} beta" for i in range(120)) + "."
 
 
-async def _complete(
-    client: httpx.AsyncClient, backend: Backend, prompt: str, max_tokens: int, **extra: Any
+async def _generate(
+    client: httpx.AsyncClient, backend: Backend, route: str, max_tokens: int, **fields: Any
 ) -> dict[str, Any]:
-    payload = {"model": backend.model, "prompt": prompt, "max_tokens": max_tokens}
-    payload |= {"temperature": 0, "ignore_eos": True} | extra
-    resp = await client.post(f"{backend.base_url}/v1/completions", json=payload)
+    """A greedy, fixed-length request to ``route``; the 200 answer's body."""
+    payload = {"model": backend.model, "max_tokens": max_tokens}
+    payload |= {"temperature": 0, "ignore_eos": True} | fields
+    resp = await client.post(f"{backend.base_url}{route}", json=payload)
     assert resp.status_code == 200, resp.text
     body: dict[str, Any] = resp.json()
     return body
+
+
+async def _complete(
+    client: httpx.AsyncClient, backend: Backend, prompt: str, max_tokens: int, **extra: Any
+) -> dict[str, Any]:
+    return await _generate(client, backend, "/v1/completions", max_tokens, prompt=prompt, **extra)
 
 
 async def test_prefix_cache_hits_rise_on_shared_prefix(
@@ -363,12 +370,7 @@ async def test_client_disconnect_aborts_the_request(
 async def _chat(
     client: httpx.AsyncClient, backend: Backend, messages: list[dict[str, str]], max_tokens: int
 ) -> dict[str, Any]:
-    payload = {"model": backend.model, "messages": messages, "max_tokens": max_tokens}
-    payload |= {"temperature": 0, "ignore_eos": True}
-    resp = await client.post(f"{backend.base_url}/v1/chat/completions", json=payload)
-    assert resp.status_code == 200, resp.text
-    body: dict[str, Any] = resp.json()
-    return body
+    return await _generate(client, backend, "/v1/chat/completions", max_tokens, messages=messages)
 
 
 async def test_a_conversations_next_turn_hits_the_earlier_prompt(

@@ -23,7 +23,7 @@ import dataclasses
 import math
 from typing import Any
 
-from fleetgate.sim.core.timing import engine_config, resolve_profile
+from fleetgate.sim.core.timing import Profile, engine_config, resolve_profile
 from fleetgate_tools.bench.workloads import Session, WorkloadParams, build
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -153,13 +153,17 @@ class Scenario:
             cache_tokens=self.cache_tokens(),
         )
 
+    def profile(self, kind: str) -> Profile:
+        """The emulator profile an engine of ``kind`` runs in this fleet (its shape's
+        overrides applied)."""
+        return resolve_profile(PROFILES[kind], ENGINE_SHAPES[self.load.shape][kind])
+
     def cache_tokens(self) -> int:
         """KV-cache tokens of the whole fleet (blocks x block size, the emulator's
         own defaults where the shape does not set them)."""
         total = 0
         for kind in self.engine_kinds():
-            overrides = ENGINE_SHAPES[self.load.shape][kind]
-            cfg = engine_config(kind, resolve_profile(PROFILES[kind], overrides))  # type: ignore[arg-type]
+            cfg = engine_config(kind, self.profile(kind))  # type: ignore[arg-type]
             total += cfg.num_blocks * cfg.block_size
         return total
 
@@ -167,9 +171,7 @@ class Scenario:
         """Modelled seconds to a first token of a prompt alone on an idle engine of
         this fleet, on its fastest engine kind (the emulator profile's cost model)."""
         return min(
-            resolve_profile(
-                PROFILES[kind], ENGINE_SHAPES[self.load.shape][kind]
-            ).lone_prefill_seconds(uncached_tokens, cached_tokens)
+            self.profile(kind).lone_prefill_seconds(uncached_tokens, cached_tokens)
             for kind in set(self.engine_kinds())
         )
 
@@ -179,7 +181,7 @@ class Scenario:
         hit-rate references place a conversation's later turns in time)."""
 
         def one(kind: str) -> float:
-            p = resolve_profile(PROFILES[kind], ENGINE_SHAPES[self.load.shape][kind])
+            p = self.profile(kind)
             step = p.fixed_s + p.decode_seq_s + p.kv_token_s * (prompt_tokens + output_tokens / 2)
             return p.lone_prefill_seconds(prompt_tokens) + max(0, output_tokens - 1) * step
 
