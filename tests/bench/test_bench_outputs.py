@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,33 @@ def test_references_print_the_ceiling_and_the_ttft_floor_and_start_nothing(
     assert "unloaded TTFT p90 floor" in out[3] and len(out) == 4
     assert (tmp_path / "evictions.md").read_text() == "committed report\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["evictions.md"]
+
+
+def test_requests_file_holds_each_run_its_engines_and_every_request(tmp_path: Path) -> None:
+    from fleetgate_tools.bench.stats import RequestResult
+    from fleetgate_tools.bench.summary import EngineWindow, RunRecord
+
+    engine = EngineWindow("vllm", "http://127.0.0.1:9", 100.0, 40.0, 7.0, 100.0, 0.0)
+    done = RequestResult("chat-0", 1, "standard", 2.0, 200, 0.1, 0.5, [0.01] * 3, 4, 32, 80)
+    failed = RequestResult("chat-1", 0, "standard", 0.1, 503, error="busy", text="partial")
+    rec = RunRecord("chat-multiturn", "a", 0, 0.35, 15.0, 8.0, [engine], [done, failed], 1.0)
+    rec.extra["seed"] = 3
+    out = tmp_path / "sub" / "requests.jsonl"
+    bench_cli.write_requests(out, [rec, rec])
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["record"] for r in lines] == ["run", "engine", "request", "request"] * 2
+    assert lines[0]["seed"] == 3 and lines[0]["contender"] == "a" and lines[0]["warmup_s"] == 0
+    assert lines[1]["prefix_hit_tokens"] == 40.0 and lines[1]["url"] == "http://127.0.0.1:9"
+    assert lines[2]["session_id"] == "chat-0" and lines[2]["turn"] == 1
+    assert (lines[2]["cached_tokens"], lines[2]["prompt_tokens"]) == (32, 80)
+    assert lines[3]["error"] == "busy" and lines[3]["status"] == 503
+    assert "itl" not in lines[2] and "text" not in lines[3]
+
+
+def test_an_existing_requests_file_is_not_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kept = tmp_path / "r.jsonl"
+    kept.write_text("old\n")
+    assert main(["bench", "run", "agentic", "--no-report", "--requests", str(kept)]) == 2
+    assert "r.jsonl" in capsys.readouterr().err and kept.read_text() == "old\n"

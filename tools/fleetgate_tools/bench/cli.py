@@ -30,6 +30,7 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,13 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         "for these flags (computed from the requests, nothing started) and exit",
     )
     p.add_argument("--json", type=Path, help="write every run and the medians as JSON")
+    p.add_argument(
+        "--requests",
+        type=Path,
+        default=None,
+        help="write every request (session, turn, TTFT, prompt and cached tokens, endpoint) "
+        "and every engine's counter deltas as JSON lines, one run after another",
+    )
     p.add_argument(
         "--report",
         type=Path,
@@ -335,6 +343,36 @@ def _one(
         flush=True,
     )
     return rec, s
+
+
+def request_lines(rec: RunRecord) -> list[dict[str, Any]]:
+    """One run as JSON-able records: a ``run`` line, an ``engine`` line per engine (its
+    counter deltas over the steady state) and a ``request`` line per request (every
+    request, warm-up included: ``sent_at`` says which; no token timings or text)."""
+    head = {
+        "workload": rec.workload,
+        "contender": rec.contender,
+        "seed": rec.extra.get("seed"),
+        "load_factor": rec.load_factor,
+    }
+    out: list[dict[str, Any]] = [
+        {"record": "run", **head, "warmup_s": rec.warmup_s, "error": rec.error}
+    ]
+    out += [{"record": "engine", **head, **dataclasses.asdict(e)} for e in rec.engines]
+    for r in rec.results:
+        fields = dataclasses.asdict(r)
+        fields.pop("itl")
+        fields.pop("text")
+        out.append({"record": "request", **head, **fields})
+    return out
+
+
+def write_requests(path: Path, records: Sequence[RunRecord]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for rec in records:
+            for line in request_lines(rec):
+                f.write(json.dumps(line) + "\n")
 
 
 def execute(
@@ -591,6 +629,8 @@ def command_line(args: argparse.Namespace, settings: Settings) -> str:
         parts.append(f"--source {shlex.quote(str(args.source))}")
     if args.json:
         parts.append(f"--json {shlex.quote(str(args.json))}")
+    if args.requests:
+        parts.append(f"--requests {shlex.quote(str(args.requests))}")
     if not args.no_report:
         parts.append(f"--report {shlex.quote(str(args.report))}")
         if args.report_name:
@@ -610,8 +650,9 @@ def report_name(args: argparse.Namespace, settings: Settings) -> str:
 def existing_outputs(args: argparse.Namespace, settings: Settings) -> list[Path]:
     """Files this run would overwrite: the JSON, the report and its plots."""
     found: list[Path] = []
-    if args.json is not None and args.json.exists():
-        found.append(args.json)
+    for path in (args.json, args.requests):
+        if path is not None and path.exists():
+            found.append(path)
     if not args.no_report and args.report.is_dir():
         md = args.report / f"{report_name(args, settings)}.md"
         if md.exists():
@@ -660,6 +701,8 @@ def run(args: argparse.Namespace) -> int:
         if settings.bootstrap > 0
         else []
     )
+    if args.requests:
+        write_requests(args.requests, [r for r, _ in pairs])
     if args.json:
         doc = {
             "command": command,
