@@ -136,6 +136,7 @@ def pipeline_for(sched: Scheduling) -> Pipeline:
         bound_tokens=sched.load_bound_tokens,
         queue_ratio=sched.queue_ratio,
         spill_prefill_weight=sched.spill_prefill_weight,
+        even_prefix=sched.even_prefix,
     )
 
 

@@ -53,6 +53,16 @@ fleetgate ablations are configuration variations of the same router
   the prefill-cost rule weighs the router's OWN backlog, which router replicas do not
   share, so two replicas may place one new prefix on two engines
 * ``fleetgate-events-no-prefill-cost-lb1`` the same with ``load_bound: 1.0``
+* ``fleetgate-events-even-memory``, ``fleetgate-events-even-rendezvous``
+  ``fleetgate-events`` with ``scheduling.even_prefix`` ``memory`` / ``rendezvous``: a
+  prompt every engine holds the same of goes where the router's own index remembers
+  sending it / to its first rendezvous candidate, instead of where the load is least
+* ``fleetgate-events-sticky`` ``fleetgate-events`` with the spill rules out of reach
+  (``load_bound`` 10, ``queue_work`` 1000, ``prefill_slack: null``): a prompt goes to
+  its longest holder whatever the load, as vllm-router's cache_aware does below its
+  imbalance thresholds
+* ``fleetgate-events-no-queue-rule`` ``fleetgate-events`` with ``queue_work`` 1000: a
+  holder with a full batch keeps affinity while another engine has a free slot
 * ``fleetgate-events-flat-bound`` ``fleetgate-events`` with ``load_bound_tokens: null``
 * ``fleetgate-fifo``         ``fleetgate`` whose class queue (class workloads) is
   dispatched strictly in order (``priority.affinity_wait_s: null``)
@@ -346,6 +356,35 @@ CONTENDERS: dict[str, Contender] = {
             kv_events=True,
             scheduling=(("load_bound_tokens", None),),
             description="exact prefix view, one load bound for every prefix (not hit-weighted)",
+        ),
+        Contender(
+            "fleetgate-events-even-memory",
+            "fleetgate",
+            kv_events=True,
+            scheduling=(("even_prefix", "memory"),),
+            description="exact prefix view; an evenly held prompt goes where the router sent it",
+        ),
+        Contender(
+            "fleetgate-events-even-rendezvous",
+            "fleetgate",
+            kv_events=True,
+            scheduling=(("even_prefix", "rendezvous"),),
+            description="exact prefix view; an evenly held prompt to its rendezvous candidate",
+        ),
+        Contender(
+            "fleetgate-events-sticky",
+            "fleetgate",
+            kv_events=True,
+            load_bound=10.0,
+            scheduling=(("prefill_slack", None), ("queue_work", 1000.0)),
+            description="exact prefix view; affinity kept whatever the load (no spill rules)",
+        ),
+        Contender(
+            "fleetgate-events-no-queue-rule",
+            "fleetgate",
+            kv_events=True,
+            scheduling=(("queue_work", 1000.0),),
+            description="exact prefix view; the no-queueing rule out of reach",
         ),
         Contender(
             "fleetgate-approx",
