@@ -136,7 +136,6 @@ def pipeline_for(sched: Scheduling) -> Pipeline:
         bound_tokens=sched.load_bound_tokens,
         queue_ratio=sched.queue_ratio,
         spill_prefill_weight=sched.spill_prefill_weight,
-        even_prefix=sched.even_prefix,
     )
 
 

@@ -261,12 +261,6 @@ class Scheduling(_Strict):
     prefill beyond the endpoint holding the prefix (the duplicated work a spill adds),
     this many times (1 + prompts of this size queued for prefill there). 0: the rule
     before 2026-12-02."""
-    even_prefix: Literal["load", "memory", "rendezvous"] = "load"
-    """Where a prompt goes that every endpoint holds the same of by the exact view (a
-    new conversation over a shared system prompt, or one whose history every engine
-    evicted): ``load``, the load scorers choose; ``memory``, where the router's own
-    prefix index remembers sending it; ``rendezvous``, its first rendezvous candidate.
-    Both within the load rules (docs/router.md)."""
     default_capacity: int = Field(64, ge=1)
     """Concurrent sequences assumed when neither metrics nor the backend say."""
     default_max_tokens: int = Field(256, ge=1)

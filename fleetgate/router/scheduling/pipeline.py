@@ -51,7 +51,6 @@ from fleetgate.router.scheduling.plugins.kv_headroom import KvHeadroomScorer
 from fleetgate.router.scheduling.plugins.load_scorer import LoadScorer
 from fleetgate.router.scheduling.plugins.max_score import MaxScorePicker
 from fleetgate.router.scheduling.plugins.prefix_affinity import (
-    EvenPlacement,
     PrefixAffinityScorer,
     cache_source,
     cached_tokens,
@@ -241,7 +240,6 @@ def default_pipeline(
     bound_tokens: int | None = None,
     queue_ratio: float | None = 1.5,
     spill_prefill_weight: float = 1.0,
-    even_prefix: EvenPlacement = "load",
 ) -> Pipeline:
     """The registered in-tree plugins, in order (one place to read them all).
 
@@ -268,7 +266,6 @@ def default_pipeline(
                     bound_tokens,
                     queue_ratio,
                     spill_prefill_weight,
-                    even_prefix,
                 ),
                 weights.prefix,
             ),

@@ -326,35 +326,3 @@ def test_the_rendezvous_target_bound_covers_spills_but_not_a_shared_system_promp
     # every endpoint holds the first 10 chunks (a system prompt): no extra bound
     shared = [view(n, rank=i, match=10) for i, n in enumerate(("first", "b", "c"))]
     assert set(scorer.bounds(req(**DOC), shared).values()) == {0.0}
-
-
-def test_an_evenly_held_prompt_goes_by_load_by_memory_or_by_rendezvous() -> None:
-    # every engine holds the same 256 tokens (a shared system prompt) by the exact view;
-    # "remembered" is where the router sent the conversation before (its approximate
-    # index holds 80 chunks of it: the history, evicted since); "idle" has the least load;
-    # "first" is the prompt's rendezvous target
-    r = req(chunks=100, prompt_tokens=1000)
-    eps = [
-        _exact(view("first", work=0.3, rank=0), 256),
-        _exact(view("remembered", work=0.3, rank=1, match=80), 256),
-        _exact(view("idle", work=0.0, rank=2), 256),
-    ]
-    picks = {
-        even: default_pipeline(load_bound=1.0, cold_choices=None, even_prefix=even)
-        .schedule(r, eps, random.Random(0))
-        .pick
-        for even in ("load", "memory", "rendezvous")
-    }
-    assert picks == {"load": "idle", "memory": "remembered", "rendezvous": "first"}
-    # the load rules still apply: past its bound (even prompts earn none) the
-    # remembered engine and the rendezvous target lose the prompt to the idle one
-    busy = [dataclasses.replace(e, load=view("x", work=2.0).load) if e.id != "idle" else e
-            for e in eps]  # fmt: skip
-    for even in ("memory", "rendezvous"):
-        d = default_pipeline(load_bound=1.0, cold_choices=None, even_prefix=even)
-        assert d.schedule(r, busy, random.Random(0)).pick == EndpointId("idle"), even
-    # a prompt one engine holds more of is no even prompt: the holder keeps it either way
-    uneven = [_exact(eps[0], 512), *eps[1:]]
-    for even in ("load", "memory", "rendezvous"):
-        d = default_pipeline(load_bound=1.0, cold_choices=None, even_prefix=even)
-        assert d.schedule(r, uneven, random.Random(0)).pick == EndpointId("first"), even

@@ -53,10 +53,6 @@ fleetgate ablations are configuration variations of the same router
   the prefill-cost rule weighs the router's OWN backlog, which router replicas do not
   share, so two replicas may place one new prefix on two engines
 * ``fleetgate-events-no-prefill-cost-lb1`` the same with ``load_bound: 1.0``
-* ``fleetgate-events-even-memory``, ``fleetgate-events-even-rendezvous``
-  ``fleetgate-events`` with ``scheduling.even_prefix`` ``memory`` / ``rendezvous``: a
-  prompt every engine holds the same of goes where the router's own index remembers
-  sending it / to its first rendezvous candidate, instead of where the load is least
 * ``fleetgate-events-sticky`` ``fleetgate-events`` with the spill rules out of reach
   (``load_bound`` 10, ``queue_work`` 1000, ``prefill_slack: null``): a prompt goes to
   its longest holder whatever the load, as vllm-router's cache_aware does below its
@@ -356,20 +352,6 @@ CONTENDERS: dict[str, Contender] = {
             kv_events=True,
             scheduling=(("load_bound_tokens", None),),
             description="exact prefix view, one load bound for every prefix (not hit-weighted)",
-        ),
-        Contender(
-            "fleetgate-events-even-memory",
-            "fleetgate",
-            kv_events=True,
-            scheduling=(("even_prefix", "memory"),),
-            description="exact prefix view; an evenly held prompt goes where the router sent it",
-        ),
-        Contender(
-            "fleetgate-events-even-rendezvous",
-            "fleetgate",
-            kv_events=True,
-            scheduling=(("even_prefix", "rendezvous"),),
-            description="exact prefix view; an evenly held prompt to its rendezvous candidate",
         ),
         Contender(
             "fleetgate-events-sticky",

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Literal
 
 from fleetgate.router.scheduling.types import CacheSource, EndpointId, EndpointView, RequestView
-
-#: :attr:`PrefixAffinityScorer.even`: where a prompt every endpoint holds equally goes.
-EvenPlacement = Literal["load", "memory", "rendezvous"]
 
 
 def over_bound(e: EndpointView, mean_work: float, bound: float, slack_requests: float) -> bool:
@@ -147,13 +143,6 @@ class PrefixAffinityScorer:
     """Prefill-cost rule: an alternative endpoint's cost includes this many times the
     prompt tokens it would prefill beyond the holder (the duplicated work a spill adds
     to the fleet); 0: its own cost only."""
-    even: EvenPlacement = "load"
-    """Where a prompt goes that every endpoint holds the same of (a new conversation
-    over a shared system prompt, or one whose history every engine evicted):
-    ``load``, the load scorers choose; ``memory``, the endpoint the router's own
-    (approximate) index remembers sending the prompt's prefix to, as a router without
-    events would; ``rendezvous``, the prompt's first rendezvous candidate (a system
-    prompt's conversations gather on one engine), both within the load rules."""
     name: str = "prefix-affinity"
 
     def score(
@@ -163,14 +152,6 @@ class PrefixAffinityScorer:
             return {e.id: 0.0 for e in endpoints}
         ok = self.eligible(request, endpoints)
         cached = {e.id: cached_tokens(request, e) for e in endpoints}
-        if self.even != "load" and len(set(cached.values())) == 1:
-            if self.even == "memory":
-                cached = {
-                    e.id: max(cached[e.id], approximate_cached(request, e.prefix_match))
-                    for e in endpoints
-                }
-            else:
-                cached = {e.id: 0 for e in endpoints}
         if any(cached[e.id] and ok[e.id] for e in endpoints):
             total = max(1, request.prompt_tokens)
             return {e.id: (min(1.0, cached[e.id] / total) if ok[e.id] else 0.0) for e in endpoints}
@@ -181,8 +162,6 @@ class PrefixAffinityScorer:
         scores = {e.id: 0.0 for e in endpoints}
         chosen = 0
         limit = len(endpoints) if self.cold_choices is None else self.cold_choices
-        if self.even == "rendezvous":
-            limit = 1
         for e in sorted(endpoints, key=lambda v: v.rendezvous_rank):
             if chosen >= limit:
                 break
