@@ -648,7 +648,7 @@ def report_name(args: argparse.Namespace, settings: Settings) -> str:
 
 
 def existing_outputs(args: argparse.Namespace, settings: Settings) -> list[Path]:
-    """Files this run would overwrite: the JSON, the report and its plots."""
+    """Files this run would overwrite: the JSON, the requests file, the report and its plots."""
     found: list[Path] = []
     for path in (args.json, args.requests):
         if path is not None and path.exists():
