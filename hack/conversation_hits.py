@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Where a multi-turn workload's cache hits go: a ``fleetgate bench run --requests`` analysis.
 
-    python hack/conversation_hits.py REQUESTS.jsonl
+    python hack/conversation_hits.py REQUESTS.jsonl [BLOCK_TOKENS]
 
 Per run (contender, seed), over the requests sent after the warm-up:
 
 * first turns: how many, their hit rate (cached / prompt tokens) and their share of
   all prompt tokens;
 * later turns: their hit rate, and how many KEPT their history: the engine reported
-  at least the previous turn's prompt in whole 16-token blocks as cached (an engine
-  that kept the earlier prompt hits at least that much); the rest LOST it, and the
+  at least the previous turn's prompt in whole blocks as cached (an engine that kept
+  the earlier prompt hits at least that much; ``BLOCK_TOKENS``, default 16, vLLM's
+  block; on a mixed fleet give the largest block size of its engines, 32 for the
+  emulated TensorRT-LLM, or a kept turn there reads as lost); the rest LOST it, and the
   tokens they lost (that floor minus what hit) as a share of all prompt tokens;
 * kept share by the later turn's TTFT (a request that waits in an engine's queue
   waits while the engine allocates for others) and, where the router names the
@@ -25,7 +27,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-BLOCK = 16
+DEFAULT_BLOCK = 16
 TTFT_BUCKETS = ((0.0, 0.05), (0.05, 0.2), (0.2, 0.5), (0.5, 1.0), (1.0, float("inf")))
 
 
@@ -44,7 +46,9 @@ def load(lines: Iterable[str]) -> tuple[dict[Any, list[dict[str, Any]]], dict[An
     return runs, meta
 
 
-def analyse(requests: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
+def analyse(
+    requests: list[dict[str, Any]], warmup_s: float, block: int = DEFAULT_BLOCK
+) -> dict[str, Any]:
     sessions: dict[str, dict[int, dict[str, Any]]] = collections.defaultdict(dict)
     for r in requests:
         sessions[r["session_id"]][r["turn"]] = r
@@ -63,7 +67,7 @@ def analyse(requests: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
             prev = turns.get(t - 1)
             if prev is None or prev["prompt_tokens"] is None:
                 continue
-            floor = prev["prompt_tokens"] // BLOCK * BLOCK
+            floor = prev["prompt_tokens"] // block * block
             kept = cached >= floor
             c["later_n"] += 1
             c["later_prompt"] += prompt
@@ -112,13 +116,14 @@ def report(key: Any, a: dict[str, Any], engines: list[dict[str, Any]]) -> list[s
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) not in (2, 3) or (len(argv) == 3 and not argv[2].isdigit()):
         print(__doc__, file=sys.stderr)
         return 2
+    block = int(argv[2]) if len(argv) == 3 else DEFAULT_BLOCK
     with open(argv[1]) as f:
         runs, meta = load(f)
     for key in sorted(runs):
-        a = analyse(runs[key], meta[key].get("warmup_s", 0.0))
+        a = analyse(runs[key], meta[key].get("warmup_s", 0.0), block)
         print("\n".join(report(key, a, meta[key]["engines"])))
     return 0
 

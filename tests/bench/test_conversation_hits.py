@@ -55,3 +55,11 @@ def test_a_later_turn_keeps_its_history_when_the_previous_prompt_hit(tmp_path: P
     text = "\n".join(mod.report(("c", 0), a, meta[("c", 0)]["engines"]))
     assert "hit 53.3%" in text and "lost 1 (16.0% of prompt tokens)" in text
     assert "another endpoint as the previous turn: 1, kept 0%" in text and "25%/1000" in text
+
+
+def test_the_block_size_sets_what_a_kept_history_is() -> None:
+    mod = _module()
+    turns = [_req("s", 0, 2.0, 0.01, 310, 256, "a"), _req("s", 1, 4.0, 0.01, 500, 290, "a")]
+    # 310 tokens are 304 in 16-token blocks (290 cached: lost) and 288 in 32-token ones (kept)
+    assert mod.analyse(turns, 0.0)["counts"]["kept"] == 0
+    assert mod.analyse(turns, 0.0, block=32)["counts"]["kept"] == 1
