@@ -119,10 +119,11 @@ def stack(tmp_path: Path, k8s_cluster: Any, k8s_namespace: str) -> Iterator[dict
         # emulated engines: 2 vLLM + 1 TensorRT-LLM of 2 attention-DP ranks, small so the
         # load queues, with KV events (the exact-view panels, per rank too); the router
         # subscribes with the emulator's tokenizer
-        sim_port = _free_port()
+        # --port 0: each engine binds an ephemeral port and prints it (consecutive ports
+        # from a free one may be taken meanwhile: CI saw "Address already in use")
         sim = procs.start(
             "sim",
-            [*fg, "sim", "--vllm", "2", "--trtllm", "1", "--port", str(sim_port),
+            [*fg, "sim", "--vllm", "2", "--trtllm", "1", "--port", "0",
              "--profile", "test", "--max-num-seqs", "4", "--model", "tiny", "--seed", "3",
              "--kv-events", "--trtllm-attention-dp", "2"],
         )  # fmt: skip

@@ -46,16 +46,24 @@ def wait_for(url: str, timeout: float = 60) -> httpx.Response:
 
 @pytest.fixture
 def engines(tmp_path: Path) -> Iterator[list[tuple[str, str]]]:
-    port = free_port()
-    with (tmp_path / "sim.log").open("wb") as log:
+    log_path = tmp_path / "sim.log"
+    with log_path.open("wb") as log:
+        # --port 0: ephemeral ports, read back from the sim's engine lines (two
+        # consecutive ports from a free one may not both be free)
         proc = subprocess.Popen(
             [sys.executable, "-m", "fleetgate", "sim", "--vllm", "1", "--trtllm", "1",
-             "--profile", "test", "--port", str(port), "--model", "m", "--time-scale", "10",
+             "--profile", "test", "--port", "0", "--model", "m", "--time-scale", "10",
              "--max-num-seqs", "32", "--num-gpu-blocks", "1024"],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+        deadline = time.monotonic() + 30
+        while log_path.read_text().count("engine=") < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        lines = [ln for ln in log_path.read_text().splitlines() if ln.startswith("engine=")]
+        fields = [dict(f.split("=", 1) for f in ln.split()) for ln in lines]
+        urls = [kv["url"] for kv in sorted(fields, key=lambda kv: kv["engine"] != "vllm")]
         for url in urls:
             wait_for(url + "/health", 30)
         yield [("vllm", urls[0]), ("trtllm", urls[1])]
