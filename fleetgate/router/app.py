@@ -210,7 +210,15 @@ def build_router(
     else:
         immediate = ImmediateAdmission(config, placer, services.classes, clock)
         admission, holds = immediate, immediate.holds
-    serve_loop = ServeLoop(services, admission, Exchange(services, config.engine_priority))
+    serve_loop = ServeLoop(
+        services,
+        admission,
+        Exchange(
+            services,
+            config.engine_priority,
+            held_prefix_sooner=config.scheduling.held_prefix_sooner,
+        ),
+    )
     ident = config.identity
     gate = Gatekeeper(ident, config.classes)
     limits = ident.tenant_limits if ident is not None else None

@@ -261,6 +261,13 @@ class Scheduling(_Strict):
     prefill beyond the endpoint holding the prefix (the duplicated work a spill adds),
     this many times (1 + prompts of this size queued for prefill there). 0: the rule
     before 2026-12-02."""
+    held_prefix_sooner: bool = False
+    """A request whose chosen endpoint is believed to hold at least half its prompt
+    goes to that engine one priority level above its class (the engine's own
+    ``priority`` field, where ``priority.engine_priority`` sends it): in a busy
+    engine's waiting queue a conversation turn whose history is cached is admitted
+    before requests that hold less, so it starts before running requests' growth
+    evicts that history. Classes one level apart may then interleave."""
     default_capacity: int = Field(64, ge=1)
     """Concurrent sequences assumed when neither metrics nor the backend say."""
     default_max_tokens: int = Field(256, ge=1)

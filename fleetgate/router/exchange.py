@@ -132,26 +132,33 @@ class _SilenceWatch:
 
 
 class Exchange:
-    def __init__(self, services: Services, engine_priority: EnginePriority) -> None:
+    def __init__(
+        self,
+        services: Services,
+        engine_priority: EnginePriority,
+        *,
+        held_prefix_sooner: bool = False,
+    ) -> None:
         self.s = services
         self.engine_priority = engine_priority
+        self.held_prefix_sooner = held_prefix_sooner
 
     async def run(self, req: Request, e: Endpoint, send: ClientSend) -> Result:
         s = self.s
         gauge = s.metrics.child(s.metrics.in_flight, e.id, e.engine)
         gauge.inc()
         try:
+            predicted = req.believed_on(e.id)
+            if predicted is None:
+                predicted = s.fleet.believed_cached(e, req.chain, req.prompt, req.view)
             try:
-                path, body = self._body(req, e)
+                path, body = self._body(req, e, predicted[0])
             except ContinuationError as err:
                 log.warning("request %s: cannot continue: %s", req.label, err)
                 return Result(Outcome.FATAL, "continuation_error")
             req.segments += 1
             rid = req.id if req.segments == 1 else f"{req.id}-{req.segments}"
             headers = [*req.headers, (b"x-request-id", rid.encode())]
-            predicted = req.believed_on(e.id)
-            if predicted is None:
-                predicted = s.fleet.believed_cached(e, req.chain, req.prompt, req.view)
             try:
                 resp = await s.upstream.send(e.url, path, body, headers)
             except UpstreamError as err:
@@ -172,11 +179,14 @@ class Exchange:
 
     # -- the body sent upstream --------------------------------------------------
 
-    def _body(self, req: Request, e: Endpoint) -> tuple[str, bytes]:
+    def _body(self, req: Request, e: Endpoint, cached_tokens: int = 0) -> tuple[str, bytes]:
         sp = req.splicer
         fields: dict[str, Any] = {}
-        if req.cls.level != 0 and self.engine_priority.enabled(e.pool, e.id):
-            fields = e.adapter.priority_fields(req.cls.level)
+        level = req.cls.level
+        if self.held_prefix_sooner and 0 < req.view.prompt_tokens <= 2 * cached_tokens:
+            level += 1  # its history is cached there: admitted before those holding less
+        if level != 0 and self.engine_priority.enabled(e.pool, e.id):
+            fields = e.adapter.priority_fields(level)
         path = req.path
         # The engine's own name where it lists another and may refuse the served one
         # (served.py): sent upstream in its place.

@@ -16,15 +16,27 @@ from fleetgate.router.priority.splice import StreamSplicer
 SSE = {"content-type": "text/event-stream"}
 
 
-async def run_once(handler, doc, *, headers=None, splice=False, segments=0):  # type: ignore[no-untyped-def]
+async def run_once(
+    handler,
+    doc,
+    *,
+    headers=None,
+    splice=False,
+    segments=0,
+    held=None,  # type: ignore[no-untyped-def]
+    held_prefix_sooner=False,
+):
     s, _, (e, _) = services(handler)
     req = request(s, doc, headers=headers)
     if splice:
         req.splicer = StreamSplicer(req.kind, include_usage=False, return_token_ids=False)
     req.segments = segments
     req.reserve(e, 0)
+    if held is not None:  # the placer's belief: ``held`` of the prompt's tokens cached there
+        req.believed = (e.id, held(req.view.prompt_tokens), "events")
     out = Captured()
-    result = await Exchange(s, EnginePriority()).run(req, e, out.client())
+    exchange = Exchange(s, EnginePriority(), held_prefix_sooner=held_prefix_sooner)
+    result = await exchange.run(req, e, out.client())
     return result, out, e, req
 
 
@@ -56,6 +68,34 @@ async def test_urgent_class_carries_the_engines_priority_field() -> None:
     sent = json.loads(seen[0])
     for key, value in get_adapter("vllm").priority_fields(8).items():
         assert sent[key] == value
+
+
+@pytest.mark.parametrize(
+    ("sooner", "held", "cls", "level"),
+    [
+        (True, lambda n: n // 2 + 1, None, 1),  # most of the prompt held: one level up
+        (True, lambda n: n // 2 - 1, None, 0),  # less than half: its class's level
+        (False, lambda n: n, None, 0),  # the setting off
+        (True, lambda n: n, "critical", 9),  # above its class, whatever the class
+    ],
+)
+async def test_held_prefix_sooner_raises_the_engine_priority_of_a_held_prompt(
+    sooner: bool,
+    held,
+    cls: str | None,
+    level: int,  # type: ignore[no-untyped-def]
+) -> None:
+    seen: list[dict] = []  # type: ignore[type-arg]
+
+    def engine(r: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(r.content))
+        return httpx.Response(200, json={"choices": []})
+
+    headers = {"x-fleetgate-priority": cls} if cls else None
+    doc = {"prompt": "a conversation turn with a history of many words " * 4}
+    await run_once(engine, doc, headers=headers, held=held, held_prefix_sooner=sooner)
+    want = get_adapter("vllm").priority_fields(level) if level else {}
+    assert {k: seen[0][k] for k in ("priority",) if k in seen[0]} == want
 
 
 async def test_engine_5xx_is_a_failure_that_keeps_the_answer_for_later() -> None:
