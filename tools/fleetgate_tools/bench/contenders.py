@@ -59,6 +59,11 @@ fleetgate ablations are configuration variations of the same router
   imbalance thresholds
 * ``fleetgate-events-no-queue-rule`` ``fleetgate-events`` with ``queue_work`` 1000: a
   holder with a full batch keeps affinity while another engine has a free slot
+* ``fleetgate-events-held-first`` ``fleetgate-events`` with
+  ``scheduling.held_prefix_sooner``: a request whose engine holds half its prompt or
+  more goes there one priority level above its class (engines with a priority queue)
+* ``fleetgate-events-held-first-sticky`` the same with the spill rules out of reach
+  (as ``fleetgate-events-sticky``)
 * ``fleetgate-events-flat-bound`` ``fleetgate-events`` with ``load_bound_tokens: null``
 * ``fleetgate-fifo``         ``fleetgate`` whose class queue (class workloads) is
   dispatched strictly in order (``priority.affinity_wait_s: null``)
@@ -367,6 +372,25 @@ CONTENDERS: dict[str, Contender] = {
             kv_events=True,
             scheduling=(("queue_work", 1000.0),),
             description="exact prefix view; the no-queueing rule out of reach",
+        ),
+        Contender(
+            "fleetgate-events-held-first",
+            "fleetgate",
+            kv_events=True,
+            scheduling=(("held_prefix_sooner", True),),
+            description="exact prefix view; a prompt half held by its engine goes one level sooner",
+        ),
+        Contender(
+            "fleetgate-events-held-first-sticky",
+            "fleetgate",
+            kv_events=True,
+            load_bound=10.0,
+            scheduling=(
+                ("prefill_slack", None),
+                ("queue_work", 1000.0),
+                ("held_prefix_sooner", True),
+            ),
+            description="held-first with the spill rules out of reach",
         ),
         Contender(
             "fleetgate-approx",

@@ -46,7 +46,9 @@ class Load:
 #: Engine settings per fleet shape (emulator override names, vLLM / TRT vocabulary).
 #: ``docs``: ~64k tokens of KV per engine, a dozen 3000-token documents but not
 #: all of them. ``chat``: 16 running sequences and ~16k tokens of KV, so that
-#: a few dozen conversations saturate an engine (cheap to emulate on 2 cores).
+#: a few dozen conversations saturate an engine (cheap to emulate on 2 cores); its
+#: engines run priority queues, as fleetgate deploys vLLM (since 2026-12-07: a
+#: router that sends no priority, or one level for all, sees the FCFS waiting order).
 #: ``priority``: 8 running sequences and the engines' priority queues switched
 #: on (``--scheduling-policy priority`` / ``waiting_queue_policy``), as fleetgate
 #: deploys them so that its per-request levels reach the engine schedulers.
@@ -59,8 +61,18 @@ ENGINE_SHAPES: dict[str, dict[str, dict[str, Any]]] = {
         "trtllm": {"num_gpu_blocks": 2048, "max_batch_size": 64, "max_model_len": 16384},
     },
     "chat": {
-        "vllm": {"num_gpu_blocks": 1024, "max_num_seqs": 16, "max_model_len": 8192},
-        "trtllm": {"num_gpu_blocks": 512, "max_batch_size": 16, "max_model_len": 8192},
+        "vllm": {
+            "num_gpu_blocks": 1024,
+            "max_num_seqs": 16,
+            "max_model_len": 8192,
+            "scheduling_policy": "priority",
+        },
+        "trtllm": {
+            "num_gpu_blocks": 512,
+            "max_batch_size": 16,
+            "max_model_len": 8192,
+            "scheduling_policy": "priority",
+        },
     },
     "evict": {
         "vllm": {"num_gpu_blocks": 512, "max_num_seqs": 32, "max_model_len": 4096},
