@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -16,14 +18,14 @@ from fleetgate.router.priority.splice import StreamSplicer
 SSE = {"content-type": "text/event-stream"}
 
 
-async def run_once(
+async def run_once(  # type: ignore[no-untyped-def]
     handler,
     doc,
     *,
     headers=None,
     splice=False,
     segments=0,
-    held=None,  # type: ignore[no-untyped-def]
+    held=None,
     held_prefix_sooner=False,
 ):
     s, _, (e, _) = services(handler)
@@ -80,12 +82,9 @@ async def test_urgent_class_carries_the_engines_priority_field() -> None:
     ],
 )
 async def test_held_prefix_sooner_raises_the_engine_priority_of_a_held_prompt(
-    sooner: bool,
-    held,
-    cls: str | None,
-    level: int,  # type: ignore[no-untyped-def]
+    sooner: bool, held: Callable[[int], int], cls: str | None, level: int
 ) -> None:
-    seen: list[dict] = []  # type: ignore[type-arg]
+    seen: list[dict[str, Any]] = []
 
     def engine(r: httpx.Request) -> httpx.Response:
         seen.append(json.loads(r.content))
