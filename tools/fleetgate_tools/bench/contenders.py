@@ -152,6 +152,11 @@ class Contender:
     seconds (scaled by the time scale); ``"default"``: the router's."""
 
 
+#: The ``-sticky`` contenders: every spill rule out of reach (the load bound far above
+#: any load, the no-queueing rule at a work no engine reaches, the prefill-cost rule off).
+STICKY_LOAD_BOUND = 10.0
+SPILL_RULES_OUT: tuple[tuple[str, Any], ...] = (("prefill_slack", None), ("queue_work", 1000.0))
+
 CONTENDERS: dict[str, Contender] = {
     c.name: c
     for c in (
@@ -362,8 +367,8 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate-events-sticky",
             "fleetgate",
             kv_events=True,
-            load_bound=10.0,
-            scheduling=(("prefill_slack", None), ("queue_work", 1000.0)),
+            load_bound=STICKY_LOAD_BOUND,
+            scheduling=SPILL_RULES_OUT,
             description="exact prefix view; affinity kept whatever the load (no spill rules)",
         ),
         Contender(
@@ -384,12 +389,8 @@ CONTENDERS: dict[str, Contender] = {
             "fleetgate-events-held-first-sticky",
             "fleetgate",
             kv_events=True,
-            load_bound=10.0,
-            scheduling=(
-                ("prefill_slack", None),
-                ("queue_work", 1000.0),
-                ("held_prefix_sooner", True),
-            ),
+            load_bound=STICKY_LOAD_BOUND,
+            scheduling=(*SPILL_RULES_OUT, ("held_prefix_sooner", True)),
             description="held-first with the spill rules out of reach",
         ),
         Contender(
