@@ -136,6 +136,7 @@ def pipeline_for(sched: Scheduling) -> Pipeline:
         bound_tokens=sched.load_bound_tokens,
         queue_ratio=sched.queue_ratio,
         spill_prefill_weight=sched.spill_prefill_weight,
+        held_first=sched.held_prefix_sooner and sched.held_prefix_rules,
     )
 
 
@@ -199,7 +200,13 @@ def build_router(
     )
     metrics.watch_tokenizers(services.tokenizers)
     services.classes.precreate(sorted(fleet.standby))  # series before any endpoint joins
-    placer = Placer(fleet, pipeline, metrics, services.rng)
+    placer = Placer(
+        fleet,
+        pipeline,
+        metrics,
+        services.rng,
+        held_prefix_sooner=config.scheduling.held_prefix_sooner,
+    )
     admission: Admission
     queue: ClassQueueAdmission | None = None
     if config.priority is not None:

@@ -15,7 +15,7 @@ from typing import Any
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.request import Request
 from fleetgate.router.scheduling.pipeline import NoEndpointError, Pipeline
-from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached
+from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached, holds_most
 from fleetgate.router.scheduling.types import Decision, EndpointView
 from fleetgate.router.state import Endpoint, Fleet
 
@@ -24,12 +24,21 @@ class Placer:
     """The scheduling pipeline over the endpoints a request may use; reserves its pick."""
 
     def __init__(
-        self, fleet: Fleet, pipeline: Pipeline, metrics: RouterMetrics, rng: random.Random
+        self,
+        fleet: Fleet,
+        pipeline: Pipeline,
+        metrics: RouterMetrics,
+        rng: random.Random,
+        *,
+        held_prefix_sooner: bool = False,
     ) -> None:
         self.fleet = fleet
         self.pipeline = pipeline
         self.metrics = metrics
         self.rng = rng
+        self.held_prefix_sooner = held_prefix_sooner
+        """``scheduling.held_prefix_sooner``: a reservation where the endpoint holds most
+        of the prompt counts in its held backlog (the exchange sends it a level sooner)."""
 
     def eligible(
         self, req: Request, now: float, fleet_views: Sequence[EndpointView] | None = None
@@ -103,7 +112,7 @@ class Placer:
 
     def reserve(self, req: Request, e: Endpoint) -> Endpoint:
         cached, source = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)
-        req.reserve(e, cached)
+        req.reserve(e, cached, held=self.held_prefix_sooner and holds_most(req.view, cached))
         req.believed = (e.id, cached, source)
         index = self.fleet.kv_index
         if req.prompt is not None and index is not None and index.pending is not None:
