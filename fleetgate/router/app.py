@@ -120,6 +120,15 @@ def _pending(config: RouterConfig, clock: Callable[[], float]) -> PendingBlocks 
     )
 
 
+def _sooner(config: RouterConfig) -> Callable[[Endpoint], bool] | None:
+    """Where ``scheduling.held_prefix_sooner`` raises a held request's level: the
+    endpoints that get the engine's priority field (None: the setting is off)."""
+    if not config.scheduling.held_prefix_sooner:
+        return None
+    engine_priority = config.engine_priority
+    return lambda e: engine_priority.enabled(e.pool, e.id)
+
+
 def pipeline_for(sched: Scheduling) -> Pipeline:
     """The scheduling pipeline the router YAML's ``scheduling:`` section describes."""
     return default_pipeline(
@@ -205,7 +214,7 @@ def build_router(
         pipeline,
         metrics,
         services.rng,
-        held_prefix_sooner=config.scheduling.held_prefix_sooner,
+        sooner=_sooner(config),
     )
     admission: Admission
     queue: ClassQueueAdmission | None = None

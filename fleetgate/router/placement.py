@@ -8,8 +8,9 @@ reserve the pick (``Request.reserve``).
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from fleetgate.router.metrics import RouterMetrics
@@ -30,15 +31,16 @@ class Placer:
         metrics: RouterMetrics,
         rng: random.Random,
         *,
-        held_prefix_sooner: bool = False,
+        sooner: Callable[[Endpoint], bool] | None = None,
     ) -> None:
         self.fleet = fleet
         self.pipeline = pipeline
         self.metrics = metrics
         self.rng = rng
-        self.held_prefix_sooner = held_prefix_sooner
-        """``scheduling.held_prefix_sooner``: a reservation where the endpoint holds most
-        of the prompt counts in its held backlog (the exchange sends it a level sooner)."""
+        self.sooner = sooner
+        """Where ``scheduling.held_prefix_sooner`` applies (the engine gets the priority
+        field; None: nowhere): a request such an endpoint holds most of goes there a
+        level sooner (the exchange sends it), counted in its held backlog."""
 
     def eligible(
         self, req: Request, now: float, fleet_views: Sequence[EndpointView] | None = None
@@ -64,6 +66,9 @@ class Placer:
         views = [
             v for v in self.fleet.views(req.chain, req.order, now, req.prompt) if v.id in allowed
         ]
+        if self.sooner is not None:
+            endpoints, sooner = self.fleet.endpoints, self.sooner
+            views = [dataclasses.replace(v, sooner=sooner(endpoints[v.id])) for v in views]
         try:
             decision = self.pipeline.schedule(req.view, views, self.rng)
         except NoEndpointError:
@@ -112,7 +117,8 @@ class Placer:
 
     def reserve(self, req: Request, e: Endpoint) -> Endpoint:
         cached, source = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)
-        req.reserve(e, cached, held=self.held_prefix_sooner and holds_most(req.view, cached))
+        held = self.sooner is not None and self.sooner(e) and holds_most(req.view, cached)
+        req.reserve(e, cached, held=held)
         req.believed = (e.id, cached, source)
         index = self.fleet.kv_index
         if req.prompt is not None and index is not None and index.pending is not None:

@@ -337,7 +337,10 @@ def held_view(
     name: str, *, work: float, held: int = 0, held_prefill: int = 0, **kw: Any
 ) -> EndpointView:
     return dataclasses.replace(
-        view(name, work=work, **kw), held_waiting=held, held_prefill_tokens=held_prefill
+        view(name, work=work, **kw),
+        sooner=True,
+        held_waiting=held,
+        held_prefill_tokens=held_prefill,
     )
 
 
@@ -380,6 +383,9 @@ def test_a_held_turn_keeps_a_busy_holder_whose_queue_it_jumps() -> None:
     # two held requests already wait there: it would queue behind them, so it spills
     busy = [dataclasses.replace(eps[0], held_waiting=2, held_prefill_tokens=200), eps[1]]
     assert aware.eligible(r, busy)[EndpointId("holder")] is False
+    # an engine that gets no priority field (FCFS) is judged by its whole queue
+    fcfs = [dataclasses.replace(eps[0], sooner=False), eps[1]]
+    assert aware.eligible(r, fcfs)[EndpointId("holder")] is False
     # a prompt the holder has less than half of is judged by the whole queue
     few = req(chunks=40, prompt_tokens=1000)
     short = [dataclasses.replace(eps[0], prefix_match=12), eps[1]]

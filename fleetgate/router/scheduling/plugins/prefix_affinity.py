@@ -178,8 +178,9 @@ class PrefixAffinityScorer:
     to the fleet); 0: its own cost only."""
     held_first: bool = False
     """The router sends a prompt one priority level sooner where it holds most of it
-    (``scheduling.held_prefix_sooner``): the three rules judge such an endpoint by the
-    queue that request meets there (:func:`as_held`), not by its whole queue."""
+    (``scheduling.held_prefix_sooner``, on endpoints whose view says ``sooner``): the
+    three rules judge such an endpoint by the queue that request meets there
+    (:func:`as_held`), not by its whole queue."""
     name: str = "prefix-affinity"
 
     def score(
@@ -221,7 +222,7 @@ class PrefixAffinityScorer:
         bounds, slack = self.bounds(request, endpoints), self.slack_requests
         met = {
             e.id: as_held(e)
-            if self.held_first and holds_most(request, cached_tokens(request, e))
+            if self.held_first and e.sooner and holds_most(request, cached_tokens(request, e))
             else e
             for e in endpoints
         }
