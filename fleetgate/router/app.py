@@ -120,15 +120,6 @@ def _pending(config: RouterConfig, clock: Callable[[], float]) -> PendingBlocks 
     )
 
 
-def _sooner(config: RouterConfig) -> Callable[[Endpoint], bool] | None:
-    """Where ``scheduling.held_prefix_sooner`` raises a held request's level: the
-    endpoints that get the engine's priority field (None: the setting is off)."""
-    if not config.scheduling.held_prefix_sooner:
-        return None
-    engine_priority = config.engine_priority
-    return lambda e: engine_priority.enabled(e.pool, e.id)
-
-
 def pipeline_for(sched: Scheduling) -> Pipeline:
     """The scheduling pipeline the router YAML's ``scheduling:`` section describes."""
     return default_pipeline(
@@ -145,7 +136,6 @@ def pipeline_for(sched: Scheduling) -> Pipeline:
         bound_tokens=sched.load_bound_tokens,
         queue_ratio=sched.queue_ratio,
         spill_prefill_weight=sched.spill_prefill_weight,
-        held_first=sched.held_prefix_sooner and sched.held_prefix_rules,
     )
 
 
@@ -209,13 +199,7 @@ def build_router(
     )
     metrics.watch_tokenizers(services.tokenizers)
     services.classes.precreate(sorted(fleet.standby))  # series before any endpoint joins
-    placer = Placer(
-        fleet,
-        pipeline,
-        metrics,
-        services.rng,
-        sooner=_sooner(config),
-    )
+    placer = Placer(fleet, pipeline, metrics, services.rng)
     admission: Admission
     queue: ClassQueueAdmission | None = None
     if config.priority is not None:

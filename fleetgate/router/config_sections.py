@@ -268,11 +268,6 @@ class Scheduling(_Strict):
     engine's waiting queue a conversation turn whose history is cached is admitted
     before requests that hold less, so it starts before running requests' growth
     evicts that history. Classes one level apart may then interleave."""
-    held_prefix_rules: bool = False
-    """With ``held_prefix_sooner``: the spill rules judge the endpoint that holds most
-    of a prompt by the queue that request meets there (only this router's other held
-    requests are admitted before it, and their prefill), not by the engine's whole
-    queue, so a held turn keeps its engine while first turns queue there."""
     default_capacity: int = Field(64, ge=1)
     """Concurrent sequences assumed when neither metrics nor the backend say."""
     default_max_tokens: int = Field(256, ge=1)

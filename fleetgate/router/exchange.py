@@ -42,7 +42,6 @@ from fleetgate.router.priority.continuation import (
     upstream_body,
 )
 from fleetgate.router.request import HOP_HEADERS, Headers, Request
-from fleetgate.router.scheduling.plugins.prefix_affinity import holds_most
 from fleetgate.router.scheduling.types import CacheSource
 from fleetgate.router.services import Services
 from fleetgate.router.state import Endpoint
@@ -184,7 +183,7 @@ class Exchange:
         sp = req.splicer
         fields: dict[str, Any] = {}
         level = req.cls.level
-        if self.held_prefix_sooner and holds_most(req.view, cached_tokens):
+        if self.held_prefix_sooner and 0 < req.view.prompt_tokens <= 2 * cached_tokens:
             level += 1  # its history is cached there: admitted before those holding less
         if level != 0 and self.engine_priority.enabled(e.pool, e.id):
             fields = e.adapter.priority_fields(level)

@@ -8,15 +8,14 @@ reserve the pick (``Request.reserve``).
 
 from __future__ import annotations
 
-import dataclasses
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from fleetgate.router.metrics import RouterMetrics
 from fleetgate.router.request import Request
 from fleetgate.router.scheduling.pipeline import NoEndpointError, Pipeline
-from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached, holds_most
+from fleetgate.router.scheduling.plugins.prefix_affinity import approximate_cached
 from fleetgate.router.scheduling.types import Decision, EndpointView
 from fleetgate.router.state import Endpoint, Fleet
 
@@ -25,22 +24,12 @@ class Placer:
     """The scheduling pipeline over the endpoints a request may use; reserves its pick."""
 
     def __init__(
-        self,
-        fleet: Fleet,
-        pipeline: Pipeline,
-        metrics: RouterMetrics,
-        rng: random.Random,
-        *,
-        sooner: Callable[[Endpoint], bool] | None = None,
+        self, fleet: Fleet, pipeline: Pipeline, metrics: RouterMetrics, rng: random.Random
     ) -> None:
         self.fleet = fleet
         self.pipeline = pipeline
         self.metrics = metrics
         self.rng = rng
-        self.sooner = sooner
-        """Where ``scheduling.held_prefix_sooner`` applies (the engine gets the priority
-        field; None: nowhere): a request such an endpoint holds most of goes there a
-        level sooner (the exchange sends it), counted in its held backlog."""
 
     def eligible(
         self, req: Request, now: float, fleet_views: Sequence[EndpointView] | None = None
@@ -66,9 +55,6 @@ class Placer:
         views = [
             v for v in self.fleet.views(req.chain, req.order, now, req.prompt) if v.id in allowed
         ]
-        if self.sooner is not None:
-            endpoints, sooner = self.fleet.endpoints, self.sooner
-            views = [dataclasses.replace(v, sooner=sooner(endpoints[v.id])) for v in views]
         try:
             decision = self.pipeline.schedule(req.view, views, self.rng)
         except NoEndpointError:
@@ -117,8 +103,7 @@ class Placer:
 
     def reserve(self, req: Request, e: Endpoint) -> Endpoint:
         cached, source = self.fleet.believed_cached(e, req.chain, req.prompt, req.view)
-        held = self.sooner is not None and self.sooner(e) and holds_most(req.view, cached)
-        req.reserve(e, cached, held=held)
+        req.reserve(e, cached)
         req.believed = (e.id, cached, source)
         index = self.fleet.kv_index
         if req.prompt is not None and index is not None and index.pending is not None:

@@ -141,10 +141,6 @@ class Request:
     prefill: int = 0
     """Uncached prompt tokens of the current attempt counted in ``holding``'s prefill
     backlog; 0 once its first token came (or the attempt ended)."""
-    sooner: bool = False
-    """The current attempt goes one priority level sooner (``scheduling.held_prefix_sooner``:
-    its endpoint holds most of the prompt) and counts in ``holding``'s held backlog until
-    its prefill is over."""
     believed: tuple[EndpointId, int, CacheSource] | None = None
     """(endpoint, prompt tokens it was believed to hold, the view that said so) when it
     was last reserved: before this request's own placement became pending there."""
@@ -205,22 +201,20 @@ class Request:
         b = self.believed
         return (b[1], b[2]) if b is not None and b[0] == endpoint else None
 
-    def reserve(self, e: Endpoint, cached_tokens: int, *, held: bool = False) -> None:
+    def reserve(self, e: Endpoint, cached_tokens: int) -> None:
         """Hold ``e`` for the next attempt: in-flight, KV and prefill backlog;
-        ``cached_tokens`` of the prompt are believed cached there; ``held``: the attempt
-        goes one priority level sooner (counted in ``e``'s held backlog too)."""
+        ``cached_tokens`` of the prompt are believed cached there."""
         self.release()
         self.prefill = uncached_tokens(self.view, cached_tokens)
-        self.sooner = held
-        e.dispatch(self.kv_tokens, self.prefill, held=held)
+        e.dispatch(self.kv_tokens, self.prefill)
         self.holding = e
         self.endpoint, self.engine = e.id, e.engine
 
     def prefilled(self) -> None:
         """The attempt's prefill is over (first token, or the attempt ended). Idempotent."""
-        if (self.prefill or self.sooner) and self.holding is not None:
-            self.holding.prefilled(self.prefill, held=self.sooner)
-        self.prefill, self.sooner = 0, False
+        if self.prefill and self.holding is not None:
+            self.holding.prefilled(self.prefill)
+        self.prefill = 0
         settle, self.pending_settle = self.pending_settle, None
         if settle is not None:
             settle()

@@ -108,13 +108,6 @@ class Endpoint:
     prefilling: int = 0
     """Uncached prompt tokens of this router's requests here that have no first token
     yet: the prefill backlog ahead of a new request (``EndpointView.pending_prefill_tokens``)."""
-    held_waiting: int = 0
-    """This router's requests here sent one priority level sooner
-    (``scheduling.held_prefix_sooner``) that have no first token yet: the only requests
-    the engine's priority queue admits before another such request
-    (``EndpointView.held_waiting``)."""
-    held_prefilling: int = 0
-    """Their uncached prompt tokens (``EndpointView.held_prefill_tokens``)."""
     draining: bool = False
     """Marked for removal (Kubernetes discovery: the pod's ``fleetgate.dev/drain``
     annotation): the ``not-draining`` filter sends it no new work; what runs there
@@ -166,17 +159,13 @@ class Endpoint:
 
     # ---------------------------------------------------------------- traffic
 
-    def dispatch(self, kv_tokens: int, prefill_tokens: int = 0, *, held: bool = False) -> None:
-        """A request was sent here; ``prefill_tokens`` of its prompt are (believed) uncached;
-        ``held``: it goes one priority level sooner (its history is cached here).
+    def dispatch(self, kv_tokens: int, prefill_tokens: int = 0) -> None:
+        """A request was sent here; ``prefill_tokens`` of its prompt are (believed) uncached.
 
-        The caller calls :meth:`prefilled` with the same figures exactly once: at the
+        The caller calls :meth:`prefilled` with the same figure exactly once: at the
         request's first token, or when it ends without one.
         """
         self.prefilling += max(0, prefill_tokens)
-        if held:
-            self.held_waiting += 1
-            self.held_prefilling += max(0, prefill_tokens)
         c = self.counts
         self.counts = dataclasses.replace(
             c,
@@ -185,12 +174,9 @@ class Endpoint:
             dispatched_tokens_since_scrape=c.dispatched_tokens_since_scrape + kv_tokens,
         )
 
-    def prefilled(self, prefill_tokens: int, *, held: bool = False) -> None:
+    def prefilled(self, prefill_tokens: int) -> None:
         """A request's prefill is over (first token seen, or the request ended)."""
         self.prefilling = max(0, self.prefilling - max(0, prefill_tokens))
-        if held:
-            self.held_waiting = max(0, self.held_waiting - 1)
-            self.held_prefilling = max(0, self.held_prefilling - max(0, prefill_tokens))
 
     def finish(self, kv_tokens: int, held_tokens: int | None = None) -> None:
         """A request dispatched with ``kv_tokens`` ended, holding ``held_tokens`` of KV."""
@@ -455,8 +441,6 @@ class Fleet:
                     rendezvous_rank=rank.get(e.id, len(rank)),
                     decode_s_per_token=e.speed.seconds_per_token,
                     pending_prefill_tokens=e.prefilling,
-                    held_waiting=e.held_waiting,
-                    held_prefill_tokens=e.held_prefilling,
                     draining=e.draining,
                 )
             )

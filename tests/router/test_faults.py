@@ -396,51 +396,6 @@ async def test_prefill_backlog_counts_until_the_first_token(priority: Any) -> No
         assert a.prefilling == 0
 
 
-@pytest.mark.parametrize("engine_priority", [True, False])
-async def test_held_backlog_counts_a_sooner_request_until_its_first_token(
-    engine_priority: bool,
-) -> None:
-    """With ``held_prefix_sooner`` a request whose endpoint holds most of its prompt is
-    counted in ``Endpoint.held_waiting`` (the spill rules' queue for the next such
-    request) from dispatch to its first token, even with nothing left to prefill; not
-    where the engine gets no priority field (it is not sent sooner there)."""
-    sse = {"content-type": "text/event-stream"}
-    cfg = {"priority": {"engine_priority": {"default": False}}} if not engine_priority else {}
-    done = GatedStream()
-    done.first.set()
-    done.rest.set()
-    rig = Rig(
-        {A: lambda r: httpx.Response(200, headers=sse, stream=done)},
-        scheduling={"held_prefix_sooner": True},
-        **cfg,
-    )
-    body = {"model": "m", "prompt": "word " * 400, "max_tokens": 2, "stream": True}
-    a = rig.endpoint(A)
-    async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:
-        assert (await post(c, url, body)).status_code == 200  # a first turn: not held
-        assert a.held_waiting == 0 and a.held_prefilling == 0
-        stream = GatedStream()
-        rig.handlers[A] = lambda r: httpx.Response(200, headers=sse, stream=stream)
-        task = asyncio.create_task(post(c, url, body))
-        for _ in range(200):
-            if a.counts.in_flight:
-                break
-            await asyncio.sleep(0.01)
-        if not engine_priority:
-            assert a.held_waiting == 0 and a.held_prefilling == 0 and a.prefilling < 10
-        else:
-            assert a.held_waiting == 1 and a.held_prefilling == a.prefilling < 10
-        stream.first.set()
-        for _ in range(200):
-            if not a.held_waiting:
-                break
-            await asyncio.sleep(0.01)
-        assert a.held_waiting == 0 and a.held_prefilling == 0 and a.counts.in_flight == 1
-        stream.rest.set()
-        assert (await task).status_code == 200
-        assert a.held_waiting == 0 and a.counts.in_flight == 0
-
-
 async def test_prefill_backlog_is_released_when_the_attempt_fails() -> None:
     rig = Rig({A: lambda r: httpx.Response(500, json={"error": "x"}), B: refuse})
     async with serve(rig.app) as url, httpx.AsyncClient(timeout=10) as c:

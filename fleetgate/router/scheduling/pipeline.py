@@ -240,7 +240,6 @@ def default_pipeline(
     bound_tokens: int | None = None,
     queue_ratio: float | None = 1.5,
     spill_prefill_weight: float = 1.0,
-    held_first: bool = False,
 ) -> Pipeline:
     """The registered in-tree plugins, in order (one place to read them all).
 
@@ -267,7 +266,6 @@ def default_pipeline(
                     bound_tokens,
                     queue_ratio,
                     spill_prefill_weight,
-                    held_first,
                 ),
                 weights.prefix,
             ),

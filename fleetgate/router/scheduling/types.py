@@ -75,14 +75,6 @@ class EndpointView:
     pending_prefill_tokens: int = 0
     """Uncached prompt tokens this router sent here that have no first token yet: the
     prefill work queued ahead of a new request on this engine (router-own count)."""
-    sooner: bool = False
-    """A request this endpoint holds most of goes there one priority level sooner
-    (``scheduling.held_prefix_sooner``, and the engine gets the priority field)."""
-    held_waiting: int = 0
-    """Of those, the requests sent one priority level sooner (``held_prefix_sooner``):
-    the only ones the engine's priority queue admits before another such request."""
-    held_prefill_tokens: int = 0
-    """Their uncached prompt tokens: the prefill ahead of a held request here."""
     draining: bool = False
     """Marked for removal (the pod's ``fleetgate.dev/drain`` annotation): its in-flight
     requests finish, no new work (the ``not-draining`` filter)."""

@@ -6,10 +6,7 @@ We test these aspects:
   recomputing the prompt elsewhere (plus slack); a cold prefix skips a rendezvous
   target with a backlog;
 * the hit-weighted load bound: a long cached document keeps a loaded engine, a few
-  hundred tokens of history do not;
-* held first (``held_first``): the rules judge an endpoint holding most of a prompt by
-  the queue a request sent there a level sooner meets (this router's other held
-  requests), and only for such a prompt.
+  hundred tokens of history do not.
 """
 
 from __future__ import annotations
@@ -24,8 +21,6 @@ from fleetgate.router.scheduling.pipeline import default_pipeline
 from fleetgate.router.scheduling.plugins.prefix_affinity import (
     PrefixAffinityScorer,
     approximate_cached,
-    as_held,
-    holds_most,
     prefill_cost,
     uncached_tokens,
 )
@@ -331,73 +326,3 @@ def test_the_rendezvous_target_bound_covers_spills_but_not_a_shared_system_promp
     # every endpoint holds the first 10 chunks (a system prompt): no extra bound
     shared = [view(n, rank=i, match=10) for i, n in enumerate(("first", "b", "c"))]
     assert set(scorer.bounds(req(**DOC), shared).values()) == {0.0}
-
-
-def held_view(
-    name: str, *, work: float, held: int = 0, held_prefill: int = 0, **kw: Any
-) -> EndpointView:
-    return dataclasses.replace(
-        view(name, work=work, **kw),
-        sooner=True,
-        held_waiting=held,
-        held_prefill_tokens=held_prefill,
-    )
-
-
-def test_holds_most_is_half_the_prompt_or_more() -> None:
-    r = req(prompt_tokens=1000)
-    assert [holds_most(r, n) for n in (0, 499, 500, 1000)] == [False, False, True, True]
-    assert holds_most(req(prompt_tokens=0), 0) is False
-
-
-@pytest.mark.parametrize(
-    ("work", "held", "want"),
-    [
-        (0.5, 3, 0.5),  # a free slot: unchanged
-        (1.5, 0, 7 / 8),  # first in line past a full batch of 8: just under it
-        (1.5, 2, 9 / 8),  # two held requests ahead
-        (1.5, 9, 1.5),  # never more than the whole queue
-    ],
-)
-def test_as_held_counts_only_the_held_requests_ahead(work: float, held: int, want: float) -> None:
-    e = held_view("e", work=work, held=held, held_prefill=300, backlog=5000)
-    met = as_held(e)
-    assert met.load.work == pytest.approx(want)
-    assert met.load.requests == pytest.approx(want * 8)
-    assert met.pending_prefill_tokens == 300
-
-
-def test_a_held_turn_keeps_a_busy_holder_whose_queue_it_jumps() -> None:
-    # history of 900 of 1000 tokens on "holder", a full batch there with 4 waiting and
-    # 3000 prompt tokens queued, none of them held; an idle engine elsewhere
-    r = req(chunks=40, prompt_tokens=1000)
-    eps = [
-        held_view("holder", work=1.5, match=36, backlog=3000),
-        held_view("idle", work=0.2),
-    ]
-    plain = PrefixAffinityScorer()
-    aware = PrefixAffinityScorer(held_first=True)
-    assert plain.eligible(r, eps)[EndpointId("holder")] is False
-    assert aware.eligible(r, eps)[EndpointId("holder")] is True
-    assert aware.score(r, eps)[EndpointId("holder")] == pytest.approx(0.9)
-    # two held requests already wait there: it would queue behind them, so it spills
-    busy = [dataclasses.replace(eps[0], held_waiting=2, held_prefill_tokens=200), eps[1]]
-    assert aware.eligible(r, busy)[EndpointId("holder")] is False
-    # an engine that gets no priority field (FCFS) is judged by its whole queue
-    fcfs = [dataclasses.replace(eps[0], sooner=False), eps[1]]
-    assert aware.eligible(r, fcfs)[EndpointId("holder")] is False
-    # a prompt the holder has less than half of is judged by the whole queue
-    few = req(chunks=40, prompt_tokens=1000)
-    short = [dataclasses.replace(eps[0], prefix_match=12), eps[1]]
-    assert aware.eligible(few, short)[EndpointId("holder")] is False
-
-
-def test_held_first_counts_the_held_prefill_ahead_in_the_prefill_rule() -> None:
-    # load rules out of reach: the prefill-cost rule alone decides
-    r = req(chunks=40, prompt_tokens=1000)
-    scorer = PrefixAffinityScorer(load_bound=10.0, queue_work=1000.0, held_first=True)
-    cheap = [held_view("holder", work=0.5, match=36, backlog=8000, held_prefill=100),
-             held_view("idle", work=0.0)]  # fmt: skip
-    assert scorer.eligible(r, cheap)[EndpointId("holder")] is True
-    dear = [dataclasses.replace(cheap[0], held_prefill_tokens=8000), cheap[1]]
-    assert scorer.eligible(r, dear)[EndpointId("holder")] is False

@@ -62,9 +62,6 @@ fleetgate ablations are configuration variations of the same router
 * ``fleetgate-events-held-first`` ``fleetgate-events`` with
   ``scheduling.held_prefix_sooner``: a request whose engine holds half its prompt or
   more goes there one priority level above its class (engines with a priority queue)
-* ``fleetgate-events-held-aware`` ``fleetgate-events-held-first`` with
-  ``scheduling.held_prefix_rules``: the spill rules judge the holder by the queue a held
-  request meets there (this router's other held requests), not its whole queue
 * ``fleetgate-events-held-first-sticky`` the same with the spill rules out of reach
   (as ``fleetgate-events-sticky``)
 * ``fleetgate-events-flat-bound`` ``fleetgate-events`` with ``load_bound_tokens: null``
@@ -387,14 +384,6 @@ CONTENDERS: dict[str, Contender] = {
             kv_events=True,
             scheduling=(("held_prefix_sooner", True),),
             description="exact prefix view; a prompt half held by its engine goes one level sooner",
-        ),
-        Contender(
-            "fleetgate-events-held-aware",
-            "fleetgate",
-            kv_events=True,
-            scheduling=(("held_prefix_sooner", True), ("held_prefix_rules", True)),
-            description="held-first; the spill rules judge a holder by the queue a held "
-            "request meets there",
         ),
         Contender(
             "fleetgate-events-held-first-sticky",

@@ -50,39 +50,6 @@ def uncached_tokens(request: RequestView, cached: int) -> int:
     return max(0, request.prompt_tokens - max(0, cached))
 
 
-def holds_most(request: RequestView, cached: int) -> bool:
-    """An endpoint holding ``cached`` leading tokens holds at least half the prompt: with
-    ``scheduling.held_prefix_sooner`` the request goes there one priority level above
-    its class (the exchange sends the level, the placer counts it in ``held_waiting``)."""
-    return 0 < request.prompt_tokens <= 2 * max(0, cached)
-
-
-def as_held(e: EndpointView) -> EndpointView:
-    """``e``'s load as a request it would send one level sooner (:func:`holds_most`)
-    meets it: the engine's priority queue admits that request before every waiting
-    request of its class, so only this router's other held requests there
-    (``held_waiting``) and their prefill (``held_prefill_tokens``) are ahead of it.
-
-    Past a full batch, the request waits for the next slot to free after those: it
-    counts as one request under a full batch plus one per held request ahead, so the
-    no-queueing rule lets it wait for that next slot (a slot of a busy batch frees in
-    a fraction of a second, about the prefill a miss would cost elsewhere) but not
-    behind other held requests. Below a full batch nothing changes. Other router
-    replicas' held requests are not seen (one router's share of them)."""
-    load = e.load
-    cap = max(1, load.capacity)
-    if load.requests < cap:
-        requests = load.requests
-    else:
-        requests = min(load.requests, cap - 1 + e.held_waiting)
-    scale = requests / load.requests if load.requests > 0 else 1.0
-    return dataclasses.replace(
-        e,
-        load=dataclasses.replace(load, requests=requests, work=load.work * scale),
-        pending_prefill_tokens=min(e.pending_prefill_tokens, e.held_prefill_tokens),
-    )
-
-
 def may_reuse(request: RequestView, endpoints: Sequence[EndpointView]) -> bool:
     """Whether any endpoint could hold part of the prompt: a whole approximate chunk,
     or a resident block by the exact view."""
@@ -176,11 +143,6 @@ class PrefixAffinityScorer:
     """Prefill-cost rule: an alternative endpoint's cost includes this many times the
     prompt tokens it would prefill beyond the holder (the duplicated work a spill adds
     to the fleet); 0: its own cost only."""
-    held_first: bool = False
-    """The router sends a prompt one priority level sooner where it holds most of it
-    (``scheduling.held_prefix_sooner``, on endpoints whose view says ``sooner``): the
-    three rules judge such an endpoint by the queue that request meets there
-    (:func:`as_held`), not by its whole queue."""
     name: str = "prefix-affinity"
 
     def score(
@@ -213,22 +175,11 @@ class PrefixAffinityScorer:
     def eligible(
         self, request: RequestView, endpoints: Sequence[EndpointView]
     ) -> dict[EndpointId, bool]:
-        """Which endpoints may get affinity credit (the three rules in the class doc).
-
-        With :attr:`held_first`, an endpoint that holds most of the prompt is judged as
-        the request would meet it (:func:`as_held`); the pool mean and the alternatives
-        stay as every other request meets them."""
+        """Which endpoints may get affinity credit (the three rules in the class doc)."""
         mean = sum(e.load.work for e in endpoints) / len(endpoints)
         bounds, slack = self.bounds(request, endpoints), self.slack_requests
-        met = {
-            e.id: as_held(e)
-            if self.held_first and e.sooner and holds_most(request, cached_tokens(request, e))
-            else e
-            for e in endpoints
-        }
         ok = {
-            e.id: not over_bound(met[e.id], mean, bounds[e.id], slack)
-            and not self.queues(met[e.id], endpoints)
+            e.id: not over_bound(e, mean, bounds[e.id], slack) and not self.queues(e, endpoints)
             for e in endpoints
         }
         if self.prefill_slack is not None:
@@ -237,9 +188,6 @@ class PrefixAffinityScorer:
                 e.id: uncached_tokens(request, cached_tokens(request, e)) for e in endpoints
             }
             costs = {e.id: max(0, e.pending_prefill_tokens) + uncached[e.id] for e in endpoints}
-            ahead = {
-                e.id: max(0, met[e.id].pending_prefill_tokens) + uncached[e.id] for e in endpoints
-            }
             weight = self.spill_prefill_weight
             prompt = max(1, request.prompt_tokens)
             # prompts of this size already queued for prefill on each endpoint
@@ -255,15 +203,13 @@ class PrefixAffinityScorer:
                 # Alternatives are the endpoints the load rules let take the request
                 # (``e`` is one): an idle engine past its own bound would not get it.
                 own = uncached[e.id]
-                # (``e`` itself at the cost its request meets there: :func:`as_held`)
                 alternative = min(
-                    (ahead[t.id] if t.id == e.id else costs[t.id])
-                    + weight * max(0, uncached[t.id] - own) * (1.0 + queued[t.id])
+                    costs[t.id] + weight * max(0, uncached[t.id] - own) * (1.0 + queued[t.id])
                     for t in endpoints
                     if load_ok[t.id]
                 )
                 limit = (1.0 + self.prefill_slack) * alternative + self.prefill_slack_tokens
-                ok[e.id] = ahead[e.id] <= limit
+                ok[e.id] = costs[e.id] <= limit
         return ok
 
     def queues(self, e: EndpointView, endpoints: Sequence[EndpointView]) -> bool:
