@@ -12,7 +12,8 @@ an engine no earlier request for it went to: a full prefill and a second copy.
 Prints the placements by reason, then the new-engine placements by (reason, whether
 this replica's view held the document anywhere, whether an earlier placement was made
 by the same replica), with the uncached prompt tokens the engines reported for them;
-then where cached tokens were lost: to picking an engine that held less of the prompt
+then how much of the prompts some engine held at the decision, and where cached tokens
+were lost: to picking an engine that held less of the prompt
 than another did (by reason), and between the decision and the prefill (the engine
 reported fewer cached tokens than the router predicted: evicted while the request
 waited), with the picked engines' median work and prefill backlog for those.
@@ -75,10 +76,12 @@ def new_engine_placements(
 
 def losses(placements: list[dict[str, Any]], usage: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Prompt and cached tokens over the placements the engines answered, the tokens lost
-    to a lesser holder by reason, and those lost between decision and prefill."""
+    to a lesser holder by reason, and those lost between decision and prefill; ``anywhere``:
+    the prompt tokens the best holder held at the decision (the most a pick could get)."""
     out: dict[str, Any] = {
         "prompt": 0,
         "cached": 0,
+        "anywhere": 0,
         "lesser": collections.Counter(),
         "evicted": 0,
         "evicted_requests": 0,
@@ -95,6 +98,7 @@ def losses(placements: list[dict[str, Any]], usage: dict[str, dict[str, Any]]) -
         # view that predicted (``src``) says which count the router went by
         view = 0 if u.get("src") == "events" else 1
         best = max(v[view] for v in r["eps"].values())
+        out["anywhere"] += min(u["prompt"], best)
         picked = r["eps"].get(r["pick"], [0, 0, 0.0, 0, 0.0])
         out["lesser"][r["reason"]] += best - picked[view]
         where = (picked[2], picked[3])
@@ -131,6 +135,10 @@ def main(argv: list[str]) -> int:
     if lost["prompt"]:
         p = lost["prompt"]
         print(f"hit rate {lost['cached'] / p:.1%} ({lost['cached']} of {p} prompt tokens)")
+        print(
+            f"  held by some engine at the decision: {lost['anywhere'] / p:.1%} (the rest was "
+            "never cached or was evicted everywhere before it: no placement recovers it)"
+        )
         for reason, n in sorted(lost["lesser"].items()):
             print(f"  lost to a lesser holder, {reason}: {n} tokens ({n / p:.1%})")
         ev, at, ok = lost["evicted"], lost["evicted_at"], lost["kept_at"]

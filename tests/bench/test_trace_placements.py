@@ -69,11 +69,13 @@ def test_losses_split_a_lesser_holder_from_an_eviction_while_waiting(
     module = _script()
     lost = module.losses(*module.load(str(tmp_path / "t")))
     assert (lost["prompt"], lost["cached"]) == (3000, 1000)
+    assert lost["anywhere"] == 600 + 800 + 500  # the best holder of each, by the events view
     assert dict(lost["lesser"]) == {"spill": 400, "affinity-hit": 0}
     assert (lost["evicted"], lost["evicted_requests"]) == (500, 1)
     assert lost["evicted_at"] == [(2.0, 200.0)]
     assert module.main(["x", str(tmp_path / "t")]) == 0
     out = capsys.readouterr().out
     assert "hit rate 33.3% (1000 of 3000 prompt tokens)" in out
+    assert "held by some engine at the decision: 63.3%" in out
     assert "lost to a lesser holder, spill: 400 tokens (13.3%)" in out
     assert "lost between decision and prefill: 500 tokens (16.7%) in 1 requests" in out
