@@ -20,9 +20,11 @@ from fleetgate.router.priority.config import PriorityConfig
 class EnginePriority(_Strict):
     """Which endpoints get the engine's own priority field (``priority.engine_priority``).
 
-    vLLM rejects a non-zero ``priority`` unless it runs ``--scheduling-policy
-    priority`` (the emulator and operator-made vLLM do); turn it off per pool or
-    endpoint for engines that run FCFS.
+    vLLM's API documents a non-zero ``priority`` as an error unless the engine runs
+    ``--scheduling-policy priority`` (the emulator and operator-made vLLM do); the real
+    vLLM 0.32 accepts it under FCFS and ignores it (200 for priority 1 and -3 on both
+    endpoints, checked on 2026-12-07), so the field only orders a priority queue. Turn it
+    off per pool or endpoint for engines that run FCFS, or a release that rejects it.
     """
 
     default: bool = True
