@@ -12,11 +12,11 @@ an engine no earlier request for it went to: a full prefill and a second copy.
 Prints the placements by reason, then the new-engine placements by (reason, whether
 this replica's view held the document anywhere, whether an earlier placement was made
 by the same replica), with the uncached prompt tokens the engines reported for them;
-then how much of the prompts some engine held at the decision, and where cached tokens
-were lost: to picking an engine that held less of the prompt
-than another did (by reason), and between the decision and the prefill (the engine
-reported fewer cached tokens than the router predicted: evicted while the request
-waited), with the picked engines' median work and prefill backlog for those.
+then how much of the prompts some engine held at the decision (the most any pick could
+have got), and where cached tokens were lost: to picking an engine that held less of the
+prompt than another did (by reason), and between the decision and the prefill (the
+engine reported fewer cached tokens than the router predicted: evicted while the
+request waited), with the picked engines' median work and prefill backlog for those.
 """
 
 from __future__ import annotations
