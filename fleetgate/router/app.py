@@ -217,6 +217,7 @@ def build_router(
             services,
             config.engine_priority,
             held_prefix_sooner=config.scheduling.held_prefix_sooner,
+            held_prefix_guard_s=config.scheduling.held_prefix_guard_s,
         ),
     )
     ident = config.identity

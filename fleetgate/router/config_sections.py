@@ -268,6 +268,11 @@ class Scheduling(_Strict):
     engine's waiting queue a conversation turn whose history is cached is admitted
     before requests that hold less, so it starts before running requests' growth
     evicts that history. Classes one level apart may then interleave."""
+    held_prefix_guard_s: float | None = Field(None, gt=0)
+    """With ``held_prefix_sooner``: an endpoint gets no raised request while one this
+    router sent there at its own level has waited this many seconds for its first
+    token (in an overload a stream of held requests would starve those that hold
+    little). None: no guard."""
     default_capacity: int = Field(64, ge=1)
     """Concurrent sequences assumed when neither metrics nor the backend say."""
     default_max_tokens: int = Field(256, ge=1)

@@ -138,10 +138,12 @@ class Exchange:
         engine_priority: EnginePriority,
         *,
         held_prefix_sooner: bool = False,
+        held_prefix_guard_s: float | None = None,
     ) -> None:
         self.s = services
         self.engine_priority = engine_priority
         self.held_prefix_sooner = held_prefix_sooner
+        self.held_prefix_guard_s = held_prefix_guard_s
 
     async def run(self, req: Request, e: Endpoint, send: ClientSend) -> Result:
         s = self.s
@@ -151,8 +153,11 @@ class Exchange:
             predicted = req.believed_on(e.id)
             if predicted is None:
                 predicted = s.fleet.believed_cached(e, req.chain, req.prompt, req.view)
+            raised = self._raises(req, e, predicted[0])
+            if not raised and self.held_prefix_guard_s is not None and self.held_prefix_sooner:
+                e.plain_waiting.setdefault(id(req), s.clock())
             try:
-                path, body = self._body(req, e, predicted[0])
+                path, body = self._body(req, e, raised)
             except ContinuationError as err:
                 log.warning("request %s: cannot continue: %s", req.label, err)
                 return Result(Outcome.FATAL, "continuation_error")
@@ -175,15 +180,31 @@ class Exchange:
             finally:
                 await resp.aclose()
         finally:
+            e.plain_waiting.pop(id(req), None)
             gauge.dec()
 
     # -- the body sent upstream --------------------------------------------------
 
-    def _body(self, req: Request, e: Endpoint, cached_tokens: int = 0) -> tuple[str, bytes]:
+    def _raises(self, req: Request, e: Endpoint, cached_tokens: int) -> bool:
+        """Whether ``req`` goes to ``e`` one level above its class
+        (``scheduling.held_prefix_sooner``): ``e`` holds at least half its prompt and, with
+        ``held_prefix_guard_s``, no request sent there at its own level has waited that
+        long for its first token (else the raise stops until it starts: in an overload a
+        stream of held requests would starve the ones that hold little)."""
+        if not self.held_prefix_sooner or not 0 < req.view.prompt_tokens <= 2 * cached_tokens:
+            return False
+        guard = self.held_prefix_guard_s
+        if guard is not None and e.plain_waiting:
+            oldest = next(iter(e.plain_waiting.values()))
+            if self.s.clock() - oldest > guard:
+                return False
+        return True
+
+    def _body(self, req: Request, e: Endpoint, raised: bool = False) -> tuple[str, bytes]:
         sp = req.splicer
         fields: dict[str, Any] = {}
         level = req.cls.level
-        if self.held_prefix_sooner and 0 < req.view.prompt_tokens <= 2 * cached_tokens:
+        if raised:
             level += 1  # its history is cached there: admitted before those holding less
         if level != 0 and self.engine_priority.enabled(e.pool, e.id):
             fields = e.adapter.priority_fields(level)
@@ -405,6 +426,7 @@ class Exchange:
     def first_token(self, req: Request, e: Endpoint) -> None:
         s = self.s
         req.prefilled()
+        e.plain_waiting.pop(id(req), None)
         now = s.clock()
         if req.parked_at is not None:
             s.metrics.child(s.classes.resume_latency, req.model, req.cls.name).observe(

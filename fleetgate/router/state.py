@@ -108,6 +108,10 @@ class Endpoint:
     prefilling: int = 0
     """Uncached prompt tokens of this router's requests here that have no first token
     yet: the prefill backlog ahead of a new request (``EndpointView.pending_prefill_tokens``)."""
+    plain_waiting: dict[int, float] = dataclasses.field(default_factory=dict)
+    """With ``scheduling.held_prefix_guard_s``: this router's requests here sent at their
+    own class level (not raised by ``held_prefix_sooner``) with no first token yet, by
+    identity, to when they were sent (oldest first)."""
     draining: bool = False
     """Marked for removal (Kubernetes discovery: the pod's ``fleetgate.dev/drain``
     annotation): the ``not-draining`` filter sends it no new work; what runs there

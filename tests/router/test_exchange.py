@@ -27,6 +27,8 @@ async def run_once(  # type: ignore[no-untyped-def]
     segments=0,
     held=None,
     held_prefix_sooner=False,
+    guard_s=None,
+    waiting_since=None,
 ):
     s, _, (e, _) = services(handler)
     req = request(s, doc, headers=headers)
@@ -36,8 +38,12 @@ async def run_once(  # type: ignore[no-untyped-def]
     req.reserve(e, 0)
     if held is not None:  # the placer's belief: ``held`` of the prompt's tokens cached there
         req.believed = (e.id, held(req.view.prompt_tokens), "events")
+    if waiting_since is not None:  # another request sent there at its own level, waiting
+        e.plain_waiting[0] = s.clock() - waiting_since
     out = Captured()
-    exchange = Exchange(s, EnginePriority(), held_prefix_sooner=held_prefix_sooner)
+    exchange = Exchange(
+        s, EnginePriority(), held_prefix_sooner=held_prefix_sooner, held_prefix_guard_s=guard_s
+    )
     result = await exchange.run(req, e, out.client())
     return result, out, e, req
 
@@ -95,6 +101,51 @@ async def test_held_prefix_sooner_raises_the_engine_priority_of_a_held_prompt(
     await run_once(engine, doc, headers=headers, held=held, held_prefix_sooner=sooner)
     want = get_adapter("vllm").priority_fields(level) if level else {}
     assert {k: seen[0][k] for k in ("priority",) if k in seen[0]} == want
+
+
+@pytest.mark.parametrize(
+    ("guard_s", "waiting_s", "raised"),
+    [
+        (1.0, None, True),  # nobody waits at its own level
+        (1.0, 0.5, True),  # one waits, not for long
+        (1.0, 1.5, False),  # one waits past the guard: no raise until it starts
+        (None, 1.5, True),  # no guard
+    ],
+)
+async def test_held_prefix_guard_stops_the_raise_while_a_plain_request_starves(
+    guard_s: float | None, waiting_s: float | None, raised: bool
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def engine(r: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(r.content))
+        return httpx.Response(200, json={"choices": []})
+
+    doc = {"prompt": "a conversation turn with a history of many words " * 4}
+    _, _, e, _ = await run_once(engine, doc, held=lambda n: n, held_prefix_sooner=True,
+                                guard_s=guard_s, waiting_since=waiting_s)  # fmt: skip
+    want = get_adapter("vllm").priority_fields(1) if raised else {}
+    assert {k: seen[0][k] for k in ("priority",) if k in seen[0]} == want
+    # the request itself is not left in the plain-waiting record
+    assert list(e.plain_waiting) == ([0] if waiting_s is not None else [])
+
+
+async def test_held_prefix_guard_records_a_plain_request_until_its_first_token() -> None:
+    during: list[int] = []
+    holder: list[Any] = []
+
+    def engine(r: httpx.Request) -> httpx.Response:
+        during.append(len(holder[0].plain_waiting))
+        return httpx.Response(200, json={"choices": []})
+
+    s, _, (e, _) = services(engine)
+    holder.append(e)
+    req = request(s, {"prompt": "a first turn"})
+    req.reserve(e, 0)
+    exchange = Exchange(s, EnginePriority(), held_prefix_sooner=True, held_prefix_guard_s=1.0)
+    result = await exchange.run(req, e, Captured().client())
+    assert result.outcome is Outcome.ANSWERED
+    assert during == [1] and e.plain_waiting == {}
 
 
 async def test_engine_5xx_is_a_failure_that_keeps_the_answer_for_later() -> None:

@@ -62,6 +62,9 @@ fleetgate ablations are configuration variations of the same router
 * ``fleetgate-events-held-first`` ``fleetgate-events`` with
   ``scheduling.held_prefix_sooner``: a request whose engine holds half its prompt or
   more goes there one priority level above its class (engines with a priority queue)
+* ``fleetgate-events-held-guard`` ``fleetgate-events-held-first`` with
+  ``scheduling.held_prefix_guard_s`` 1 modelled second (the chat objective): no raised
+  level on an engine while a request sent there at its own level waits longer
 * ``fleetgate-events-held-first-sticky`` the same with the spill rules out of reach
   (as ``fleetgate-events-sticky``)
 * ``fleetgate-events-flat-bound`` ``fleetgate-events`` with ``load_bound_tokens: null``
@@ -147,6 +150,9 @@ class Contender:
     prefix view with the emulator's tokenizer)."""
     priority_settings: tuple[tuple[str, Any], ...] = ()
     """Further fleetgate ``priority`` settings (with ``admission``), as (key, value) pairs."""
+    held_guard_s: float | None = None
+    """fleetgate ``scheduling.held_prefix_guard_s`` in modelled seconds (scaled by the
+    time scale); None = not set."""
     affinity_wait_s: float | None | Literal["default"] = "default"
     """fleetgate with the admission queue: ``priority.affinity_wait_s`` in modelled
     seconds (scaled by the time scale); ``"default"``: the router's."""
@@ -386,6 +392,15 @@ CONTENDERS: dict[str, Contender] = {
             description="exact prefix view; a prompt half held by its engine goes one level sooner",
         ),
         Contender(
+            "fleetgate-events-held-guard",
+            "fleetgate",
+            kv_events=True,
+            scheduling=(("held_prefix_sooner", True),),
+            held_guard_s=1.0,
+            description="held-first, paused on an engine while a request sent there at its "
+            "own level has waited 1 modelled s",
+        ),
+        Contender(
             "fleetgate-events-held-first-sticky",
             "fleetgate",
             kv_events=True,
@@ -533,6 +548,8 @@ def fleetgate_config(
     if contender.picker is not None:
         config["scheduling"]["picker"] = contender.picker
     config["scheduling"].update(contender.scheduling)
+    if contender.held_guard_s is not None:
+        config["scheduling"]["held_prefix_guard_s"] = contender.held_guard_s * time_scale
     if router_replicas != 1:
         config["scheduling"]["router_replicas"] = router_replicas
     if contender.kv_events:
