@@ -154,7 +154,12 @@ class Exchange:
             if predicted is None:
                 predicted = s.fleet.believed_cached(e, req.chain, req.prompt, req.view)
             raised = self._raises(req, e, predicted[0])
-            if not raised and self.held_prefix_guard_s is not None and self.held_prefix_sooner:
+            if (
+                not raised
+                and self.held_prefix_guard_s is not None
+                and self.held_prefix_sooner
+                and self.engine_priority.enabled(e.pool, e.id)
+            ):  # an engine without the priority field gets no raise to pause
                 e.plain_waiting.setdefault(id(req), s.clock())
             try:
                 path, body = self._body(req, e, raised)

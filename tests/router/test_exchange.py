@@ -130,7 +130,10 @@ async def test_held_prefix_guard_stops_the_raise_while_a_plain_request_starves(
     assert list(e.plain_waiting) == ([0] if waiting_s is not None else [])
 
 
-async def test_held_prefix_guard_records_a_plain_request_until_its_first_token() -> None:
+@pytest.mark.parametrize("engine_priority", [True, False])
+async def test_held_prefix_guard_records_a_plain_request_until_its_first_token(
+    engine_priority: bool,
+) -> None:
     during: list[int] = []
     holder: list[Any] = []
 
@@ -142,10 +145,13 @@ async def test_held_prefix_guard_records_a_plain_request_until_its_first_token()
     holder.append(e)
     req = request(s, {"prompt": "a first turn"})
     req.reserve(e, 0)
-    exchange = Exchange(s, EnginePriority(), held_prefix_sooner=True, held_prefix_guard_s=1.0)
+    priority = EnginePriority(default=engine_priority)
+    exchange = Exchange(s, priority, held_prefix_sooner=True, held_prefix_guard_s=1.0)
     result = await exchange.run(req, e, Captured().client())
     assert result.outcome is Outcome.ANSWERED
-    assert during == [1] and e.plain_waiting == {}
+    # recorded while it waits, where a raise could pass it; never on an engine that
+    # gets no priority field (nothing raised there to pause)
+    assert during == [1 if engine_priority else 0] and e.plain_waiting == {}
 
 
 async def test_engine_5xx_is_a_failure_that_keeps_the_answer_for_later() -> None:
