@@ -65,9 +65,9 @@ fleetgate ablations are configuration variations of the same router
 * ``fleetgate-events-held-guard`` ``fleetgate-events-held-first`` with
   ``scheduling.held_prefix_guard_s`` 1 modelled second (the chat objective): no raised
   level on an engine while a request sent there at its own level waits longer
-* ``fleetgate-events-held-guard3`` the same with 3 modelled seconds: at load 0.6 every
-  engine had a request at its own level waiting over 1 s nearly all the time, so the
-  1 s guard was held-first turned off
+* ``fleetgate-events-held-guard3`` the same with 3 modelled seconds (``...-guard2``: 2):
+  at load 0.6 the 1 s guard left nothing of held-first's gain (most requests wait over a
+  second there)
 * ``fleetgate-events-held-first-sticky`` the same with the spill rules out of reach
   (as ``fleetgate-events-sticky``)
 * ``fleetgate-events-flat-bound`` ``fleetgate-events`` with ``load_bound_tokens: null``
@@ -402,6 +402,15 @@ CONTENDERS: dict[str, Contender] = {
             held_guard_s=1.0,
             description="held-first, paused on an engine while a request sent there at its "
             "own level has waited 1 modelled s",
+        ),
+        Contender(
+            "fleetgate-events-held-guard2",
+            "fleetgate",
+            kv_events=True,
+            scheduling=(("held_prefix_sooner", True),),
+            held_guard_s=2.0,
+            description="held-first, paused on an engine while a request sent there at its "
+            "own level has waited 2 modelled s",
         ),
         Contender(
             "fleetgate-events-held-guard3",
