@@ -394,32 +394,17 @@ CONTENDERS: dict[str, Contender] = {
             scheduling=(("held_prefix_sooner", True),),
             description="exact prefix view; a prompt half held by its engine goes one level sooner",
         ),
-        Contender(
-            "fleetgate-events-held-guard",
-            "fleetgate",
-            kv_events=True,
-            scheduling=(("held_prefix_sooner", True),),
-            held_guard_s=1.0,
-            description="held-first, paused on an engine while a request sent there at its "
-            "own level has waited 1 modelled s",
-        ),
-        Contender(
-            "fleetgate-events-held-guard2",
-            "fleetgate",
-            kv_events=True,
-            scheduling=(("held_prefix_sooner", True),),
-            held_guard_s=2.0,
-            description="held-first, paused on an engine while a request sent there at its "
-            "own level has waited 2 modelled s",
-        ),
-        Contender(
-            "fleetgate-events-held-guard3",
-            "fleetgate",
-            kv_events=True,
-            scheduling=(("held_prefix_sooner", True),),
-            held_guard_s=3.0,
-            description="held-first, paused on an engine while a request sent there at its "
-            "own level has waited 3 modelled s",
+        *(
+            Contender(
+                f"fleetgate-events-held-guard{suffix}",
+                "fleetgate",
+                kv_events=True,
+                scheduling=(("held_prefix_sooner", True),),
+                held_guard_s=guard_s,
+                description="held-first, paused on an engine while a request sent there at "
+                f"its own level has waited {guard_s:g} modelled s",
+            )
+            for suffix, guard_s in (("", 1.0), ("2", 2.0), ("3", 3.0))
         ),
         Contender(
             "fleetgate-events-held-first-sticky",
