@@ -305,6 +305,9 @@ class Demand:
     serving: frozenset[str] | None = None
     """The service's endpoints some router's last /health probe found serving (None: no
     router reports the health of any of them)."""
+    partial: bool = False
+    """A router that answered the previous scrape did not answer this one: its arrivals
+    and load this tick are unknown, so a silence may be a failed scrape."""
 
     @property
     def load(self) -> float:
@@ -419,6 +422,7 @@ def demand_for(
     if classes is not None and arrived_all > 0:
         held *= arrived / arrived_all
     return Demand(
+        partial=previous is not None and not set(previous) <= set(now),
         in_flight=sum(in_flight_by.values()),
         queued=queued,
         held=held,
@@ -484,6 +488,9 @@ class State:
     queued_since: float | None = None
     """Since when every decision has seen requests in the routers' queues (memory only;
     None: none queued at the last one)."""
+    partial_at: float | None = None
+    """When a decision last ran on a partial scrape (:attr:`Demand.partial`; memory
+    only): a silence that spans it is no evidence that the arrivals stopped."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -649,6 +656,36 @@ def _recent_rate(rates: Sequence[tuple[float, float]], now: float) -> float | No
     return count / span if span > 0 else None
 
 
+#: The arrivals stopped (the scale-down window no longer applies) once the silence since
+#: the last tick with arrivals would have held this many arrivals at the rate before it:
+#: a Poisson stream is silent that long with probability e^-6.9, about 0.1%. At the
+#: heavy trace's peak (15 req/s) that is one tick; at 1 req/s 7 s; a trickle of 0.1
+#: req/s never reads as stopped before its idle window.
+STOP_EVIDENCE = 6.9
+
+
+def _stopped(rates: Sequence[tuple[float, float]], now: float) -> tuple[float, float] | None:
+    """``(since, rate before)`` when the arrivals stopped: every rate sample after the
+    last one with arrivals is 0, and the silence since that sample's end would have held
+    :data:`STOP_EVIDENCE` arrivals at the mean rate of the
+    :data:`STEADY_WINDOW_SECONDS` before it. None otherwise (also without a rate to
+    judge the silence by)."""
+    last = max((k for k, (_, r) in enumerate(rates) if r > 0), default=None)
+    if last is None or last == len(rates) - 1:
+        return None
+    since = rates[last][0]
+    count = span = 0.0
+    for k in range(last, 0, -1):
+        t, r = rates[k]
+        if t <= since - STEADY_WINDOW_SECONDS:
+            break
+        dt = t - rates[k - 1][0]
+        count, span = count + r * dt, span + dt
+    if span <= 0 or count / span * (now - since) < STOP_EVIDENCE:
+        return None
+    return since, count / span
+
+
 def decide(
     policy: Policy, demand: Demand, current: int, ready: int, now: float, state: State
 ) -> Decision:
@@ -711,6 +748,7 @@ def decide(
     if released_at is not None and now - released_at >= policy.cold_start:
         woken, released_at = False, None
 
+    partial_at = now if demand.partial else state.partial_at
     # -- idle bookkeeping
     idle_since = (
         (state.idle_since if state.idle_since is not None else now) if demand.idle else None
@@ -854,6 +892,18 @@ def decide(
     elif raw < current:
         # the idle window is the stabilisation of a scale to zero
         in_window = _window(recs, now, policy.down_window)
+        stop = _stopped(rates, now) if demand.load == 0 else None
+        if stop is not None and (partial_at is None or partial_at < stop[0]):
+            # The window keeps a noisy signal's dips from removing replicas; a stream
+            # that has stopped is no dip: the recommendations made while it ran say
+            # nothing of now. Every run of the heavy trace kept the peak's replicas
+            # idle for the whole window after its last request (~10 s x 2 replicas,
+            # 5% of its replica-seconds; docs/operator.md "Autoscaling decision").
+            in_window = [raw]
+            why += (
+                f"; arrivals stopped {_fmt(now - stop[0])}s ago "
+                f"(after {_fmt(round(stop[1], 1))} req/s): no window"
+            )
         desired = min(current, 0 if to_zero else max(in_window))
     desired = max(policy.min_replicas, min(policy.max_replicas, desired))
     if desired > current:
@@ -881,6 +931,7 @@ def decide(
             last_tick=now,
             last_in_flight=demand.in_flight,
             queued_since=queued_since,
+            partial_at=partial_at,
         ),
     )
 

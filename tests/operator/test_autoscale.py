@@ -746,3 +746,62 @@ def test_a_burst_in_the_newest_tick_is_no_new_rate_but_a_surge_that_lasts_is(
     # a stream that stops reads 0 at the first empty tick
     desired, reason, _ = at(11.0, 0.0, start)
     assert (desired, "; 0 mean in flight" in reason) == (1, True), reason
+
+
+# -- a stream that stops -------------------------------------------------------------
+
+
+def _after_peak(silent_ticks: int, rate: float = 15.0) -> tuple[Policy, State]:
+    """3 replicas through a peak of ``rate`` req/s (Little's mean 7.5 asked for 2, then
+    3 at the last tick), then ``silent_ticks`` 1 s ticks without arrivals."""
+    p = policy(cold_start=16.0, down_window=10.0)
+    rates = tuple((float(t), rate) for t in range(11))
+    rates += tuple((11.0 + k, 0.0) for k in range(silent_ticks - 1))
+    recs = ((0.0, 2), (10.0, 3))  # the peak's last recommendation: 3
+    return p, State(service_time=0.5, rates=rates, recommendations=recs, last_tick=10.0)
+
+
+def test_a_stream_that_stops_scales_down_without_the_window() -> None:
+    """The heavy trace's peak ends at once (15 req/s -> 0): the 10 s window kept its
+    3 replicas idle for 10 s after the last request, 14 of its ~267 replica-seconds in
+    the closed loop. A silence that a Poisson stream at the rate before it would keep
+    with probability e^-6.9 is a stop, not a dip: the window's recommendations made
+    while it ran no longer count."""
+    p, state = _after_peak(1)
+    idle = Demand(arrival_rate=0.0, completion_rate=0.0)
+    dec = decide(p, idle, 3, 3, 11.0, state)  # 1 s at 15 req/s: 15 expected, none came
+    assert (dec.desired, dec.recommendation) == (1, 1), dec.reason
+    assert dec.reason.endswith("; arrivals stopped 1s ago (after 15 req/s): no window")
+    # the same silence after 3 req/s is 3 expected arrivals: maybe a dip, the window holds
+    p, state = _after_peak(1, rate=3.0)
+    dec = decide(p, idle, 3, 3, 11.0, state)
+    assert dec.desired == 3 and "Stabilizing" in dec.reason, dec.reason
+    p, state = _after_peak(3, rate=3.0)  # 3 s at 3 req/s: 9 expected
+    dec = decide(p, idle, 3, 3, 13.0, state)
+    assert dec.desired == 1, dec.reason
+
+
+def test_a_stop_needs_every_router_and_nothing_left_running() -> None:
+    p, state = _after_peak(2)
+    # a router that answered before did not answer this tick: its arrivals are unknown
+    partial = Demand(arrival_rate=0.0, completion_rate=0.0, partial=True)
+    dec = decide(p, partial, 3, 3, 12.0, state)
+    assert dec.desired == 3, dec.reason
+    # and the silence that spans that tick stays no evidence once it answers again
+    dec = decide(p, Demand(arrival_rate=0.0, completion_rate=0.0), 3, 3, 13.0, dec.state)
+    assert dec.desired == 3, dec.reason
+    # requests still running (or queued) are demand: the window decides
+    p, state = _after_peak(2)
+    running = Demand(in_flight=1.0, arrival_rate=0.0, completion_rate=1.0)
+    dec = decide(p, running, 3, 3, 12.0, state)
+    assert dec.desired == 3, dec.reason
+
+
+def test_a_router_that_did_not_answer_makes_the_demand_partial() -> None:
+    a, b = RouterDemand(), RouterDemand()
+    prev = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    both = demand_for(prev, prev, 1.0, model=MODEL, endpoints=[])
+    only_a = demand_for({"a": prev["a"]}, prev, 1.0, model=MODEL, endpoints=[])
+    new_c = demand_for({**prev, "c": prev["a"]}, prev, 1.0, model=MODEL, endpoints=[])
+    first = demand_for(prev, None, 0.0, model=MODEL, endpoints=[])
+    assert [d.partial for d in (both, only_a, new_c, first)] == [False, True, False, False]
