@@ -657,7 +657,7 @@ def main() -> int:
     parser.add_argument("--peak-replicas", type=int, default=3)
     parser.add_argument(
         "--target-in-flight",
-        type=int,
+        type=float,
         default=4,
         help="fleetgate-autoscale: targetInFlightPerReplica (engines have --max-num-seqs slots)",
     )

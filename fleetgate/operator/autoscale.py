@@ -89,7 +89,9 @@ How the recommendation is formed (docs/operator.md "Autoscaling decision"):
 
 Stabilisation is HPA's: a scale-up goes to the lowest recommendation of the
 scale-up window, a scale-down to the highest of the scale-down window, so a
-flapping signal does not flap the replicas.
+flapping signal does not flap the replicas; except once the arrivals have stopped
+(:func:`_stopped`, with nothing running, queued or held and every router answering
+since): the recommendations made while they ran say nothing of now.
 
 Demand sums: each request is counted by the one router that received it
 (arrivals, queue, held, in flight are per router), so summing over routers never
