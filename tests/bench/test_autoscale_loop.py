@@ -77,7 +77,7 @@ def test_the_command_runs_seeds_of_a_timetable(capsys: pytest.CaptureFixture[str
     assert "want SECONDS:REPLICAS" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--hpa-target", "4", "--slots", "4"])
-    assert "--hpa-target < --slots" in capsys.readouterr().err
+    assert "0 < --hpa-target, --versus-hpa < --slots" in capsys.readouterr().err
 
 
 def demand() -> autoscale.Demand:
@@ -106,3 +106,22 @@ def test_the_hpa_scales_down_to_the_highest_recommendation_of_its_window() -> No
     assert hpa(0.0, demand(), 3, [1, 1, 1])[0] == 3
     assert hpa(1.0, demand(), 3, [0, 0, 1])[0] == 3  # 3 was recommended 1 s ago
     assert hpa(11.5, demand(), 3, [0, 0, 1])[0] == 1  # the window has passed
+
+
+def test_paired_mean_is_the_mean_of_the_differences_with_an_interval_around_it() -> None:
+    from fleetgate_tools.bench.autoscale_loop import paired_mean
+
+    mean, lo, hi = paired_mean([-3.0, -1.0, -2.0, -2.0])
+    assert mean == -2.0 and -3.0 <= lo < mean < hi <= -1.0
+    assert paired_mean([5.0] * 10) == (5.0, 5.0, 5.0)
+
+
+def test_the_command_pairs_the_decision_with_the_hpa(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--seeds", "3", "--target-in-flight", "4", "--versus-hpa", "1"]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.startswith("3 seeds: replica-s mean ") and "<= 0.6x static too on " in first
+    assert second.startswith("against the HPA at target 1 (paired by seed; 95% bootstrap")
+    assert "at least as good on replica-s, standard and critical on " in second
+    with pytest.raises(SystemExit):
+        main(["--versus-hpa", "4", "--slots", "4"])
+    assert "--versus-hpa < --slots" in capsys.readouterr().err

@@ -262,6 +262,15 @@ def generated_jobs(seed: int, base_rate: float, scale: float, slot_s: float) -> 
     return [Job(a.t, a.cls, slot_s) for a in plan]
 
 
+def paired_mean(diffs: Sequence[float], draws: int = 2000) -> tuple[float, float, float]:
+    """The mean of per-seed differences and its 95% bootstrap interval over seeds
+    (resampled with a fixed generator, so a rerun prints the same interval)."""
+    rng = random.Random(7)
+    n = len(diffs)
+    means = sorted(sum(rng.choice(diffs) for _ in range(n)) / n for _ in range(draws))
+    return sum(diffs) / n, means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import statistics
@@ -287,17 +296,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "per pod at this target instead of fleetgate's decision")  # fmt: skip
     parser.add_argument("--hpa-sync", type=float, default=15.0,
                         help="the HPA's sync period; its phase is drawn per seed")  # fmt: skip
+    parser.add_argument("--versus-hpa", type=float, default=None, metavar="TARGET",
+                        help="also run the HPA's algorithm at this target on every "
+                        "seed (same arrivals, tick phase); print the paired "
+                        "differences")  # fmt: skip
     parser.add_argument("--timetable", default=None, metavar="SECONDS:REPLICAS,...",
                         help="run this schedule instead of the decision")  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="one line per seed")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.slots < 1 or args.slot_time <= 0 or args.cold_start < 0:
         parser.error("want --seeds >= 1, --slots >= 1, --slot-time > 0, --cold-start >= 0")
-    if args.hpa_target is not None and not (0 < args.hpa_target < args.slots and args.hpa_sync > 0):
+    hpa_targets = [t for t in (args.hpa_target, args.versus_hpa) if t is not None]
+    if any(not (0 < t < args.slots and args.hpa_sync > 0) for t in hpa_targets):
         # the simulated router never lets a request wait inside an engine, so a pod's
         # in-flight count stops at its slots: a target there would never scale (on the
         # cluster the router lets a few wait in the engine, and it does)
-        parser.error("want 0 < --hpa-target < --slots and --hpa-sync > 0")
+        parser.error("want 0 < --hpa-target, --versus-hpa < --slots and --hpa-sync > 0")
     table = None
     if args.timetable:
         try:
@@ -312,6 +326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         up_window=0.0, down_window=args.scale_down_window,
     )  # fmt: skip
     seconds, standard, critical = [], [], []
+    versus: list[tuple[float, float, float]] = []  # the HPA's (replica-s, standard, critical)
+
+    def hpa(seed: int, target: float) -> HpaScaler:
+        phase = random.Random(10_000 + seed).uniform(0, args.hpa_sync)
+        return HpaScaler(target, args.min_replicas, args.max_replicas, args.hpa_sync, phase,
+                         args.scale_down_window)  # fmt: skip
+
     for seed in range(args.seeds):
         jobs = generated_jobs(seed, args.base_rate, args.scale, args.slot_time)
         if table is not None:
@@ -321,13 +342,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             scaler: autoscale.Policy | Scaler = policy
             if args.hpa_target is not None:
-                phase = random.Random(10_000 + seed).uniform(0, args.hpa_sync)
-                scaler = HpaScaler(args.hpa_target, args.min_replicas, args.max_replicas,
-                                   args.hpa_sync, phase, args.scale_down_window)  # fmt: skip
+                scaler = hpa(seed, args.hpa_target)
             tick_phase = random.Random(20_000 + seed).uniform(0, 1)
             r = run_loop(jobs, fleet, scaler, OBJECTIVES_S, horizon, tick_phase_s=tick_phase)
             rs, att = r.replica_seconds, r.attainment
             how = " ".join(f"{t:g}:{n}" for t, n, _ in r.changes)
+        if args.versus_hpa is not None:
+            tick_phase = random.Random(20_000 + seed).uniform(0, 1)
+            h = run_loop(jobs, fleet, hpa(seed, args.versus_hpa), OBJECTIVES_S, horizon,
+                         tick_phase_s=tick_phase)  # fmt: skip
+            versus.append((h.replica_seconds, h.attainment["standard"], h.attainment["critical"]))
         seconds.append(rs)
         standard.append(att["standard"])
         critical.append(att["critical"])
@@ -335,12 +359,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"seed {seed}: {rs:.1f} replica-s, critical {att['critical']:.1%}, "
                   f"standard {att['standard']:.1%} {how}")  # fmt: skip
     static = args.max_replicas * horizon
-    met = sum(1 for s, c in zip(standard, critical, strict=True)
-              if s >= GOALS["standard"] and c >= GOALS["critical"])  # fmt: skip
+
+    def attained(s: float, c: float) -> bool:
+        return s >= GOALS["standard"] and c >= GOALS["critical"]
+
+    met = [attained(s, c) for s, c in zip(standard, critical, strict=True)]
+    every = sum(1 for m, rs in zip(met, seconds, strict=True) if m and rs <= 0.6 * static)
     print(f"{args.seeds} seeds: replica-s mean {statistics.mean(seconds):.1f} "
           f"({statistics.mean(seconds) / static:.2f}x static), standard attainment median "
           f"{statistics.median(standard):.1%} (min {min(standard):.1%}), critical min "
-          f"{min(critical):.1%}; both goals met on {met} of {args.seeds}")  # fmt: skip
+          f"{min(critical):.1%}; both goals met on {sum(met)} of {args.seeds}, and "
+          f"<= 0.6x static too on {every}")  # fmt: skip
+    if versus:
+        d_rs = paired_mean([a - h[0] for a, h in zip(seconds, versus, strict=True)])
+        d_st = paired_mean([100 * (a - h[1]) for a, h in zip(standard, versus, strict=True)])
+        h_met = sum(1 for _, s, c in versus if attained(s, c))
+        level = sum(1 for a, s, c, h in zip(seconds, standard, critical, versus, strict=True)
+                    if a <= h[0] and s >= h[1] and c >= h[2])  # fmt: skip
+        print(f"against the HPA at target {args.versus_hpa:g} (paired by seed; 95% bootstrap "
+              f"over seeds): replica-s {d_rs[0]:+.1f} [{d_rs[1]:+.1f}, {d_rs[2]:+.1f}], "
+              f"standard attainment {d_st[0]:+.1f} [{d_st[1]:+.1f}, {d_st[2]:+.1f}] points; "
+              f"both goals on {sum(met)} against {h_met}; at least as good on replica-s, "
+              f"standard and critical on {level} of {args.seeds}")  # fmt: skip
     return 0
 
 
