@@ -2,7 +2,7 @@
 
     FLEETGATE_TEST_MODE=1 python bench/bench_autoscale.py [--scale 1.0] [--base-rate 1.0]
         [--contenders fleetgate-autoscale,static-peak,hpa-prometheus] [--pool vllm|mixed]
-        [--seed 0] [--max-num-seqs 8] [--target-in-flight 4]
+        [--seed 0] [--max-num-seqs 8] [--target-in-flight 4] [--min-replicas 0 [--warm-start]]
         [--hpa-metric vllm_num_requests_in_flight] [--hpa-target 4] [--hpa-sync-period 15]
         [--json OUT.json] [--plot OUT.png]
 
@@ -18,6 +18,9 @@ emulated engine of the pod's kind on each kwok pod's IP after a modelled cold st
   maxReplicas ``--peak-replicas``, targetInFlightPerReplica ``--target-in-flight`` (4),
   scaleToZeroAfterSeconds, coldStartSeconds}; it starts at minReplicas (with 0, the
   trace's cold request waits for zero; with 1, as the HPA, it meets a warm replica);
+  ``--warm-start`` with minReplicas 0: one request before the trace wakes it, so the
+  trace starts on one warm replica as the HPA's does (a day's quiet hours follow
+  served traffic), and the idle phase scales it to zero before the cold request;
 * ``static-peak``: ``replicas: --peak-replicas`` (sized for the peak), every engine
   up before the trace starts;
 * ``hpa-prometheus``: the setup the ecosystem documents today. No ``spec.autoscaling``:
@@ -393,6 +396,15 @@ async def run_contender(
             want = {"fleetgate-autoscale": floor, "timetable": floor, "hpa-prometheus": 1}.get(
                 contender, sum(n for _, n in statics)
             )
+            if contender == "fleetgate-autoscale" and args.warm_start and not want:
+                # a day's quiet hours follow served traffic: one request wakes the
+                # service from zero (not counted), and the trace starts on its warm
+                # replica, as the HPA's does; the idle phase still scales it to zero
+                await wait_until(lambda: healthy(0), 60, "router up")
+                warm = await one_request(client, router, Arrival(0, "standard", "warm"), 0, -2)
+                if warm.error is not None:
+                    raise RuntimeError(f"the warm-up request failed: {warm.error}")
+                want = 1
             if want:
                 await wait_until(lambda: healthy(want), 120, "starting replicas healthy")
             else:
@@ -673,6 +685,13 @@ def main() -> int:
         default=0,
         help="fleetgate-autoscale: minReplicas (0: scale to zero; 1: as the HPA, no cold start)",
     )
+    parser.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="fleetgate-autoscale with --min-replicas 0: one request before the trace wakes "
+        "the service, so the trace starts on one warm replica as the HPA's does (it still "
+        "scales to zero in the idle phase, and the cold request meets zero)",
+    )
     parser.add_argument("--cold-start", type=float, default=3.0, help="vLLM cold start (s)")
     parser.add_argument(
         "--trtllm-cold-start", type=float, default=None, help="TensorRT-LLM's (default: vLLM's)"
@@ -716,6 +735,8 @@ def main() -> int:
     unknown = set(contenders) - set(CONTENDERS)
     if unknown:
         parser.error(f"unknown contenders {sorted(unknown)}; known: {CONTENDERS}")
+    if args.warm_start and args.min_replicas != 0:
+        parser.error("--warm-start is for --min-replicas 0 (minReplicas >= 1 starts warm)")
     if args.trtllm_cold_start is None:
         args.trtllm_cold_start = args.cold_start
     if "timetable" in contenders and (not args.timetable or args.pool != "vllm"):
