@@ -122,6 +122,11 @@ def test_the_command_pairs_the_decision_with_the_hpa(capsys: pytest.CaptureFixtu
     assert first.startswith("3 seeds: replica-s mean ") and "<= 0.6x static too on " in first
     assert second.startswith("against the HPA at target 1 (paired by seed; 95% bootstrap")
     assert "at least as good on replica-s, standard and critical on " in second
+    # a seed counted as a win meets every goal and is at least as good on all three
+    every = int(first.rsplit("<= 0.6x static too on ", 1)[1])
+    level = int(second.split("standard and critical on ", 1)[1].split(" of ", 1)[0])
+    won = int(second.rsplit("at <= its replica-s, on ", 1)[1])
+    assert 0 <= won <= min(every, level)
     with pytest.raises(SystemExit):
         main(["--versus-hpa", "4", "--slots", "4"])
     assert "--versus-hpa < --slots" in capsys.readouterr().err
