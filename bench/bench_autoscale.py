@@ -67,7 +67,7 @@ autoscaler has anything to do. A heavier trace needs fewer slots or more arrival
 meet).
 
 With ``--pool mixed``, two InferenceServices of the same model in one routing pool:
-``chat-trt`` (TensorRT-LLM, ``maxBatchSize: 8``, ``routing.role: latency``) and
+``chat-trt`` (TensorRT-LLM 1.3, ``maxBatchSize: 8``, ``routing.role: latency``) and
 ``chat-vllm`` (vLLM, ``maxNumSeqs: 8``, role ``throughput``); the operator runs with
 ``--class-role standard=throughput``, so ``critical`` demand grows the TensorRT-LLM
 service and ``standard`` the vLLM one (fleetgate/operator/pools.py), and the router's
@@ -75,7 +75,11 @@ service and ``standard`` the vLLM one (fleetgate/operator/pools.py), and the rou
 (the emulated TensorRT-LLM decodes ~30% faster than vLLM). fleetgate-autoscale: each
 ``minReplicas 0``, ``maxReplicas --peak-replicas``; static-peak: ``ceil(N/3)``
 TensorRT-LLM and ``N - ceil(N/3)`` vLLM replicas (N = ``--peak-replicas``, the same
-pods as the all-vLLM static).
+pods as the all-vLLM static); hpa-prometheus: an HPA on each service, each on its
+engine's metric (``--hpa-metric`` as TensorRT-LLM names it for ``chat-trt``:
+``trtllm_num_requests_running + trtllm_num_requests_waiting`` from its
+``/prometheus/metrics``, 1.3 and later), minReplicas 1 each; ``--warm-start`` wakes
+both services (a critical and a standard request).
 
 The trace (durations x ``--scale``; open loop, Poisson arrivals, seeded):
 quiet (base rate) 40 s, ramp (base -> 5 x base) 30 s, peak (5 x base, plus a burst of
@@ -91,8 +95,7 @@ in flight at the client) and TTFT over time; the cold request's path (request to
 pod's first listing, the modelled cold start, engine bound to first token) from the
 launcher's log; per class, the share of requests each engine kind served. The cold
 request of ``hpa-prometheus`` meets at least one warm replica (it never scales to
-zero), so it is no cold start; ``hpa-prometheus`` runs with the all-vLLM pool only
-(its metric is vLLM's). A benchmark, not a test.
+zero), so it is no cold start. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -236,10 +239,10 @@ class Setup:
         return len(live), len(trt)
 
 
-def hpa_status(cluster: Any, ns: str) -> tuple[str | None, int | None, str | None]:
-    """The bench HPA's last metric reading (per-pod average), desired replicas and last
-    scale time, from its status."""
-    st = cluster.kubectl_json("-n", ns, "get", "hpa", NAME).get("status", {})
+def hpa_status(cluster: Any, ns: str, name: str) -> tuple[str | None, int | None, str | None]:
+    """An HPA's last metric reading (per-pod average), desired replicas and last scale
+    time, from its status."""
+    st = cluster.kubectl_json("-n", ns, "get", "hpa", name).get("status", {})
     current = None
     for m in st.get("currentMetrics") or []:
         current = ((m.get("pods") or {}).get("current") or {}).get("averageValue")
@@ -253,7 +256,9 @@ def engine_spec(kind: str, slots: int) -> tuple[dict[str, Any], str]:
         return ({"type": "vllm", "image": "vllm/vllm-openai:v0.32.0",
                  "vllm": {"maxNumSeqs": slots}}, "throughput")  # fmt: skip
     if kind == "trtllm":
-        return ({"type": "tensorrt-llm", "image": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+        # 1.3: the release line whose /prometheus/metrics has the queue gauges the
+        # hpa-prometheus contender scales on (and whose requests carry a priority)
+        return ({"type": "tensorrt-llm", "image": "nvcr.io/nvidia/tensorrt-llm/release:1.3.0",
                  "tensorrtLlm": {"maxBatchSize": slots}}, "latency")  # fmt: skip
     raise ValueError(f"unknown engine kind {kind!r}")
 
@@ -265,6 +270,12 @@ def service_replicas(pool: str, peak: int) -> dict[str, tuple[str, int]]:
         return {NAME: ("vllm", peak)}
     trt = math.ceil(peak / 3)
     return {f"{NAME}-trt": ("trtllm", trt), f"{NAME}-vllm": ("vllm", max(1, peak - trt))}
+
+
+def hpa_metric_for(kind: str, metric: str) -> str:
+    """``--hpa-metric`` (named as vLLM's) as engine ``kind`` publishes it:
+    ``vllm_num_requests_in_flight`` -> ``trtllm_num_requests_in_flight``."""
+    return f"{kind}_{metric.removeprefix('vllm_')}"
 
 
 def inference_services(ns: str, contender: str, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -339,9 +350,11 @@ async def run_contender(
     rng = random.Random(args.seed)
     plan = arrivals(trace(args.scale, args.base_rate), rng)
     samples: list[tuple[float, int, int, int]] = []  # t, live pods, in flight, TRT-LLM pods
-    # hpa-prometheus: each change of the HPA's status (t, the metric's per-pod average it
-    # last read, desired replicas, its last scale time): when it synced and what it saw
-    hpa_log: list[tuple[float, str | None, int | None, str | None]] = []
+    # hpa-prometheus: each change of an HPA's status (t, the metric's per-pod average it
+    # last read, desired replicas, its last scale time, the service it scales): when it
+    # synced and what it saw
+    hpa_log: list[tuple[float, str | None, int | None, str | None, str]] = []
+    services = service_replicas(args.pool, args.peak_replicas)
     outcomes: list[Outcome] = []
     in_flight = 0
     try:
@@ -368,13 +381,16 @@ async def run_contender(
             stack.start()
         cluster.apply(*inference_services(ns, contender, args))
         if stack is not None:
-            target = {"apiVersion": "fleetgate.dev/v1alpha1", "kind": "InferenceService",
-                      "name": NAME}  # fmt: skip
-            cluster.apply(hpa(
-                NAME, ns, target, metric=args.hpa_metric, average_value=args.hpa_target,
-                min_replicas=1, max_replicas=args.peak_replicas,
-                scale_down_stabilization_s=max(1, round(10 * args.scale)),
-            ))  # fmt: skip
+            # one HPA per InferenceService, on its own engine's metric
+            for name, (kind, _) in services.items():
+                target = {"apiVersion": "fleetgate.dev/v1alpha1", "kind": "InferenceService",
+                          "name": name}  # fmt: skip
+                cluster.apply(hpa(
+                    name, ns, target, metric=hpa_metric_for(kind, args.hpa_metric),
+                    average_value=args.hpa_target, min_replicas=1,
+                    max_replicas=args.peak_replicas,
+                    scale_down_stabilization_s=max(1, round(10 * args.scale)),
+                ))  # fmt: skip
         limits = httpx.Limits(max_connections=256)
         async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as client:
 
@@ -389,22 +405,29 @@ async def run_contender(
                     return len(up) >= n  # fmt: skip
                 return False
 
-            statics = service_replicas(args.pool, args.peak_replicas).values()
+            statics = services.values()
             # every contender starts the trace with its starting replicas healthy (the
             # router holds requests only for a service scaling from zero)
-            floor = args.min_replicas * len(list(statics))
-            want = {"fleetgate-autoscale": floor, "timetable": floor, "hpa-prometheus": 1}.get(
+            floor = args.min_replicas * len(services)
+            want = {"fleetgate-autoscale": floor, "timetable": floor,
+                    "hpa-prometheus": len(services)}.get(
                 contender, sum(n for _, n in statics)
-            )
+            )  # fmt: skip
             if contender == "fleetgate-autoscale" and args.warm_start and not want:
-                # a day's quiet hours follow served traffic: one request wakes the
-                # service from zero (not counted), and the trace starts on its warm
-                # replica, as the HPA's does; the idle phase still scales it to zero
+                # a day's quiet hours follow served traffic: a request of each class
+                # wakes the services from zero (not counted; in the mixed pool critical
+                # wakes the latency role, standard the throughput one), and the trace
+                # starts on one warm replica of each, as the HPA's does; the idle phase
+                # still scales them to zero
                 await wait_until(lambda: healthy(0), 60, "router up")
-                warm = await one_request(client, router, Arrival(0, "standard", "warm"), 0, -2)
-                if warm.error is not None:
-                    raise RuntimeError(f"the warm-up request failed: {warm.error}")
-                want = 1
+                classes = ("critical", "standard") if args.pool == "mixed" else ("standard",)
+                warm = await asyncio.gather(*(
+                    one_request(client, router, Arrival(0, cls, "warm"), 0, -2) for cls in classes
+                ))  # fmt: skip
+                failed = [w.error for w in warm if w.error is not None]
+                if failed:
+                    raise RuntimeError(f"a warm-up request failed: {failed}")
+                want = len(services)
             if want:
                 await wait_until(lambda: healthy(want), 120, "starting replicas healthy")
             else:
@@ -417,11 +440,12 @@ async def run_contender(
                     with contextlib.suppress(Exception):
                         live, trt = await asyncio.to_thread(setup.live_pods)
                         samples.append((time.monotonic() - t0, live, in_flight, trt))
-                    if stack is not None:
+                    for name in services if stack is not None else ():
                         with contextlib.suppress(Exception):
-                            seen = await asyncio.to_thread(hpa_status, cluster, ns)
-                            if not hpa_log or hpa_log[-1][1:] != seen:
-                                hpa_log.append((time.monotonic() - t0, *seen))
+                            seen = await asyncio.to_thread(hpa_status, cluster, ns, name)
+                            last = [h for h in hpa_log if h[4] == name][-1:]
+                            if not last or last[0][1:4] != seen:
+                                hpa_log.append((time.monotonic() - t0, *seen, name))
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), 1.0)
 
@@ -467,7 +491,7 @@ async def run_contender(
             arrivals_text = (await client.get(f"{router}/metrics")).text
     finally:
         if stack is not None:
-            hpa_obj = cluster.kubectl("-n", ns, "describe", "hpa", NAME, check=False).stdout
+            hpa_obj = cluster.kubectl("-n", ns, "describe", "hpa", check=False).stdout
             (work / "hpa.txt").write_text(hpa_obj)
             stack.stop()
         setup.stop()
@@ -704,8 +728,9 @@ def main() -> int:
     parser.add_argument(
         "--hpa-metric",
         default="vllm_num_requests_in_flight",
-        choices=sorted(ENGINE_METRICS),
-        help="hpa-prometheus: per-pod metric",
+        choices=sorted(m for m in ENGINE_METRICS if m.startswith("vllm_")),
+        help="hpa-prometheus: per-pod metric (named as vLLM's; the mixed pool's "
+        "TensorRT-LLM HPA uses its engine's: trtllm_num_requests_...)",
     )
     parser.add_argument(
         "--hpa-target",
@@ -763,8 +788,6 @@ def main() -> int:
         parser.error("--pool mixed needs --peak-replicas >= 2 (a pod of each engine)")
     if not (0 <= args.cold_start < 600 and 0 <= args.trtllm_cold_start < 600):
         parser.error("want cold starts in [0, 600) seconds")
-    if args.pool == "mixed" and "hpa-prometheus" in contenders:
-        parser.error("hpa-prometheus runs with --pool vllm only (its metric is vLLM's)")
     work = Path(tempfile.mkdtemp(prefix="bench-autoscale-"))
     results = []
     with_hpa = "hpa-prometheus" in contenders
@@ -820,9 +843,12 @@ def main() -> int:
                 print(f"{r['contender']} {cls} served by: {r['attainment'][cls]['served_by']}")
         if r["errors"]:
             print(f"{r['contender']} errors: {r['errors']}")
-        if r.get("hpa_status"):
-            changes = ", ".join(f"{t:.1f}s: {v} -> {n}" for t, v, n, _ in r["hpa_status"])
-            print(f"{r['contender']} HPA status changes (metric per pod -> desired): {changes}")
+        for name in sorted({h[4] for h in r.get("hpa_status") or ()}):
+            changes = ", ".join(
+                f"{t:.1f}s: {v} -> {n}" for t, v, n, _, s in r["hpa_status"] if s == name
+            )
+            print(f"{r['contender']} HPA {name} status changes (metric per pod -> desired): "
+                  f"{changes}")  # fmt: skip
     clairvoyant = clairvoyant_reference(results, args)
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),

@@ -14,12 +14,14 @@ from fleetgate_tools.devcluster.errors import BuildError
 
 
 def pod(name: str, ip: str | None, *, engine: str = "vllm", port_name: str = "http",
-        deleting: bool = False) -> dict[str, Any]:  # fmt: skip
+        deleting: bool = False, path: str | None = None) -> dict[str, Any]:  # fmt: skip
     meta: dict[str, Any] = {
         "name": name,
         "namespace": "ns",
         "labels": {"fleetgate.dev/engine": engine},
     }
+    if path is not None:
+        meta["annotations"] = {"fleetgate.dev/metrics-path": path}
     if deleting:
         meta["deletionTimestamp"] = "2026-12-02T00:00:00Z"
     return {
@@ -29,18 +31,25 @@ def pod(name: str, ip: str | None, *, engine: str = "vllm", port_name: str = "ht
     }
 
 
-def test_targets_are_running_vllm_pods_with_their_identity_as_labels() -> None:
+def test_targets_are_running_engine_pods_with_their_identity_and_metrics_path() -> None:
     pods = [
-        pod("b", "127.0.1.2"),
+        pod("b", "127.0.1.2", path="/metrics"),
         pod("a", "127.0.1.1"),
         pod("no-ip", None),
         pod("gone", "127.0.1.3", deleting=True),
-        pod("trt", "127.0.1.4", engine="trtllm"),
+        pod("trt", "127.0.1.4", engine="trtllm", path="/prometheus/metrics"),
         pod("other-port", "127.0.1.5", port_name="metrics"),
+        pod("unknown-engine", "127.0.1.6", engine="sglang"),
     ]
+
+    def group(ip: str, name: str, path: str) -> dict[str, Any]:
+        labels = {"namespace": "ns", "pod": name, "__metrics_path__": path}
+        return {"targets": [f"{ip}:8000"], "labels": labels}
+
     assert ms.pod_targets(pods) == [
-        {"targets": ["127.0.1.1:8000"], "labels": {"namespace": "ns", "pod": "a"}},
-        {"targets": ["127.0.1.2:8000"], "labels": {"namespace": "ns", "pod": "b"}},
+        group("127.0.1.1", "a", "/metrics"),  # no annotation: Prometheus' default path
+        group("127.0.1.2", "b", "/metrics"),
+        group("127.0.1.4", "trt", "/prometheus/metrics"),
     ]
 
 
@@ -64,8 +73,13 @@ def test_adapter_rules_map_namespace_and_pod_and_name_each_metric() -> None:
         assert "<<.LabelMatchers>>" in r["metricsQuery"] and "<<.GroupBy>>" in r["metricsQuery"]
         # the series the rule discovers is the one its name is derived from
         assert r["seriesQuery"].split("{")[0] in r["name"]["matches"]
-    in_flight = ms.ENGINE_METRICS["vllm_num_requests_in_flight"]
+    _, in_flight = ms.ENGINE_METRICS["vllm_num_requests_in_flight"]
     assert "vllm:num_requests_running" in in_flight and "vllm:num_requests_waiting" in in_flight
+    _, trt = ms.ENGINE_METRICS["trtllm_num_requests_in_flight"]
+    assert "trtllm_num_requests_running{" in trt and "trtllm_num_requests_waiting{" in trt
+    assert "vllm:" not in trt
+    # one rule per engine kind and gauge: the HPA of a service names its engine's metric
+    assert {n.split("_", 1)[0] for n in ms.ENGINE_METRICS} == {"vllm", "trtllm"}
 
 
 def test_adapter_argv_binds_loopback() -> None:

@@ -7,9 +7,11 @@ them as per-pod custom metrics (``custom.metrics.k8s.io``, an aggregated API), a
 target on them. Here every piece is a real process on loopback:
 
 * Prometheus is Debian's ``prometheus`` (``hack/install-prometheus.sh``) scraping each
-  vLLM engine pod's ``http`` port on its kwok IP (127.0.1.x), where the pod-engine
-  launcher runs an emulated vLLM; the pod's namespace and name become the ``namespace``
-  and ``pod`` labels the adapter maps to resources. Debian builds Prometheus without
+  engine pod's ``http`` port on its kwok IP (127.0.1.x), where the pod-engine launcher
+  runs an emulated engine, at the path the operator wrote on the pod
+  (``fleetgate.dev/metrics-path``: vLLM's ``/metrics``, TensorRT-LLM's
+  ``/prometheus/metrics`` from 1.3); the pod's namespace and name become the
+  ``namespace`` and ``pod`` labels the adapter maps to resources. Debian builds Prometheus without
   the Kubernetes discovery, so a thread here lists the pods every second and writes a
   ``file_sd`` file (:func:`pod_targets`);
 * prometheus-adapter is built from its Go module (``hack/build-prometheus-adapter.sh``,
@@ -21,9 +23,12 @@ target on them. Here every piece is a real process on loopback:
   be started with ``ClusterConfig(aggregation=True)`` and, for a short reaction time,
   ``hpa_sync_period_s``.
 
-Custom metrics served per pod (:func:`adapter_config`): ``vllm_num_requests_waiting``
-(vLLM's queue), ``vllm_num_requests_running`` (its batch) and
-``vllm_num_requests_in_flight`` (their sum).
+Custom metrics served per pod (:func:`adapter_config`), for each engine kind
+``E`` (``vllm``, ``trtllm``): ``E_num_requests_waiting`` (the engine's queue),
+``E_num_requests_running`` (its batch) and ``E_num_requests_in_flight`` (their sum).
+TensorRT-LLM publishes its two gauges on ``/prometheus/metrics`` from 1.3 on
+(``trtllm_num_requests_{running,waiting}``); an HPA per InferenceService names its
+engine's metric.
 
 The builders are pure; :class:`MetricsStack` starts and stops the two processes (by
 PID, see :mod:`fleetgate_tools.procs`) and registers the APIService.
@@ -59,15 +64,32 @@ CUSTOM_METRICS_VERSIONS = ("v1beta1", "v1beta2")
 ADAPTER_NAMESPACE = "custom-metrics"
 ADAPTER_SERVICE = "prometheus-adapter"
 
-#: custom metric name -> the PromQL that computes it per pod (adapter template syntax)
-ENGINE_METRICS: dict[str, str] = {
-    "vllm_num_requests_waiting": "sum(vllm:num_requests_waiting{<<.LabelMatchers>>}) "
-    "by (<<.GroupBy>>)",
-    "vllm_num_requests_running": "sum(vllm:num_requests_running{<<.LabelMatchers>>}) "
-    "by (<<.GroupBy>>)",
-    "vllm_num_requests_in_flight": "sum(vllm:num_requests_running{<<.LabelMatchers>>} "
-    "+ vllm:num_requests_waiting{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+#: engine kind -> its (running, waiting) gauges as each engine names them
+ENGINE_GAUGES: dict[str, tuple[str, str]] = {
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    "trtllm": ("trtllm_num_requests_running", "trtllm_num_requests_waiting"),
 }
+#: where a pod without the ``fleetgate.dev/metrics-path`` annotation is scraped
+DEFAULT_METRICS_PATH = "/metrics"
+ANNOTATION_METRICS_PATH = "fleetgate.dev/metrics-path"
+
+
+def _engine_metrics() -> dict[str, tuple[str, str]]:
+    out: dict[str, tuple[str, str]] = {}
+    for kind, (running, waiting) in ENGINE_GAUGES.items():
+        m = "{<<.LabelMatchers>>}"
+        out[f"{kind}_num_requests_waiting"] = (waiting, f"sum({waiting}{m}) by (<<.GroupBy>>)")
+        out[f"{kind}_num_requests_running"] = (running, f"sum({running}{m}) by (<<.GroupBy>>)")
+        out[f"{kind}_num_requests_in_flight"] = (
+            running,
+            f"sum({running}{m} + {waiting}{m}) by (<<.GroupBy>>)",
+        )
+    return out
+
+
+#: custom metric name -> (the series it is discovered by, the PromQL that computes it
+#: per pod in the adapter's template syntax)
+ENGINE_METRICS: dict[str, tuple[str, str]] = _engine_metrics()
 
 
 # ---- building the adapter ----------------------------------------------------------------
@@ -147,7 +169,7 @@ def prometheus_config(targets_file: Path, scrape_interval_s: float = 1.0) -> dic
         "global": {"scrape_interval": every, "evaluation_interval": every},
         "scrape_configs": [
             {
-                "job_name": "vllm-engines",
+                "job_name": "engines",
                 "scrape_interval": every,
                 "scrape_timeout": every,
                 "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}],
@@ -157,15 +179,19 @@ def prometheus_config(targets_file: Path, scrape_interval_s: float = 1.0) -> dic
 
 
 def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """file_sd target groups for the vLLM engine pods among ``pods`` (a pod list's items):
+    """file_sd target groups for the engine pods among ``pods`` (a pod list's items):
     the pod IP and its ``http`` container port, labelled ``namespace`` and ``pod`` (the
-    labels the adapter maps to resources). Pods without an IP or being deleted are left
-    out, as Prometheus' Kubernetes discovery would."""
+    labels the adapter maps to resources) and ``__metrics_path__`` from the pod's
+    ``fleetgate.dev/metrics-path`` annotation (Prometheus scrapes that path). Pods of
+    no known engine kind, without an IP or being deleted are left out, as Prometheus'
+    Kubernetes discovery would."""
     groups = []
     for p in pods:
         meta, status = p.get("metadata", {}), p.get("status", {})
-        if meta.get("labels", {}).get(LABEL_ENGINE) != "vllm" or meta.get("deletionTimestamp"):
+        kind = meta.get("labels", {}).get(LABEL_ENGINE)
+        if kind not in ENGINE_GAUGES or meta.get("deletionTimestamp"):
             continue
+        path = (meta.get("annotations") or {}).get(ANNOTATION_METRICS_PATH, DEFAULT_METRICS_PATH)
         ip = status.get("podIP")
         ports = [
             cp["containerPort"]
@@ -178,7 +204,11 @@ def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.append(
             {
                 "targets": [f"{ip}:{ports[0]}"],
-                "labels": {"namespace": meta["namespace"], "pod": meta["name"]},
+                "labels": {
+                    "namespace": meta["namespace"],
+                    "pod": meta["name"],
+                    "__metrics_path__": path,
+                },
             }
         )
     return sorted(groups, key=lambda g: g["labels"]["pod"])
@@ -187,8 +217,7 @@ def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def adapter_config() -> dict[str, Any]:
     """prometheus-adapter rules: each of :data:`ENGINE_METRICS` as a per-pod metric."""
     rules = []
-    for name, query in ENGINE_METRICS.items():
-        series = "vllm:num_requests_waiting" if "waiting" in name else "vllm:num_requests_running"
+    for name, (series, query) in ENGINE_METRICS.items():
         rules.append(
             {
                 "seriesQuery": f'{series}{{namespace!="",pod!=""}}',
