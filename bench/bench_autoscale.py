@@ -181,7 +181,9 @@ async def one_request(
             endpoint = r.headers.get("x-fleetgate-endpoint", "")
             if status != 200:
                 error = f"HTTP {status}"
-                await r.aread()
+                detail = (await r.aread()).decode(errors="replace")[:200]
+                if a.phase == "warm":  # no trace request: say why it failed
+                    error += f": {detail}"
             else:
                 done = False
                 async for line in r.aiter_lines():
@@ -421,9 +423,19 @@ async def run_contender(
                 # still scales them to zero
                 await wait_until(lambda: healthy(0), 60, "router up")
                 classes = ("critical", "standard") if args.pool == "mixed" else ("standard",)
-                warm = await asyncio.gather(*(
-                    one_request(client, router, Arrival(0, cls, "warm"), 0, -2) for cls in classes
-                ))  # fmt: skip
+
+                async def wake(cls: str) -> Outcome:
+                    # the router holds a critical request 10 s at most (its class's
+                    # queue bound), less than the cold start: a 503 says retry later,
+                    # and the client does, as its Retry-After asks
+                    for _ in range(6):
+                        w = await one_request(client, router, Arrival(0, cls, "warm"), 0, -2)
+                        if not (w.error or "").startswith("HTTP 503"):
+                            break
+                        await asyncio.sleep(1.0)
+                    return w
+
+                warm = await asyncio.gather(*(wake(cls) for cls in classes))
                 failed = [w.error for w in warm if w.error is not None]
                 if failed:
                     raise RuntimeError(f"a warm-up request failed: {failed}")
