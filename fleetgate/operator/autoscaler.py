@@ -155,6 +155,10 @@ class _Plan:
     decision: autoscale.Decision
     current: int
     demand_classes: str
+    ready: int = 0
+    role: pools.Role | None = None
+    """The role whose classes' demand it took (None: all classes)."""
+    model: str = ""
 
 
 class Autoscaler:
@@ -350,6 +354,7 @@ class Autoscaler:
                         done += 1
                 except KubeError as e:
                     log.warning("autoscaling %s/%s: %s", *key, e)
+        plans = self._consolidate(plans)
         grants = self._budget_grants(plans)
         for plan in plans:
             with self._reconciler.lock(plan.ns, plan.name):
@@ -384,6 +389,46 @@ class Autoscaler:
                 )
             )
         return pools.demand_roles(members)
+
+    def _consolidate(self, plans: Sequence[_Plan]) -> list[_Plan]:
+        """The plans, with a role that the pool's other role serves at zero
+        (:func:`fleetgate.operator.pools.consolidate`) deciding 0 replicas."""
+        groups: dict[tuple[str, str], list[_Plan]] = {}
+        for p in plans:
+            if p.role is not None:
+                groups.setdefault((p.spec.routing.pool, p.model), []).append(p)
+        absorbed: dict[pools.Key, str] = {}
+        for group in groups.values():
+            absorbed.update(
+                pools.consolidate(
+                    [
+                        pools.Sharer(
+                            key=(p.ns, p.name),
+                            role=p.spec.routing.role,
+                            min_replicas=p.policy.min_replicas,
+                            current=p.current,
+                            ready=p.ready,
+                            wanted=p.decision.desired,
+                            load=p.demand.load,
+                            arrivals=p.demand.arrival_rate,
+                            target=p.policy.target_in_flight,
+                        )
+                        for p in group
+                    ]
+                )
+            )
+        out = []
+        for p in plans:
+            why = absorbed.get((p.ns, p.name))
+            if why is not None:
+                kind = "ScaledDown" if p.current > 0 else "Consolidated"
+                own = f"its own demand wants {p.decision.desired}"
+                decision = dataclasses.replace(
+                    p.decision, desired=0, reason=f"{kind}: {why}; {own}"
+                )
+                p = dataclasses.replace(p, decision=decision)
+            out.append(p)
+        return out
 
     def _budget_grants(self, plans: Sequence[_Plan]) -> dict[pools.Key, pools.Grant]:
         """The GPU budget of each pool that has one, shared over its services' plans."""
@@ -503,6 +548,9 @@ class Autoscaler:
             decision=decision,
             current=current,
             demand_classes=classes.describe(role) if role is not None else "all classes",
+            ready=len(ready_pods),
+            role=role,
+            model=spec.model.name or name,
         )
 
     def act(self, plan: _Plan, grant: pools.Grant | None, now: float) -> str:

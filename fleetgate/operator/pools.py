@@ -8,6 +8,12 @@ Two things need every autoscaled service of a pool at once (docs/operator.md
   take the demand (queue, arrivals, held requests) of the latency classes and the
   ``throughput``-role ones that of the batch classes (:class:`ClassRoles`,
   :func:`demand_roles`). A model with one role in its pool takes all of it.
+* **One role serving both** (:func:`consolidate`). A role whose services all have
+  ``minReplicas: 0`` and whose own demand wants at most one replica stands at zero
+  while the pool's other role has room for the model's whole load: its classes are
+  served by the other role's replicas (the router sends any class to any engine of
+  the model), so quiet hours run one replica, not one per role. It comes back when
+  the load would fill the other role's replicas past :data:`KEEP_FILL`.
 * **The GPU budget of a pool.** ``replicas x gpu.count`` summed over the pool's
   autoscaled services stays within the budget (:func:`share_budget`): the latency
   role is served first up to what it wants, then the throughput role, one replica
@@ -30,11 +36,15 @@ __all__ = [
     "LATENCY",
     "ROLES",
     "THROUGHPUT",
+    "ABSORB_FILL",
+    "KEEP_FILL",
     "ClassRoles",
     "Grant",
     "Member",
+    "Sharer",
     "PoolOptionError",
     "demand_roles",
+    "consolidate",
     "parse_class_roles",
     "parse_pool_budgets",
     "share_budget",
@@ -245,3 +255,84 @@ def share_budget(pool: str, budget: int, members: Sequence[Member]) -> dict[Key,
         note = f"pool {pool} gpu budget {budget} reached ({'; '.join(notes)})" if notes else None
         out[m.key] = Grant(replicas=replicas, target=t, note=note)
     return out
+
+
+#: A role with replicas gives them up (they drain) when the model's whole load would
+#: fill at most this share of the other role's replicas' target load: the margin is
+#: for the arrivals' trend, which the load of now does not show.
+ABSORB_FILL = 0.5
+#: A role at zero stays there while the load fills at most this share; between the
+#: two thresholds nothing changes, so a load near one of them does not flap.
+KEEP_FILL = 0.75
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sharer:
+    """One autoscaled service of a model that both roles of a pool serve."""
+
+    key: Key
+    role: Role
+    min_replicas: int
+    current: int
+    """``spec.replicas`` now (starting replicas included: they serve within a cold
+    start, as any scale-up does)."""
+    ready: int
+    wanted: int
+    """What its own decision asks for, on its role's classes' demand."""
+    load: float
+    """Requests in flight on its pods plus its classes' queued and held ones."""
+    arrivals: float | None
+    """Its classes' arrival rate (requests/s; None on the first scrape, when it is not
+    known yet)."""
+    target: float | None
+    """``targetInFlightPerReplica`` (None: it scales on another signal)."""
+
+
+def consolidate(group: Sequence[Sharer]) -> dict[Key, str]:
+    """The services of one (pool, model) group that stand at zero because the other
+    role's replicas serve their classes: key -> why (for a person).
+
+    A role qualifies when every one of its services has ``minReplicas: 0``, its own
+    demand wants at most one replica in all, and the other role has a Ready replica
+    and wants one: then the model's whole load (every service's) is compared with the
+    other role's target load (``spec.replicas x targetInFlightPerReplica``), and the
+    role stands at zero while that fill is at most :data:`ABSORB_FILL` (it has
+    replicas: they drain) or :data:`KEEP_FILL` (it is at zero already). When both
+    roles qualify the one with fewer arrivals of its own stands down (a tie: the
+    throughput role, so the faster engine keeps serving). While an arrival rate is
+    unknown (the first scrape, after a restart) a role already at zero may stay there
+    but none starts to drain. Only groups whose every service scales on in-flight
+    requests take part: a KV target has no load to add.
+    """
+    by_role = {role: [m for m in group if m.role == role] for role in ROLES}
+    if not all(by_role.values()) or any(m.target is None for m in group):
+        return {}
+    total = sum(m.load for m in group)
+    known = all(m.arrivals is not None for m in group)
+    options: list[tuple[float, int, Role, float, list[Sharer]]] = []
+    for role in ROLES:
+        mine = by_role[role]
+        other = by_role[THROUGHPUT if role == LATENCY else LATENCY]
+        if any(m.min_replicas > 0 for m in mine) or sum(m.wanted for m in mine) > 1:
+            continue
+        if not any(o.ready for o in other) or sum(o.wanted for o in other) < 1:
+            continue
+        capacity = sum(o.current * (o.target or 0.0) for o in other)
+        if capacity <= 0:
+            continue
+        fill = total / capacity
+        at_zero = sum(m.current for m in mine) == 0
+        if fill <= (KEEP_FILL if at_zero else ABSORB_FILL) and (known or at_zero):
+            arrivals = sum(m.arrivals or 0.0 for m in mine)
+            # fewer arrivals first; on a tie the throughput role (index 1) stands down
+            options.append((arrivals, -ROLES.index(role), role, fill, other))
+    if not options:
+        return {}
+    _, _, role, fill, other = min(options, key=lambda o: (o[0], o[1]))
+    served_by = ", ".join(f"{ns}/{name}" for ns, name in sorted(o.key for o in other))
+    why = (
+        f"the pool's {THROUGHPUT if role == LATENCY else LATENCY}-role replicas serve "
+        f"its classes ({served_by}: the model's load {total:.3g} fills {fill:.0%} "
+        f"of their target)"
+    )
+    return {m.key: why for m in by_role[role]}

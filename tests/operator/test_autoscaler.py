@@ -432,6 +432,59 @@ def test_the_class_mapping_is_configurable(kube: FakeKube) -> None:
     assert _obj(kube, "vllm")["spec"]["replicas"] == 3
 
 
+def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_load(
+    kube: FakeKube,
+) -> None:
+    for name, role in (("trt", "latency"), ("vllm", "throughput")):
+        _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
+             minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
+    scaler, router, clock = _pool_scaler(kube, "--class-role=standard=throughput")
+    router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 1.0})
+    scaler.run_once()  # no arrival rate yet: nothing starts to drain
+    assert _annotations(kube, "trt-0") == {}
+    assert _obj(kube, "trt")["spec"]["replicas"] == 1
+    # critical 1/s, standard 4/s; 1.5 in flight fills 38% of one vLLM replica's 4
+    clock.now += 1
+    router.arrive("llama", 1, "critical")
+    router.arrive("llama", 4, "standard")
+    scaler.run_once()
+    assert _annotations(kube, "trt-0").get("fleetgate.dev/drain") == "true"
+    reason = _obj(kube, "trt")["status"]["autoscaling"]["reason"]
+    assert reason.startswith("Draining: pod trt-0 (0.5 in flight) before ScaledDown: the pool's "
+                             "throughput-role replicas serve its classes (ns/vllm: ")  # fmt: skip
+    assert _obj(kube, "vllm")["spec"]["replicas"] == 1
+    assert _annotations(kube, "vllm-0") == {}
+    # the drained replica goes; the Event says why
+    clock.now += 1
+    router.arrive("llama", 1, "critical")
+    router.arrive("llama", 4, "standard")
+    router.set_in_flight({"ns/trt-0": 0.0, "ns/vllm-0": 1.5})
+    scaler.run_once()
+    assert _obj(kube, "trt")["spec"]["replicas"] == 0
+    downs = [e["message"] for e in kube.of_kind("Event") if e["reason"] == "ScaledDown"]
+    assert len(downs) == 1 and downs[0].startswith("1 -> 0 replicas; the pool's throughput-role")
+    del kube.objects[("Pod", "ns", "trt-0")]
+    # at zero it stays while the load fills at most 75%: 2.5 of 4
+    clock.now += 1
+    router.arrive("llama", 1, "critical")
+    router.arrive("llama", 6, "standard")
+    router.set_in_flight({"ns/vllm-0": 2.5})
+    scaler.run_once()
+    trt = _obj(kube, "trt")
+    assert trt["spec"]["replicas"] == 0
+    assert trt["status"]["autoscaling"]["reason"].startswith("Consolidated: the pool's")
+    cond = [c for c in trt["status"]["conditions"] if c["type"] == "Autoscaling"]
+    assert cond[0]["reason"] == "Consolidated"
+    # past 75% (3.5 of 4) the latency role takes its classes back
+    clock.now += 1
+    router.arrive("llama", 1, "critical")
+    router.arrive("llama", 8, "standard")
+    router.set_in_flight({"ns/vllm-0": 3.5})
+    scaler.run_once()
+    assert _obj(kube, "trt")["spec"]["replicas"] == 1
+    assert _obj(kube, "trt")["status"]["autoscaling"]["reason"].startswith("ScaledUp")
+
+
 def test_the_pool_gpu_budget_limits_the_scale_up_and_says_so(kube: FakeKube) -> None:
     _put(kube, "trt", role="latency", replicas=1, gpus=2, engine="tensorrt-llm")
     _put(kube, "vllm", role="throughput", replicas=1)

@@ -16,6 +16,8 @@ from fleetgate.operator.pools import (
     ClassRoles,
     Member,
     PoolOptionError,
+    Sharer,
+    consolidate,
     demand_roles,
     parse_class_roles,
     parse_pool_budgets,
@@ -278,3 +280,76 @@ def test_the_split_sums_over_routers_and_shares_held_by_all_their_arrivals() -> 
     assert (lat.queued, thr.queued) == (pytest.approx(5 / 3), pytest.approx(7 / 3))
     assert (lat.arrival_rate, thr.arrival_rate) == (pytest.approx(1.0), pytest.approx(3.0))
     assert (lat.held, thr.held) == (pytest.approx(2.0), pytest.approx(6.0))  # 8 x 1/4, 8 x 3/4
+
+
+# -- one role serving both at low demand ------------------------------------------------
+
+
+def _sharer(role: str, **kw: object) -> Sharer:
+    name = "trt" if role == LATENCY else "vllm"
+    base: dict[str, object] = {"key": ("ns", name), "role": role, "min_replicas": 0,
+                               "current": 1, "ready": 1, "wanted": 1, "load": 0.5,
+                               "arrivals": 1.0, "target": 4.0}  # fmt: skip
+    return Sharer(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_quiet_hours_run_one_replica_the_role_with_fewer_arrivals_stands_down() -> None:
+    # critical 0.6/s on TensorRT-LLM, standard 2.4/s on vLLM; 1.5 in flight of 4 + 4
+    trt = _sharer(LATENCY, arrivals=0.6, load=0.5)
+    vllm = _sharer(THROUGHPUT, arrivals=2.4, load=1.0)
+    got = consolidate([trt, vllm])
+    assert list(got) == [("ns", "trt")]
+    assert "throughput-role replicas serve its classes (ns/vllm" in got[("ns", "trt")]
+    assert "fills 38% of their target" in got[("ns", "trt")]  # 1.5 / (1 x 4)
+    # the other way round when batch work is the smaller share
+    assert list(consolidate([dataclasses.replace(trt, arrivals=3.0), vllm])) == [("ns", "vllm")]
+    # a tie: the throughput role stands down, the faster engine keeps serving
+    assert list(consolidate([dataclasses.replace(trt, arrivals=2.4), vllm])) == [("ns", "vllm")]
+
+
+def test_a_role_with_replicas_drains_below_half_one_at_zero_stays_below_three_quarters() -> None:
+    vllm = _sharer(THROUGHPUT, arrivals=5.0, load=2.0)
+    # 2.6 of 4: 65%, above ABSORB_FILL: a latency replica that runs keeps running
+    assert consolidate([_sharer(LATENCY, load=0.6), vllm]) == {}
+    # ... but one at zero stays there (below KEEP_FILL)
+    at_zero = _sharer(LATENCY, load=0.6, current=0, ready=0)
+    assert list(consolidate([at_zero, vllm])) == [("ns", "trt")]
+    # past KEEP_FILL it comes back: 3.2 of 4
+    assert consolidate([dataclasses.replace(at_zero, load=1.2), vllm]) == {}
+
+
+@pytest.mark.parametrize(
+    ("mine", "other"),
+    [
+        ({"min_replicas": 1}, {}),  # a floor is the owner's promise
+        ({"wanted": 2}, {}),  # its own demand wants more than one replica
+        ({}, {"ready": 0}),  # nothing ready on the other side to serve it
+        ({}, {"wanted": 0}),  # the other role is going to zero itself
+        ({"target": None}, {}),  # a KV target: no load to add up
+        ({}, {"current": 0, "ready": 0}),
+    ],
+)
+def test_no_consolidation(mine: dict[str, object], other: dict[str, object]) -> None:
+    low = {"arrivals": 0.1, "load": 0.2}
+    trt = _sharer(LATENCY, **(low | mine))
+    vllm = _sharer(THROUGHPUT, arrivals=3.0, load=0.5, **other)
+    assert ("ns", "trt") not in consolidate([trt, vllm])
+
+
+def test_unknown_arrivals_start_no_drain_but_keep_a_role_at_zero() -> None:
+    # the first scrape after a restart: no rates yet
+    trt, vllm = _sharer(LATENCY, arrivals=None), _sharer(THROUGHPUT, arrivals=None)
+    assert consolidate([trt, vllm]) == {}
+    at_zero = dataclasses.replace(trt, current=0, ready=0)
+    assert list(consolidate([at_zero, vllm])) == [("ns", "trt")]
+
+
+def test_one_role_alone_is_never_consolidated() -> None:
+    assert consolidate([_sharer(THROUGHPUT), _sharer(THROUGHPUT, key=("ns", "b"))]) == {}
+
+
+def test_every_service_of_the_role_stands_down_together() -> None:
+    trt = [_sharer(LATENCY, key=("ns", f"trt-{i}"), wanted=w, arrivals=0.1, load=0.1)
+           for i, w in enumerate((1, 0))]  # fmt: skip
+    vllm = _sharer(THROUGHPUT, current=2, ready=2, wanted=2, arrivals=4.0, load=3.0)
+    assert sorted(consolidate([*trt, vllm])) == [("ns", "trt-0"), ("ns", "trt-1")]
