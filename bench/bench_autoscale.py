@@ -79,7 +79,8 @@ pods as the all-vLLM static); hpa-prometheus: an HPA on each service, each on it
 engine's metric (``--hpa-metric`` as TensorRT-LLM names it for ``chat-trt``:
 ``trtllm_num_requests_running + trtllm_num_requests_waiting`` from its
 ``/prometheus/metrics``, 1.3 and later), minReplicas 1 each; ``--warm-start`` wakes
-both services (a critical and a standard request).
+both services (a critical and a standard request) and starts the trace once one
+replica is healthy (whether the other role's stays is fleetgate's decision).
 
 The trace (durations x ``--scale``; open loop, Poisson arrivals, seeded):
 quiet (base rate) 40 s, ramp (base -> 5 x base) 30 s, peak (5 x base, plus a burst of
@@ -419,8 +420,8 @@ async def run_contender(
                 # a day's quiet hours follow served traffic: a request of each class
                 # wakes the services from zero (not counted; in the mixed pool critical
                 # wakes the latency role, standard the throughput one), and the trace
-                # starts on one warm replica of each, as the HPA's does; the idle phase
-                # still scales them to zero
+                # starts on warm replicas, as the HPA's does; the idle phase still
+                # scales them to zero
                 await wait_until(lambda: healthy(0), 60, "router up")
                 classes = ("critical", "standard") if args.pool == "mixed" else ("standard",)
 
@@ -439,7 +440,9 @@ async def run_contender(
                 failed = [w.error for w in warm if w.error is not None]
                 if failed:
                     raise RuntimeError(f"a warm-up request failed: {failed}")
-                want = len(services)
+                # one replica serves now; in the mixed pool whether the other role's
+                # stays (or drains, its classes served by the first) is the autoscaler's
+                want = 1
             if want:
                 await wait_until(lambda: healthy(want), 120, "starting replicas healthy")
             else:
