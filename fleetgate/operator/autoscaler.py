@@ -155,7 +155,10 @@ class _Plan:
     decision: autoscale.Decision
     current: int
     demand_classes: str
-    ready: int = 0
+    serving: int = 0
+    """Ready pods that no router found failing its ``/health`` probe (a pod is Ready
+    before its engine answers where the readiness probe is not the engine's own, as on
+    kwok's fake nodes)."""
     role: pools.Role | None = None
     """The role whose classes' demand it took (None: all classes)."""
     model: str = ""
@@ -407,7 +410,7 @@ class Autoscaler:
                             role=p.spec.routing.role,
                             min_replicas=p.policy.min_replicas,
                             current=p.current,
-                            ready=p.ready,
+                            ready=p.serving,
                             wanted=p.decision.desired,
                             load=p.demand.load,
                             arrivals=p.demand.arrival_rate,
@@ -548,7 +551,11 @@ class Autoscaler:
             decision=decision,
             current=current,
             demand_classes=classes.describe(role) if role is not None else "all classes",
-            ready=len(ready_pods),
+            serving=sum(
+                1
+                for p in ready_pods
+                if demand.serving is None or endpoint[str(p["metadata"]["name"])] in demand.serving
+            ),
             role=role,
             model=spec.model.name or name,
         )

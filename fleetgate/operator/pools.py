@@ -277,6 +277,7 @@ class Sharer:
     """``spec.replicas`` now (starting replicas included: they serve within a cold
     start, as any scale-up does)."""
     ready: int
+    """Ready replicas the routers find serving (their ``/health``)."""
     wanted: int
     """What its own decision asks for, on its role's classes' demand."""
     load: float
@@ -293,8 +294,9 @@ def consolidate(group: Sequence[Sharer]) -> dict[Key, str]:
     role's replicas serve their classes: key -> why (for a person).
 
     A role qualifies when every one of its services has ``minReplicas: 0``, its own
-    demand wants at most one replica in all, and the other role has a Ready replica
-    and wants one: then the model's whole load (every service's) is compared with the
+    demand wants at most one replica in all, and the other role has a replica that
+    serves (Ready, and no router's health probe failing it) and wants one: then the
+    model's whole load (every service's) is compared with the
     other role's target load (``spec.replicas x targetInFlightPerReplica``), and the
     role stands at zero while that fill is at most :data:`ABSORB_FILL` (it has
     replicas: they drain) or :data:`KEEP_FILL` (it is at zero already). When both

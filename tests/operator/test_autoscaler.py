@@ -485,6 +485,30 @@ def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_
     assert _obj(kube, "trt")["status"]["autoscaling"]["reason"].startswith("ScaledUp")
 
 
+def test_a_role_is_served_by_the_other_only_where_a_router_finds_it_serving(
+    kube: FakeKube,
+) -> None:
+    # kwok's pods are Ready at once; the engine answers a cold start later
+    for name, role in (("trt", "latency"), ("vllm", "throughput")):
+        _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
+             minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
+    scaler, router, clock = _pool_scaler(kube, "--class-role=standard=throughput")
+    router.set_health({"ns/trt-0": True, "ns/vllm-0": False})
+    router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 0.0})
+    scaler.run_once()
+    clock.now += 1
+    router.arrive("llama", 1, "critical")
+    router.arrive("llama", 4, "standard")
+    scaler.run_once()
+    # critical has fewer arrivals, but vLLM cannot serve it yet: vLLM stands down
+    assert _annotations(kube, "trt-0") == {}
+    assert _annotations(kube, "vllm-0").get("fleetgate.dev/drain") == "true"
+    assert (
+        "latency-role replicas serve its classes (ns/trt"
+        in (_obj(kube, "vllm")["status"]["autoscaling"]["reason"])
+    )
+
+
 def test_the_pool_gpu_budget_limits_the_scale_up_and_says_so(kube: FakeKube) -> None:
     _put(kube, "trt", role="latency", replicas=1, gpus=2, engine="tensorrt-llm")
     _put(kube, "vllm", role="throughput", replicas=1)
