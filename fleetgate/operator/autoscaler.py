@@ -194,6 +194,8 @@ class Autoscaler:
         #: rates, the service time and its samples, ...) carries to the next tick, the
         #: rest is read from status.autoscaling every tick
         self._memory: dict[tuple[str, str], autoscale.State] = {}
+        #: (pool, model) -> recent (time, summed load) of a group both roles serve
+        self._group_loads: dict[tuple[str, str], list[tuple[float, float]]] = {}
         self._test_mode = os.environ.get("FLEETGATE_TEST_MODE") == "1"
         self._long_poll = long_poll
         self._wake = threading.Event()
@@ -401,7 +403,17 @@ class Autoscaler:
             if p.role is not None:
                 groups.setdefault((p.spec.routing.pool, p.model), []).append(p)
         absorbed: dict[pools.Key, str] = {}
-        for group in groups.values():
+        now = self._clock()
+        for gone in set(self._group_loads) - set(groups):
+            del self._group_loads[gone]
+        for gkey, group in groups.items():
+            recent = [
+                (t, x)
+                for t, x in self._group_loads.get(gkey, ())
+                if t > now - pools.LOAD_WINDOW_SECONDS
+            ]
+            recent.append((now, sum(p.demand.load for p in group)))
+            self._group_loads[gkey] = recent
             absorbed.update(
                 pools.consolidate(
                     [
@@ -417,7 +429,8 @@ class Autoscaler:
                             target=p.policy.target_in_flight,
                         )
                         for p in group
-                    ]
+                    ],
+                    total=sum(x for _, x in recent) / len(recent),
                 )
             )
         out = []

@@ -38,6 +38,7 @@ __all__ = [
     "THROUGHPUT",
     "ABSORB_FILL",
     "KEEP_FILL",
+    "LOAD_WINDOW_SECONDS",
     "ClassRoles",
     "Grant",
     "Member",
@@ -264,6 +265,11 @@ ABSORB_FILL = 0.5
 #: A role at zero stays there while the load fills at most this share; between the
 #: two thresholds nothing changes, so a load near one of them does not flap.
 KEEP_FILL = 0.75
+#: The load compared is its mean over this many seconds of decisions: the load of
+#: one instant follows Poisson clumps and bursts (a quiet pool at 3 req/s read 1 to 4
+#: in flight from one second to the next, and a latency role came and went 3 times
+#: in 40 s on it).
+LOAD_WINDOW_SECONDS = 10.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -289,7 +295,7 @@ class Sharer:
     """``targetInFlightPerReplica`` (None: it scales on another signal)."""
 
 
-def consolidate(group: Sequence[Sharer]) -> dict[Key, str]:
+def consolidate(group: Sequence[Sharer], total: float | None = None) -> dict[Key, str]:
     """The services of one (pool, model) group that stand at zero because the other
     role's replicas serve their classes: key -> why (for a person).
 
@@ -304,12 +310,15 @@ def consolidate(group: Sequence[Sharer]) -> dict[Key, str]:
     throughput role, so the faster engine keeps serving). While an arrival rate is
     unknown (the first scrape, after a restart) a role already at zero may stay there
     but none starts to drain. Only groups whose every service scales on in-flight
-    requests take part: a KV target has no load to add.
+    requests take part: a KV target has no load to add. ``total``: the model's load
+    to compare (the caller's mean over :data:`LOAD_WINDOW_SECONDS`); None: the sum of
+    the services' loads now.
     """
     by_role = {role: [m for m in group if m.role == role] for role in ROLES}
     if not all(by_role.values()) or any(m.target is None for m in group):
         return {}
-    total = sum(m.load for m in group)
+    if total is None:
+        total = sum(m.load for m in group)
     known = all(m.arrivals is not None for m in group)
     options: list[tuple[float, int, Role, float, list[Sharer]]] = []
     for role in ROLES:

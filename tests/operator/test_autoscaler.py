@@ -475,11 +475,17 @@ def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_
     assert trt["status"]["autoscaling"]["reason"].startswith("Consolidated: the pool's")
     cond = [c for c in trt["status"]["conditions"] if c["type"] == "Autoscaling"]
     assert cond[0]["reason"] == "Consolidated"
-    # past 75% (3.5 of 4) the latency role takes its classes back
+    # 3.5 of 4 for one second is a clump: the mean of the last 10 s stays below 75%
     clock.now += 1
     router.arrive("llama", 1, "critical")
     router.arrive("llama", 8, "standard")
     router.set_in_flight({"ns/vllm-0": 3.5})
+    scaler.run_once()
+    assert _obj(kube, "trt")["spec"]["replicas"] == 0
+    # sustained, it is past 75%: the latency role takes its classes back
+    clock.now += 10
+    router.arrive("llama", 10, "critical")
+    router.arrive("llama", 80, "standard")
     scaler.run_once()
     assert _obj(kube, "trt")["spec"]["replicas"] == 1
     assert _obj(kube, "trt")["status"]["autoscaling"]["reason"].startswith("ScaledUp")

@@ -336,6 +336,12 @@ def test_no_consolidation(mine: dict[str, object], other: dict[str, object]) -> 
     assert ("ns", "trt") not in consolidate([trt, vllm])
 
 
+def test_the_load_compared_may_be_the_callers_mean() -> None:
+    trt, vllm = _sharer(LATENCY, arrivals=0.6, load=0.5), _sharer(THROUGHPUT, load=3.0)
+    assert consolidate([trt, vllm]) == {}  # 3.5 of 4 now
+    assert list(consolidate([trt, vllm], total=1.5)) == [("ns", "trt")]  # its recent mean
+
+
 def test_unknown_arrivals_start_no_drain_but_keep_a_role_at_zero() -> None:
     # the first scrape after a restart: no rates yet
     trt, vllm = _sharer(LATENCY, arrivals=None), _sharer(THROUGHPUT, arrivals=None)
