@@ -156,9 +156,9 @@ class _Plan:
     current: int
     demand_classes: str
     serving: int = 0
-    """Ready pods that no router found failing its ``/health`` probe (a pod is Ready
-    before its engine answers where the readiness probe is not the engine's own, as on
-    kwok's fake nodes)."""
+    """Ready pods that a router's last ``/health`` probe found serving (a pod can be
+    Ready before its engine answers where the readiness probe is not the engine's own,
+    as on kwok's fake nodes; a pod no router has probed yet does not count)."""
     role: pools.Role | None = None
     """The role whose classes' demand it took (None: all classes)."""
     model: str = ""
@@ -567,7 +567,7 @@ class Autoscaler:
             serving=sum(
                 1
                 for p in ready_pods
-                if demand.serving is None or endpoint[str(p["metadata"]["name"])] in demand.serving
+                if endpoint[str(p["metadata"]["name"])] in (demand.serving or ())
             ),
             role=role,
             model=spec.model.name or name,

@@ -301,7 +301,8 @@ def consolidate(group: Sequence[Sharer], total: float | None = None) -> dict[Key
 
     A role qualifies when every one of its services has ``minReplicas: 0``, its own
     demand wants at most one replica in all, and the other role has a replica that
-    serves (Ready, and no router's health probe failing it) and wants one: then the
+    serves (Ready, and a router's last health probe found it serving) and wants one:
+    then the
     model's whole load (every service's) is compared with the
     other role's target load (``spec.replicas x targetInFlightPerReplica``), and the
     role stands at zero while that fill is at most :data:`ABSORB_FILL` (it has

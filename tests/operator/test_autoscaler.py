@@ -440,6 +440,7 @@ def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_
              minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
     scaler, router, clock = _pool_scaler(kube, "--class-role=standard=throughput")
     router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 1.0})
+    router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
     scaler.run_once()  # no arrival rate yet: nothing starts to drain
     assert _annotations(kube, "trt-0") == {}
     assert _obj(kube, "trt")["spec"]["replicas"] == 1
@@ -513,6 +514,21 @@ def test_a_role_is_served_by_the_other_only_where_a_router_finds_it_serving(
         "latency-role replicas serve its classes (ns/trt"
         in (_obj(kube, "vllm")["status"]["autoscaling"]["reason"])
     )
+
+
+def test_a_pod_no_router_has_probed_serves_no_other_role(kube: FakeKube) -> None:
+    for name, role in (("trt", "latency"), ("vllm", "throughput")):
+        _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
+             minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
+    scaler, router, clock = _pool_scaler(kube, "--class-role=standard=throughput")
+    router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 0.5})  # no health series at all
+    scaler.run_once()
+    clock.now += 1
+    router.arrive("llama", 1, "critical")
+    router.arrive("llama", 4, "standard")
+    scaler.run_once()
+    assert _annotations(kube, "trt-0") == {} and _annotations(kube, "vllm-0") == {}
+    assert _obj(kube, "trt")["spec"]["replicas"] == _obj(kube, "vllm")["spec"]["replicas"] == 1
 
 
 def test_the_pool_gpu_budget_limits_the_scale_up_and_says_so(kube: FakeKube) -> None:
