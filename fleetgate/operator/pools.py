@@ -302,12 +302,11 @@ def consolidate(group: Sequence[Sharer], total: float | None = None) -> dict[Key
     A role qualifies when every one of its services has ``minReplicas: 0``, its own
     demand wants at most one replica in all, and the other role has a replica that
     serves (Ready, and a router's last health probe found it serving) and wants one:
-    then the
-    model's whole load (every service's) is compared with the
-    other role's target load (``spec.replicas x targetInFlightPerReplica``), and the
-    role stands at zero while that fill is at most :data:`ABSORB_FILL` (it has
-    replicas: they drain) or :data:`KEEP_FILL` (it is at zero already). When both
-    roles qualify the one with fewer arrivals of its own stands down (a tie: the
+    then the model's whole load (every service's) is compared with the other role's
+    target load (the replicas it keeps, ``min(spec.replicas, wanted)``, x
+    ``targetInFlightPerReplica``), and the role stands at zero while that fill is at
+    most :data:`ABSORB_FILL` (it has replicas: they drain) or :data:`KEEP_FILL` (it
+    is at zero already). When both roles qualify the one with fewer arrivals of its own stands down (a tie: the
     throughput role, so the faster engine keeps serving). While an arrival rate is
     unknown (the first scrape, after a restart) a role already at zero may stay there
     but none starts to drain. Only groups whose every service scales on in-flight
@@ -329,7 +328,9 @@ def consolidate(group: Sequence[Sharer], total: float | None = None) -> dict[Key
             continue
         if not any(o.ready for o in other) or sum(o.wanted for o in other) < 1:
             continue
-        capacity = sum(o.current * (o.target or 0.0) for o in other)
+        # the replicas the other role keeps: its own decision may be shrinking it this
+        # very tick, and both going at once left a peak short by two replicas
+        capacity = sum(min(o.current, o.wanted) * (o.target or 0.0) for o in other)
         if capacity <= 0:
             continue
         fill = total / capacity

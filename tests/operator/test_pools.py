@@ -336,6 +336,14 @@ def test_no_consolidation(mine: dict[str, object], other: dict[str, object]) -> 
     assert ("ns", "trt") not in consolidate([trt, vllm])
 
 
+def test_only_the_replicas_the_other_role_keeps_count() -> None:
+    # vLLM shrinks from 3 to 2 this tick: 6 in flight fill 67% of the 2 it keeps
+    trt = _sharer(LATENCY, arrivals=3.0, load=1.0)
+    vllm = _sharer(THROUGHPUT, current=3, ready=3, wanted=2, arrivals=12.0, load=5.0)
+    assert consolidate([trt, vllm]) == {}
+    assert list(consolidate([trt, dataclasses.replace(vllm, wanted=3)])) == [("ns", "trt")]
+
+
 def test_the_load_compared_may_be_the_callers_mean() -> None:
     trt, vllm = _sharer(LATENCY, arrivals=0.6, load=0.5), _sharer(THROUGHPUT, load=3.0)
     assert consolidate([trt, vllm]) == {}  # 3.5 of 4 now
