@@ -194,6 +194,8 @@ class Autoscaler:
         #: rates, the service time and its samples, ...) carries to the next tick, the
         #: rest is read from status.autoscaling every tick
         self._memory: dict[tuple[str, str], autoscale.State] = {}
+        #: the services that stood down at the last tick -> their (pool, model)
+        self._stood_down: dict[pools.Key, tuple[str, str]] = {}
         #: (pool, model) -> recent (time, summed load) of a group both roles serve
         self._group_loads: dict[tuple[str, str], list[tuple[float, float]]] = {}
         self._test_mode = os.environ.get("FLEETGATE_TEST_MODE") == "1"
@@ -344,6 +346,10 @@ class Autoscaler:
         self._previous, self._previous_at = snaps, now
         live = [b for b in scaled if not b["metadata"].get("deletionTimestamp")]
         roles = self._demand_roles(live)
+        # a role that stood down at the last tick leaves its classes to the other role,
+        # whose decision then takes them (their arrivals' trend and queue as well as the
+        # in-flight on its pods): it serves them all
+        groups_down = set(self._stood_down.values())
         plans: list[_Plan] = []
         done = 0
         for body in live:
@@ -353,7 +359,13 @@ class Autoscaler:
                 try:
                     fresh = self._api.get(API_VERSION, KIND, *key)
                     if fresh is not None:
-                        plan = self.plan(fresh, snaps, previous, elapsed, now, roles.get(key))
+                        role = roles.get(key)
+                        plan = self.plan(
+                            fresh, snaps, previous, elapsed, now, role,
+                            all_classes=role is not None
+                            and key not in self._stood_down
+                            and _group(fresh) in groups_down,
+                        )  # fmt: skip
                         if plan is not None:
                             plans.append(plan)
                         done += 1
@@ -433,6 +445,11 @@ class Autoscaler:
                     total=sum(x for _, x in recent) / len(recent),
                 )
             )
+        self._stood_down = {
+            (p.ns, p.name): (p.spec.routing.pool, p.model)
+            for p in plans
+            if (p.ns, p.name) in absorbed
+        }
         out = []
         for p in plans:
             why = absorbed.get((p.ns, p.name))
@@ -481,10 +498,13 @@ class Autoscaler:
         elapsed: float,
         now: float,
         role: pools.Role | None = None,
+        *,
+        all_classes: bool = False,
     ) -> _Plan | None:
         """Read and decide for one service (no action yet); None if it is not
         autoscaled, its spec is invalid or no router answered. ``role``: take only the
-        demand of that role's priority classes (None: all classes)."""
+        demand of that role's priority classes (None: all classes); ``all_classes``:
+        take every class even so (the pool's other role stands down)."""
         meta = body["metadata"]
         ns, name = str(meta["namespace"]), str(meta["name"])
         try:
@@ -535,7 +555,7 @@ class Autoscaler:
             model=spec.model.name or name,
             endpoints=endpoint.values(),
             ttft_class=policy.ttft_class,
-            classes=classes.accepts(role) if role is not None else None,
+            classes=classes.accepts(role) if role is not None and not all_classes else None,
         )
         state = dataclasses.replace(
             self._memory.get((ns, name), autoscale.State()),
@@ -563,7 +583,13 @@ class Autoscaler:
             demand=demand,
             decision=decision,
             current=current,
-            demand_classes=classes.describe(role) if role is not None else "all classes",
+            demand_classes=(
+                "all classes"
+                if role is None
+                else "all classes (the pool's other role stands down)"
+                if all_classes
+                else classes.describe(role)
+            ),
             serving=sum(
                 1
                 for p in ready_pods
@@ -764,6 +790,14 @@ class Autoscaler:
         if previous == cond and (autoscaling is None or _same(old_status, autoscaling)):
             return
         self._api.patch_status(API_VERSION, KIND, ns, name, patch)
+
+
+def _group(body: Mapping[str, Any]) -> tuple[str, str]:
+    """(pool, served model) of an InferenceService body (its raw spec; defaults as the
+    CRD's)."""
+    spec = body.get("spec") or {}
+    model = (spec.get("model") or {}).get("name") or str(body["metadata"]["name"])
+    return str((spec.get("routing") or {}).get("pool") or "default"), str(model)
 
 
 def _same(old_status: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

@@ -301,18 +301,18 @@ def consolidate(group: Sequence[Sharer], total: float | None = None) -> dict[Key
 
     A role qualifies when every one of its services has ``minReplicas: 0``, its own
     demand wants at most one replica in all, and the other role has a replica that
-    serves (Ready, and a router's last health probe found it serving) and wants one:
-    then the model's whole load (every service's) is compared with the other role's
+    serves (Ready, and a router's last health probe found it serving) and wants one.
+    Then the model's whole load (every service's) is compared with the other role's
     target load (the replicas it keeps, ``min(spec.replicas, wanted)``, x
     ``targetInFlightPerReplica``), and the role stands at zero while that fill is at
     most :data:`ABSORB_FILL` (it has replicas: they drain) or :data:`KEEP_FILL` (it
-    is at zero already). When both roles qualify the one with fewer arrivals of its own stands down (a tie: the
-    throughput role, so the faster engine keeps serving). While an arrival rate is
-    unknown (the first scrape, after a restart) a role already at zero may stay there
-    but none starts to drain. Only groups whose every service scales on in-flight
-    requests take part: a KV target has no load to add. ``total``: the model's load
-    to compare (the caller's mean over :data:`LOAD_WINDOW_SECONDS`); None: the sum of
-    the services' loads now.
+    is at zero already). When both roles qualify, the one with fewer arrivals of its
+    own stands down (a tie: the throughput role, so the faster engine keeps
+    serving). While an arrival rate is unknown (the first scrape, after a restart) a
+    role already at zero may stay there but none starts to drain. Only groups whose
+    every service scales on in-flight requests take part: a KV target has no load to
+    add. ``total``: the model's load to compare (the caller's mean over
+    :data:`LOAD_WINDOW_SECONDS`); None: the sum of the services' loads now.
     """
     by_role = {role: [m for m in group if m.role == role] for role in ROLES}
     if not all(by_role.values()) or any(m.target is None for m in group):

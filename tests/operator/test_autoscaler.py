@@ -462,6 +462,10 @@ def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_
     router.set_in_flight({"ns/trt-0": 0.0, "ns/vllm-0": 1.5})
     scaler.run_once()
     assert _obj(kube, "trt")["spec"]["replicas"] == 0
+    # from the tick after it stood down, vLLM's decision takes every class's demand
+    vllm = _obj(kube, "vllm")["status"]["autoscaling"]
+    assert vllm["demandClasses"] == "all classes (the pool's other role stands down)"
+    assert vllm["demand"]["arrivalRate"] == 5  # critical 1/s + standard 4/s
     downs = [e["message"] for e in kube.of_kind("Event") if e["reason"] == "ScaledDown"]
     assert len(downs) == 1 and downs[0].startswith("1 -> 0 replicas; the pool's throughput-role")
     del kube.objects[("Pod", "ns", "trt-0")]
@@ -490,6 +494,11 @@ def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_
     scaler.run_once()
     assert _obj(kube, "trt")["spec"]["replicas"] == 1
     assert _obj(kube, "trt")["status"]["autoscaling"]["reason"].startswith("ScaledUp")
+    clock.now += 1
+    scaler.run_once()  # back to its role's classes
+    assert _obj(kube, "vllm")["status"]["autoscaling"]["demandClasses"] == (
+        "batch, sheddable, standard"
+    )
 
 
 def test_a_role_is_served_by_the_other_only_where_a_router_finds_it_serving(
