@@ -80,7 +80,8 @@ engine's metric (``--hpa-metric`` as TensorRT-LLM names it for ``chat-trt``:
 ``trtllm_num_requests_running + trtllm_num_requests_waiting`` from its
 ``/prometheus/metrics``, 1.3 and later), minReplicas 1 each; ``--warm-start`` wakes
 both services (a critical and a standard request) and starts the trace once one
-replica is healthy (whether the other role's stays is fleetgate's decision).
+replica is healthy; ``--pool-consolidation`` runs the operator with that option (one
+role serves both roles' classes while demand is low).
 
 The trace (durations x ``--scale``; open loop, Poisson arrivals, seeded):
 quiet (base rate) 40 s, ramp (base -> 5 x base) 30 s, peak (5 x base, plus a burst of
@@ -368,7 +369,8 @@ async def run_contender(
             [FLEETGATE, "operator", "--kubeconfig", str(cluster.kubeconfig), "--namespace", ns,
              "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--interval", "5",
              "--autoscale-interval", "1", "--router-metrics-url", f"{router}/metrics",
-             *(["--class-role", "standard=throughput"] if args.pool == "mixed" else [])],
+             *(["--class-role", "standard=throughput"] if args.pool == "mixed" else []),
+             *(["--pool-consolidation"] if args.pool_consolidation else [])],
             env={"FLEETGATE_EXTRA_TOLERATIONS": json.dumps([FAKE_NODE_TOLERATION])},
         )  # fmt: skip
         setup.start(
@@ -738,6 +740,12 @@ def main() -> int:
     parser.add_argument("--pool", choices=POOLS, default="vllm",
                         help="vllm: one vLLM service; mixed: TensorRT-LLM (latency) + "
                         "vLLM (throughput) in one pool")  # fmt: skip
+    parser.add_argument(
+        "--pool-consolidation",
+        action="store_true",
+        help="mixed pool: the operator lets one role serve both roles' classes while "
+        "demand is low (its --pool-consolidation)",
+    )
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -409,7 +409,10 @@ class Autoscaler:
 
     def _consolidate(self, plans: Sequence[_Plan]) -> list[_Plan]:
         """The plans, with a role that the pool's other role serves at zero
-        (:func:`fleetgate.operator.pools.consolidate`) deciding 0 replicas."""
+        (:func:`fleetgate.operator.pools.consolidate`) deciding 0 replicas; unchanged
+        without ``--pool-consolidation``."""
+        if not self._options.pool_consolidation:
+            return list(plans)
         groups: dict[tuple[str, str], list[_Plan]] = {}
         for p in plans:
             if p.role is not None:

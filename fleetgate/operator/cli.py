@@ -93,6 +93,13 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
         help="most GPUs (replicas x gpu.count) the autoscaled services of a routing pool "
         "may hold together (repeatable; default: no budget)",
     )
+    parser.add_argument(
+        "--pool-consolidation",
+        action="store_true",
+        help="let one role of a pool serve both roles' classes while demand is low (a "
+        "role at minReplicas 0 stands at zero while the other role's replicas have "
+        "room; default: every role with demand runs its own replicas)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -128,6 +135,7 @@ def options_from(args: argparse.Namespace, environ: dict[str, str]) -> OperatorO
         router_metrics_urls=tuple(args.router_metrics_url),
         class_roles=class_roles,
         pool_gpu_budgets=budgets,
+        pool_consolidation=args.pool_consolidation,
     )
 
 

@@ -66,6 +66,9 @@ class OperatorOptions:
     pool_gpu_budgets: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """routing.pool -> most GPUs its autoscaled services may hold (``--pool-gpu-budget``;
     a pool not listed has no budget)."""
+    pool_consolidation: bool = False
+    """One role of a pool serves both roles' classes while demand is low
+    (``--pool-consolidation``, :func:`fleetgate.operator.pools.consolidate`)."""
 
 
 def _one_toleration(text: str) -> dict[str, Any]:

@@ -370,6 +370,7 @@ def _pool_scaler(kube: FakeKube, *flags: str) -> tuple[Autoscaler, RouterDemand,
         router_metrics_urls=(URL,),
         pool_gpu_budgets=parse_pool_budgets(budgets),
         class_roles=parse_class_roles(roles),
+        pool_consolidation="--pool-consolidation" in flags,
     )
     metrics = OperatorMetrics()
     scaler = Autoscaler(
@@ -438,7 +439,9 @@ def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_
     for name, role in (("trt", "latency"), ("vllm", "throughput")):
         _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
              minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
-    scaler, router, clock = _pool_scaler(kube, "--class-role=standard=throughput")
+    scaler, router, clock = _pool_scaler(
+        kube, "--class-role=standard=throughput", "--pool-consolidation"
+    )
     router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 1.0})
     router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
     scaler.run_once()  # no arrival rate yet: nothing starts to drain
@@ -508,7 +511,9 @@ def test_a_role_is_served_by_the_other_only_where_a_router_finds_it_serving(
     for name, role in (("trt", "latency"), ("vllm", "throughput")):
         _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
              minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
-    scaler, router, clock = _pool_scaler(kube, "--class-role=standard=throughput")
+    scaler, router, clock = _pool_scaler(
+        kube, "--class-role=standard=throughput", "--pool-consolidation"
+    )
     router.set_health({"ns/trt-0": True, "ns/vllm-0": False})
     router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 0.0})
     scaler.run_once()
@@ -525,11 +530,31 @@ def test_a_role_is_served_by_the_other_only_where_a_router_finds_it_serving(
     )
 
 
-def test_a_pod_no_router_has_probed_serves_no_other_role(kube: FakeKube) -> None:
+def test_without_the_option_every_role_with_demand_keeps_its_replicas(kube: FakeKube) -> None:
     for name, role in (("trt", "latency"), ("vllm", "throughput")):
         _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
              minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
     scaler, router, clock = _pool_scaler(kube, "--class-role=standard=throughput")
+    router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 1.0})
+    router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
+    for _ in range(3):
+        router.arrive("llama", 1, "critical")
+        router.arrive("llama", 4, "standard")
+        scaler.run_once()
+        clock.now += 1
+    assert _annotations(kube, "trt-0") == {} and _annotations(kube, "vllm-0") == {}
+    assert _obj(kube, "vllm")["status"]["autoscaling"]["demandClasses"] == (
+        "batch, sheddable, standard"
+    )
+
+
+def test_a_pod_no_router_has_probed_serves_no_other_role(kube: FakeKube) -> None:
+    for name, role in (("trt", "latency"), ("vllm", "throughput")):
+        _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
+             minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
+    scaler, router, clock = _pool_scaler(
+        kube, "--class-role=standard=throughput", "--pool-consolidation"
+    )
     router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 0.5})  # no health series at all
     scaler.run_once()
     clock.now += 1

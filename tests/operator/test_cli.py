@@ -158,15 +158,17 @@ def test_options_from_flags_and_env() -> None:
 def test_pool_options_from_flags() -> None:
     opts = options_from(
         _args("--pool-gpu-budget", "chat=8", "--pool-gpu-budget", "bulk=16", "--class-role",
-              "standard=throughput"),
+              "standard=throughput", "--pool-consolidation"),
         {},
     )  # fmt: skip
+    assert opts.pool_consolidation is True
     assert opts.pool_gpu_budgets == {"chat": 8, "bulk": 16}
     assert opts.class_roles.role_of("standard") == "throughput"
     assert opts.class_roles.role_of("critical") == "latency"
     default = options_from(_args(), {})
     assert default.pool_gpu_budgets == {}, "no budget unless asked for"
     assert default.class_roles.role_of("batch") == "throughput"
+    assert default.pool_consolidation is False, "each role its own replicas unless asked"
 
 
 @pytest.mark.parametrize(
