@@ -5,8 +5,8 @@ on an ``ipc://`` path (vLLM 0.32 binds ipc/inproc endpoints and those with ``*``
 ``::``, and *connects* to any other, ``ZmqEventPublisher._is_bind_endpoint``; a PUB
 that connects to a bound SUB never delivered a message on this machine, pyzmq 27.3 /
 libzmq 4.3.5, tcp and ipc alike, so the tests let the engine bind, as it does in a
-pod with ``tcp://*:5557``) and binds its ROUTER replay socket on
-``tcp://127.0.0.1:R``; this process's SUB and DEALER connect:
+pod with ``tcp://*:5557``) and binds its ROUTER replay socket on another ``ipc://``
+path beside it (:func:`replay_endpoint_beside`); this process's SUB and DEALER connect:
 
 1. ``A`` = shared prefix (300 tokens) + 40 own tokens, then ``B`` = the same prefix
    + 40 other tokens (token-id prompts, so both backends see the same ids);
@@ -51,14 +51,21 @@ STEP_TIMEOUT_S = 60.0
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.32-kv-events.jsonl"
 
 
-def kv_events_config(pub_endpoint: str, replay_port: int) -> str:
+def replay_endpoint_beside(pub_endpoint: str) -> str:
+    """An ipc:// replay endpoint in the PUB endpoint's directory. Not a TCP port: a
+    port picked free before a real vLLM starts was taken by another socket in the ~30 s
+    the engine takes to bind it (CI of d08de45: ``Address already in use``)."""
+    return pub_endpoint.rsplit("/", 1)[0] + "/replay.ipc"
+
+
+def kv_events_config(pub_endpoint: str, replay_endpoint: str) -> str:
     """The ``--kv-events-config`` JSON both backends are started with."""
     return json.dumps(
         {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
             "endpoint": pub_endpoint,
-            "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
+            "replay_endpoint": replay_endpoint,
             "topic": TOPIC,
         }
     )

@@ -20,7 +20,6 @@ from realvllm import (
     SERVED_MODEL,
     ensure_model,
     ensure_venv,
-    free_port,
     run_real_vllm,
 )
 
@@ -34,16 +33,15 @@ from .backends import BLOCK_SIZE, NUM_BLOCKS, run_emulator
 @pytest.mark.timeout(900)
 def test_real_vllm_kv_events(sub_socket: tuple[zmq.Socket[bytes], str], tmp_path: Path) -> None:
     sub, pub_endpoint = sub_socket
-    replay_port = free_port()
+    replay = sc.replay_endpoint_beside(pub_endpoint)
     python = ensure_venv()
     model = ensure_model(python)
-    flags = ("--kv-events-config", sc.kv_events_config(pub_endpoint, replay_port))
+    flags = ("--kv-events-config", sc.kv_events_config(pub_endpoint, replay))
     recording: list[dict[str, Any]] = []
     try:
         with run_real_vllm(
             python, model, tmp_path / "server.log", flags, {"VLLM_SERVER_DEV_MODE": "1"}
         ) as server:
-            replay = f"tcp://127.0.0.1:{replay_port}"
             sc.record(server.base_url, server.model, sub, replay, recording)
     finally:
         sc.save(recording, tmp_path / "recording.jsonl")
@@ -73,15 +71,15 @@ def test_encoder_reproduces_real_payloads_byte_for_byte() -> None:
 
 def test_emulator_kv_events(sub_socket: tuple[zmq.Socket[bytes], str], tmp_path: Path) -> None:
     sub, pub_endpoint = sub_socket
-    replay_port = free_port()
+    replay = sc.replay_endpoint_beside(pub_endpoint)
     engine = (
         "vllm", "serve", SERVED_MODEL, "--host", "127.0.0.1", "--port", "{port}",
         "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
         "--num-gpu-blocks-override", str(NUM_BLOCKS), "--block-size", str(BLOCK_SIZE),
         "--enable-prefix-caching", "--scheduling-policy", "priority",
-        "--kv-events-config", sc.kv_events_config(pub_endpoint, replay_port),
+        "--kv-events-config", sc.kv_events_config(pub_endpoint, replay),
     )  # fmt: skip
     with run_emulator(tmp_path / "sim.log", engine) as backend:
         recording: list[dict[str, Any]] = []
-        sc.record(backend.base_url, backend.model, sub, f"tcp://127.0.0.1:{replay_port}", recording)
+        sc.record(backend.base_url, backend.model, sub, replay, recording)
     sc.check_stream(recording)

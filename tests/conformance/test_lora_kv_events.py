@@ -31,7 +31,6 @@ from realvllm import (
     SERVED_MODEL,
     ensure_model,
     ensure_venv,
-    free_port,
     run_real_vllm,
 )
 
@@ -142,8 +141,9 @@ def _check(cards: list[dict[str, Any]], recording: list[dict[str, Any]]) -> None
 
 
 def _lora_flags(pub_endpoint: str, adapter_dir: Path) -> tuple[str, ...]:
+    replay = sc.replay_endpoint_beside(pub_endpoint)
     return (
-        "--kv-events-config", sc.kv_events_config(pub_endpoint, free_port()),
+        "--kv-events-config", sc.kv_events_config(pub_endpoint, replay),
         "--enable-lora", "--max-lora-rank", str(RANK), "--max-loras", "1",
         "--lora-modules", f"{ADAPTER}={adapter_dir}",
     )  # fmt: skip
