@@ -386,6 +386,15 @@ def _pool_scaler(kube: FakeKube, *flags: str) -> tuple[Autoscaler, RouterDemand,
     return scaler, router, clock
 
 
+def _mixed_pair(kube: FakeKube, *flags: str) -> tuple[Autoscaler, RouterDemand, Clock]:
+    """TensorRT-LLM (latency) and vLLM (throughput), one replica each at minReplicas 0,
+    with critical demand to the first and standard to the second."""
+    for name, role in (("trt", "latency"), ("vllm", "throughput")):
+        _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
+             minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
+    return _pool_scaler(kube, "--class-role=standard=throughput", *flags)
+
+
 def _obj(kube: FakeKube, name: str) -> dict[str, Any]:
     return kube.objects[("InferenceService", "ns", name)]
 
@@ -436,12 +445,7 @@ def test_the_class_mapping_is_configurable(kube: FakeKube) -> None:
 def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_load(
     kube: FakeKube,
 ) -> None:
-    for name, role in (("trt", "latency"), ("vllm", "throughput")):
-        _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
-             minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
-    scaler, router, clock = _pool_scaler(
-        kube, "--class-role=standard=throughput", "--pool-consolidation"
-    )
+    scaler, router, clock = _mixed_pair(kube, "--pool-consolidation")
     router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 1.0})
     router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
     scaler.run_once()  # no arrival rate yet: nothing starts to drain
@@ -508,12 +512,7 @@ def test_a_role_is_served_by_the_other_only_where_a_router_finds_it_serving(
     kube: FakeKube,
 ) -> None:
     # kwok's pods are Ready at once; the engine answers a cold start later
-    for name, role in (("trt", "latency"), ("vllm", "throughput")):
-        _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
-             minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
-    scaler, router, clock = _pool_scaler(
-        kube, "--class-role=standard=throughput", "--pool-consolidation"
-    )
+    scaler, router, clock = _mixed_pair(kube, "--pool-consolidation")
     router.set_health({"ns/trt-0": True, "ns/vllm-0": False})
     router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 0.0})
     scaler.run_once()
@@ -531,10 +530,7 @@ def test_a_role_is_served_by_the_other_only_where_a_router_finds_it_serving(
 
 
 def test_without_the_option_every_role_with_demand_keeps_its_replicas(kube: FakeKube) -> None:
-    for name, role in (("trt", "latency"), ("vllm", "throughput")):
-        _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
-             minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
-    scaler, router, clock = _pool_scaler(kube, "--class-role=standard=throughput")
+    scaler, router, clock = _mixed_pair(kube)
     router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 1.0})
     router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
     for _ in range(3):
@@ -549,12 +545,7 @@ def test_without_the_option_every_role_with_demand_keeps_its_replicas(kube: Fake
 
 
 def test_a_pod_no_router_has_probed_serves_no_other_role(kube: FakeKube) -> None:
-    for name, role in (("trt", "latency"), ("vllm", "throughput")):
-        _put(kube, name, role=role, replicas=1, engine="tensorrt-llm" if name == "trt" else "vllm",
-             minReplicas=0, targetInFlightPerReplica=4)  # fmt: skip
-    scaler, router, clock = _pool_scaler(
-        kube, "--class-role=standard=throughput", "--pool-consolidation"
-    )
+    scaler, router, clock = _mixed_pair(kube, "--pool-consolidation")
     router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 0.5})  # no health series at all
     scaler.run_once()
     clock.now += 1
