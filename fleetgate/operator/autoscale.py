@@ -504,6 +504,10 @@ class Decision:
     recommendation: int
     """The raw recommendation before stabilisation."""
     state: State
+    need: float | None = None
+    """The requests in flight the in-flight target sized for (Little's mean or the
+    sample, its forecast and the backlog, less the ``credit``); None without an
+    in-flight target or while a woken service's backlog is not measured yet."""
 
     @property
     def changed(self) -> bool:
@@ -689,9 +693,19 @@ def _stopped(rates: Sequence[tuple[float, float]], now: float) -> tuple[float, f
 
 
 def decide(
-    policy: Policy, demand: Demand, current: int, ready: int, now: float, state: State
+    policy: Policy,
+    demand: Demand,
+    current: int,
+    ready: int,
+    now: float,
+    state: State,
+    *,
+    credit: float = 0.0,
 ) -> Decision:
-    """The replicas to run now, and why."""
+    """The replicas to run now, and why. ``credit``: requests in flight of this
+    demand that other replicas serve (the room the pool's latency role has beyond its
+    own classes, :func:`fleetgate.operator.pools.spare_room`): the in-flight target
+    sizes for the need less it."""
     # -- the trend of arrivals, over max(cold start, a minute)
     keep = max(policy.cold_start, TREND_WINDOW_SECONDS)
     rates = tuple((t, r) for t, r in state.rates if t >= now - keep)
@@ -759,6 +773,7 @@ def decide(
     # -- the raw recommendation and the reason for it
     candidates: list[tuple[int, str]] = []
     replicas_now = max(current, 1)
+    need: float | None = None
     if policy.target_in_flight is not None:
         target = policy.target_in_flight
         # the router holds a request only while no endpoint of the model can serve it,
@@ -784,7 +799,7 @@ def decide(
                 growth = growth_over(recent)
             running = demand.in_flight if steady is None else steady * growth
             backlog = demand.queued + demand.held
-            need = running + backlog / batches
+            need = max(0.0, running + backlog / batches - credit)
             want = math.ceil(need / target - 1e-9)
             if (
                 steady is not None
@@ -800,13 +815,14 @@ def decide(
             else:
                 note = f"; {_fmt(steady)} mean in flight (arrivals x {_fmt(service_time)}s)"
         elif not starting and not woken:
-            want = math.ceil(demand.load * growth / target - 1e-9)
+            need = max(0.0, demand.load * growth - credit)
+            want = math.ceil(need / target - 1e-9)
             held_at = target * current
             noise = SAMPLE_SIGNIFICANCE * math.sqrt(held_at)
             if (
                 want > current > 0
                 and demand.load == demand.in_flight
-                and (demand.in_flight * growth <= held_at + noise)
+                and (demand.in_flight * growth - credit <= held_at + noise)
             ):
                 # one sample within the noise of what the replicas hold (module docstring)
                 want = current
@@ -821,6 +837,8 @@ def decide(
             else:
                 note = f"; the backlog released to the {replicas_now} started from zero"
             note += " (service time not measured yet)"
+        if credit > 0 and need is not None:
+            note += f"; {_fmt(round(credit, 1))} of it on the latency role's room"
         per = demand.load / replicas_now
         trend = f" (arrivals x{growth:.2f} in {_fmt(policy.cold_start)}s)" if growth > 1.005 else ""
         cmp = ">" if want > current else "<" if want < current else "~"
@@ -921,6 +939,7 @@ def decide(
         desired=desired,
         reason=reason,
         recommendation=raw,
+        need=need,
         state=State(
             recommendations=tuple(recs),
             idle_since=idle_since,

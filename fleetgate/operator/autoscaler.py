@@ -352,19 +352,30 @@ class Autoscaler:
         groups_down = set(self._stood_down.values())
         plans: list[_Plan] = []
         done = 0
-        for body in live:
-            meta = body["metadata"]
-            key = (str(meta["namespace"]), str(meta["name"]))
+        # the latency role first: with --pool-consolidation its room beyond its own
+        # classes is the throughput role's credit (pools.spare_room)
+        for body in sorted(live, key=lambda b: roles.get(_key(b)) != pools.LATENCY):
+            key = _key(body)
             with self._reconciler.lock(*key):
                 try:
                     fresh = self._api.get(API_VERSION, KIND, *key)
                     if fresh is not None:
                         role = roles.get(key)
+                        all_classes = (
+                            role is not None
+                            and key not in self._stood_down
+                            and _group(fresh) in groups_down
+                        )
+                        credit = 0.0
+                        if (
+                            self._options.pool_consolidation
+                            and role == pools.THROUGHPUT
+                            and not all_classes
+                        ):
+                            credit = self._latency_room(plans, _group(fresh))
                         plan = self.plan(
                             fresh, snaps, previous, elapsed, now, role,
-                            all_classes=role is not None
-                            and key not in self._stood_down
-                            and _group(fresh) in groups_down,
+                            all_classes=all_classes, credit=credit,
                         )  # fmt: skip
                         if plan is not None:
                             plans.append(plan)
@@ -406,6 +417,18 @@ class Autoscaler:
                 )
             )
         return pools.demand_roles(members)
+
+    def _latency_room(self, plans: Sequence[_Plan], group: tuple[str, str]) -> float:
+        """The room the latency-role services of ``group`` planned so far keep beyond
+        their own classes' need (:func:`fleetgate.operator.pools.spare_room`); one that
+        stood down at the last tick keeps none (it drains to zero)."""
+        return pools.spare_room(
+            (p.current, p.decision.desired, p.policy.target_in_flight, p.decision.need)
+            for p in plans
+            if p.role == pools.LATENCY
+            and (p.spec.routing.pool, p.model) == group
+            and (p.ns, p.name) not in self._stood_down
+        )
 
     def _consolidate(self, plans: Sequence[_Plan]) -> list[_Plan]:
         """The plans, with a role that the pool's other role serves at zero
@@ -503,11 +526,14 @@ class Autoscaler:
         role: pools.Role | None = None,
         *,
         all_classes: bool = False,
+        credit: float = 0.0,
     ) -> _Plan | None:
         """Read and decide for one service (no action yet); None if it is not
         autoscaled, its spec is invalid or no router answered. ``role``: take only the
         demand of that role's priority classes (None: all classes); ``all_classes``:
-        take every class even so (the pool's other role stands down)."""
+        take every class even so (the pool's other role stands down); ``credit``: the
+        requests in flight other replicas run of that demand (the latency role's
+        room, :func:`fleetgate.operator.pools.spare_room`)."""
         meta = body["metadata"]
         ns, name = str(meta["namespace"]), str(meta["name"])
         try:
@@ -570,7 +596,9 @@ class Autoscaler:
             idle_since=_parse_time(old.get("idleSince")),
             last_scale_time=_parse_time(old.get("lastScaleTime")),
         )
-        decision = autoscale.decide(policy, demand, current, len(ready_pods), now, state)
+        decision = autoscale.decide(
+            policy, demand, current, len(ready_pods), now, state, credit=credit
+        )
         self._memory[(ns, name)] = decision.state
         return _Plan(
             ns=ns,
@@ -814,3 +842,9 @@ def _same(old_status: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
         elif old.get(key) != value:
             return False
     return True
+
+
+def _key(body: Mapping[str, Any]) -> pools.Key:
+    """(namespace, name) of an InferenceService body."""
+    meta = body["metadata"]
+    return str(meta["namespace"]), str(meta["name"])

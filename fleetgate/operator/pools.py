@@ -14,6 +14,13 @@ Two things need every autoscaled service of a pool at once (docs/operator.md
   served by the other role's replicas (the router sends any class to any engine of
   the model), so quiet hours run one replica, not one per role. It comes back when
   the load would fill the other role's replicas past :data:`KEEP_FILL`.
+* **The latency role's room** (:func:`spare_room`). The latency role is sized on
+  its classes' demand alone, but the router sends any class to any engine of the
+  model, so its replicas also run batch-class requests while they have room. What
+  room they keep beyond their own classes' load is subtracted from the throughput
+  role's need: the model's peak runs the replicas its whole load needs, not those of
+  each role's share rounded up separately (a peak of 1.3 + 5.9 in flight at a target
+  of 4.5 per replica is 2 replicas, not 1 + 2).
 * **The GPU budget of a pool.** ``replicas x gpu.count`` summed over the pool's
   autoscaled services stays within the budget (:func:`share_budget`): the latency
   role is served first up to what it wants, then the throughput role, one replica
@@ -49,6 +56,7 @@ __all__ = [
     "parse_class_roles",
     "parse_pool_budgets",
     "share_budget",
+    "spare_room",
 ]
 
 Role = Literal["latency", "throughput"]
@@ -349,3 +357,20 @@ def consolidate(group: Sequence[Sharer], total: float | None = None) -> dict[Key
         f"of their target)"
     )
     return {m.key: why for m in by_role[role]}
+
+
+def spare_room(latency: Iterable[tuple[int, int, float | None, float | None]]) -> float:
+    """The requests in flight the latency-role services of a (pool, model) group can
+    run beyond their own classes' need: ``(current, desired, target, need)`` of each
+    (``spec.replicas``, its decision, ``targetInFlightPerReplica``, what that
+    decision sized for) -> the sum of ``min(current, desired) x target - need`` over
+    them, none below 0. The replicas counted are those it keeps: starting ones
+    included (they serve within a cold start, as the other role's would), not the
+    ones its decision removes. A service without an in-flight target or a need adds
+    nothing."""
+    room = 0.0
+    for current, desired, target, need in latency:
+        if target is None or need is None:
+            continue
+        room += max(0.0, min(current, desired) * target - need)
+    return room

@@ -174,6 +174,18 @@ def test_one_sample_within_the_noise_of_what_the_replicas_hold_adds_none() -> No
     assert decide(p, Demand(in_flight=9.0), 2, 2, 1.0, State()).desired == 5
 
 
+def test_a_credit_is_load_other_replicas_run_and_the_target_sizes_for_the_rest() -> None:
+    p = policy(target_in_flight=4.0)
+    alone = decide(p, Demand(in_flight=8.0, queued=2.0), 2, 2, 1.0, State())
+    assert (alone.desired, alone.need) == (3, 10.0)
+    shared = decide(p, Demand(in_flight=8.0, queued=2.0), 2, 2, 1.0, State(), credit=3.0)
+    assert (shared.desired, shared.need) == (2, 7.0)
+    assert shared.reason.endswith("; 3 of it on the latency role's room")
+    # more room than load: the need is 0, and minReplicas holds
+    spare = decide(p, Demand(in_flight=1.0), 1, 1, 1.0, State(), credit=5.0)
+    assert (spare.desired, spare.need) == (1, 0.0)
+
+
 def test_max_replicas_caps() -> None:
     dec = decide(policy(max_replicas=3), Demand(in_flight=100), 1, 1, 0.0, State())
     assert dec.desired == 3

@@ -544,6 +544,27 @@ def test_without_the_option_every_role_with_demand_keeps_its_replicas(kube: Fake
     )
 
 
+@pytest.mark.parametrize("option", [True, False])
+def test_the_latency_roles_room_runs_batch_class_load_before_the_throughput_role_grows(
+    kube: FakeKube, option: bool
+) -> None:
+    scaler, router, _ = _mixed_pair(kube, *(["--pool-consolidation"] if option else []))
+    router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
+    # TensorRT-LLM runs 1 of its critical requests (room for 3 more at 4 per replica);
+    # vLLM runs 4 standard requests and 2 more wait: 6 > 4
+    router.set_in_flight({"ns/trt-0": 1.0, "ns/vllm-0": 4.0})
+    router.set_queue("llama", 2, "standard")
+    scaler.run_once()
+    assert _obj(kube, "trt")["spec"]["replicas"] == 1
+    vllm = _obj(kube, "vllm")
+    if option:  # 6 - 3 of room = 3 <= 4: the router sends the 2 waiting to TensorRT-LLM
+        assert vllm["spec"]["replicas"] == 1
+        assert "; 3 of it on the latency role's room" in vllm["status"]["autoscaling"]["reason"]
+    else:  # each role sized on its own classes: 1 + 2
+        assert vllm["spec"]["replicas"] == 2
+        assert "latency role's room" not in vllm["status"]["autoscaling"]["reason"]
+
+
 def test_a_pod_no_router_has_probed_serves_no_other_role(kube: FakeKube) -> None:
     scaler, router, clock = _mixed_pair(kube, "--pool-consolidation")
     router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 0.5})  # no health series at all

@@ -22,6 +22,7 @@ from fleetgate.operator.pools import (
     parse_class_roles,
     parse_pool_budgets,
     share_budget,
+    spare_room,
 )
 from fleetgate.router.priority.config import PriorityConfig
 
@@ -367,3 +368,13 @@ def test_every_service_of_the_role_stands_down_together() -> None:
            for i, w in enumerate((1, 0))]  # fmt: skip
     vllm = _sharer(THROUGHPUT, current=2, ready=2, wanted=2, arrivals=4.0, load=3.0)
     assert sorted(consolidate([*trt, vllm])) == [("ns", "trt-0"), ("ns", "trt-1")]
+
+
+def test_the_latency_roles_room_is_what_its_kept_replicas_hold_beyond_its_need() -> None:
+    # 2 replicas of which its decision keeps 1: 1 x 4 - 1.5
+    assert spare_room([(2, 1, 4.0, 1.5)]) == 2.5
+    # starting replicas count (they serve within a cold start); no negative room
+    assert spare_room([(3, 3, 4.0, 10.0), (1, 1, 4.0, 6.0)]) == 2.0
+    # no in-flight target, or no need measured: no room claimed
+    assert spare_room([(1, 1, None, 1.0), (1, 1, 4.0, None)]) == 0.0
+    assert spare_room([]) == 0.0
