@@ -506,8 +506,9 @@ class Decision:
     state: State
     need: float | None = None
     """The requests in flight the in-flight target sized for (Little's mean or the
-    sample, its forecast and the backlog, less the ``credit``); None without an
-    in-flight target or while a woken service's backlog is not measured yet."""
+    sample, its forecast and the backlog, less the ``credit``; while requests are held
+    or a woken service's time is not measured yet, its load); None without an
+    in-flight target."""
 
     @property
     def changed(self) -> bool:
@@ -831,7 +832,8 @@ def decide(
             # not measured yet, and requests held, or released by the replicas started
             # from zero: a backlog, whose size alone says nothing about how fast it
             # drains; it keeps at most the replicas asked for (no forecast either)
-            want = min(math.ceil(demand.load / target - 1e-9), replicas_now)
+            need = demand.load
+            want = min(math.ceil(need / target - 1e-9), replicas_now)
             if starting:
                 note = f"; {_fmt(demand.held)} held wait for the {replicas_now} starting"
             else:

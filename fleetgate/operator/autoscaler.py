@@ -471,6 +471,17 @@ class Autoscaler:
                     total=sum(x for _, x in recent) / len(recent),
                 )
             )
+        # a role that stood down and comes back this tick brings replicas for its
+        # classes, which the serving role's decision (all classes) sized for as well
+        back: dict[tuple[str, str], tuple[int, pools.Role]] = {}
+        for p in plans:
+            if (p.ns, p.name) in self._stood_down and (p.ns, p.name) not in absorbed:
+                n, _ = back.get(self._stood_down[(p.ns, p.name)], (0, p.spec.routing.role))
+                back[self._stood_down[(p.ns, p.name)]] = (
+                    n + p.decision.desired,
+                    p.spec.routing.role,
+                )
+        returning = set(self._stood_down)
         self._stood_down = {
             (p.ns, p.name): (p.spec.routing.pool, p.model)
             for p in plans
@@ -478,6 +489,9 @@ class Autoscaler:
         }
         out = []
         for p in plans:
+            gkey = (p.spec.routing.pool, p.model)
+            if gkey in back and p.role is not None and (p.ns, p.name) not in returning:
+                p = _less_what_comes_back(p, *back[gkey])
             why = absorbed.get((p.ns, p.name))
             if why is not None:
                 kind = "ScaledDown" if p.current > 0 else "Consolidated"
@@ -848,3 +862,19 @@ def _key(body: Mapping[str, Any]) -> pools.Key:
     """(namespace, name) of an InferenceService body."""
     meta = body["metadata"]
     return str(meta["namespace"]), str(meta["name"])
+
+
+def _less_what_comes_back(plan: _Plan, replicas: int, role: pools.Role) -> _Plan:
+    """``plan`` (the serving role's, on every class's demand) with a scale-up cut by
+    the ``replicas`` the pool's other role comes back with this tick, never below its
+    replicas now: the next tick's decision takes only its own classes again."""
+    d = plan.decision
+    if d.desired <= plan.current or replicas <= 0:
+        return plan
+    desired = max(plan.current, d.desired - replicas)
+    why = d.reason.split(": ", 1)[-1]
+    note = f"; {replicas} of the {d.desired - plan.current} wanted come back on the {role} role"
+    kind = "ScaledUp" if desired > plan.current else "Steady"
+    return dataclasses.replace(
+        plan, decision=dataclasses.replace(d, desired=desired, reason=f"{kind}: {why}{note}")
+    )

@@ -7,6 +7,7 @@ that resumes from status, and the test-mode refusal to scrape off loopback.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -506,6 +507,39 @@ def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_
     assert _obj(kube, "vllm")["status"]["autoscaling"]["demandClasses"] == (
         "batch, sheddable, standard"
     )
+
+
+def test_a_role_coming_back_brings_replicas_the_serving_role_does_not_add_again(
+    kube: FakeKube,
+) -> None:
+    scaler, router, clock = _mixed_pair(kube, "--pool-consolidation")
+    router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 1.0})
+    router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
+    scaler.run_once()
+    for _ in range(2):  # TensorRT-LLM drains, then goes: vLLM serves both
+        clock.now += 1
+        router.arrive("llama", 1, "critical")
+        router.arrive("llama", 4, "standard")
+        router.set_in_flight({"ns/trt-0": 0.0, "ns/vllm-0": 1.5})
+        scaler.run_once()
+    assert _obj(kube, "trt")["spec"]["replicas"] == 0
+    del kube.objects[("Pod", "ns", "trt-0")]
+    # a surge: past 75% of vLLM's one replica, so TensorRT-LLM comes back with 1, in
+    # the tick where vLLM's decision still takes every class's demand
+    clock.now += 10
+    router.arrive("llama", 20, "critical")
+    router.arrive("llama", 80, "standard")
+    router.set_in_flight({"ns/vllm-0": 4.0})
+    router.set_queue("llama", 8, "standard")
+    scaler.run_once()
+    assert _obj(kube, "trt")["spec"]["replicas"] == 1
+    vllm = _obj(kube, "vllm")
+    reason = vllm["status"]["autoscaling"]["reason"]
+    m = re.search(r"; 1 of the (\d+) wanted come back on the latency role$", reason)
+    assert m is not None, reason
+    wanted = int(m.group(1))
+    assert wanted >= 2  # 12 in flight and queued at 4 per replica: 3 in all
+    assert vllm["spec"]["replicas"] == 1 + wanted - 1
 
 
 def test_a_role_is_served_by_the_other_only_where_a_router_finds_it_serving(
