@@ -13,7 +13,8 @@ Two things need every autoscaled service of a pool at once (docs/operator.md
   while the pool's other role has room for the model's whole load: its classes are
   served by the other role's replicas (the router sends any class to any engine of
   the model), so quiet hours run one replica, not one per role. It comes back when
-  the load would fill the other role's replicas past :data:`KEEP_FILL`.
+  the load would fill the other role's replicas past :data:`KEEP_FILL`, or when the
+  other role's decision grows it (its replicas then count toward that growth).
 * **The latency role's room** (:func:`spare_room`). The latency role is sized on
   its classes' demand alone, but the router sends any class to any engine of the
   model, so its replicas also run batch-class requests while they have room. What
@@ -309,7 +310,9 @@ def consolidate(group: Sequence[Sharer], total: float | None = None) -> dict[Key
 
     A role qualifies when every one of its services has ``minReplicas: 0``, its own
     demand wants at most one replica in all, and the other role has a replica that
-    serves (Ready, and a router's last health probe found it serving) and wants one.
+    serves (Ready, and a router's last health probe found it serving), wants one, and
+    wants no more than it has (a role growing for the model's load is the end of low
+    demand: the one at zero comes back rather than the other adding replicas).
     Then the model's whole load (every service's) is compared with the other role's
     target load (the replicas it keeps, ``min(spec.replicas, wanted)``, x
     ``targetInFlightPerReplica``), and the role stands at zero while that fill is at
@@ -335,6 +338,11 @@ def consolidate(group: Sequence[Sharer], total: float | None = None) -> dict[Key
         if any(m.min_replicas > 0 for m in mine) or sum(m.wanted for m in mine) > 1:
             continue
         if not any(o.ready for o in other) or sum(o.wanted for o in other) < 1:
+            continue
+        if sum(o.wanted for o in other) > sum(o.current for o in other):
+            # the other role grows: demand is no longer low, and this role's replicas
+            # come back to take their classes instead of the other's growing for them
+            # (the caller cuts that growth by what comes back)
             continue
         # the replicas the other role keeps: its own decision may be shrinking it this
         # very tick, and both going at once left a peak short by two replicas

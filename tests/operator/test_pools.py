@@ -326,6 +326,8 @@ def test_a_role_with_replicas_drains_below_half_one_at_zero_stays_below_three_qu
         ({"wanted": 2}, {}),  # its own demand wants more than one replica
         ({}, {"ready": 0}),  # nothing ready on the other side to serve it
         ({}, {"wanted": 0}),  # the other role is going to zero itself
+        ({}, {"wanted": 2}),  # the other role grows: demand is no longer low
+        ({"current": 0, "ready": 0}, {"wanted": 2}),  # ... so one at zero comes back
         ({"target": None}, {}),  # a KV target: no load to add up
         ({}, {"current": 0, "ready": 0}),
     ],
