@@ -312,7 +312,9 @@ def consolidate(group: Sequence[Sharer], total: float | None = None) -> dict[Key
     demand wants at most one replica in all, and the other role has a replica that
     serves (Ready, and a router's last health probe found it serving), wants one, and
     wants no more than it has (a role growing for the model's load is the end of low
-    demand: the one at zero comes back rather than the other adding replicas).
+    demand: the one at zero comes back rather than the other adding replicas). A role
+    with replicas starts to drain only while they all serve (none is still starting)
+    and the other role keeps one replica.
     Then the model's whole load (every service's) is compared with the other role's
     target load (the replicas it keeps, ``min(spec.replicas, wanted)``, x
     ``targetInFlightPerReplica``), and the role stands at zero while that fill is at
@@ -351,6 +353,17 @@ def consolidate(group: Sequence[Sharer], total: float | None = None) -> dict[Key
             continue
         fill = total / capacity
         at_zero = sum(m.current for m in mine) == 0
+        if not at_zero and (
+            sum(m.ready for m in mine) < sum(m.current for m in mine)
+            or sum(min(o.current, o.wanted) for o in other) > 1
+        ):
+            # A role starts to drain only onto one replica of the other (quiet hours,
+            # not a peak both roles' replicas serve: at 49% of 3 vLLM replicas a peak's
+            # TensorRT-LLM replica drained and came back 3 s later), and only once its
+            # own replicas all serve (one that came back within a cold start was asked
+            # for: draining it as the other role stops growing flapped 0 -> 1 -> 0 -> 1
+            # in 4 s)
+            continue
         if fill <= (KEEP_FILL if at_zero else ABSORB_FILL) and (known or at_zero):
             arrivals = sum(m.arrivals or 0.0 for m in mine)
             # fewer arrivals first; on a tie the throughput role (index 1) stands down

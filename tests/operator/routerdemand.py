@@ -19,7 +19,7 @@ from fleetgate.router.metrics import ClassMetrics, RouterMetrics
 from fleetgate.router.priority.config import PriorityConfig
 from fleetgate.router.scheduling.load import LoadParams
 from fleetgate.router.scheduling.prefix import PrefixIndex
-from fleetgate.router.state import Fleet
+from fleetgate.router.state import Endpoint, Fleet
 
 
 class RouterDemand:
@@ -34,6 +34,7 @@ class RouterDemand:
         assert self.arrivals._name == autoscale.ARRIVALS
         assert self.held._name == autoscale.HELD
         assert self.metrics.requests._name == autoscale.REQUESTS
+        self._health_eps: list[Endpoint] | None = None
 
     def arrive(self, model: str, n: int, cls: str = "standard") -> None:
         self.arrivals.labels(model=model, **{"class": cls}).inc(n)
@@ -58,12 +59,18 @@ class RouterDemand:
 
     def set_health(self, endpoints: Mapping[str, bool]) -> None:
         """The router's per-endpoint state (``fleetgate_endpoint_healthy`` among it),
-        exported by its own fleet collector over endpoints with these ids (once)."""
+        exported by its own fleet collector over endpoints with these ids; a later
+        call with the same ids changes their state."""
+        if self._health_eps is not None:
+            for e in self._health_eps:
+                e.healthy = endpoints[e.id]
+            return
         eps = []
         for k, (ep, ok) in enumerate(endpoints.items()):
             e = loopback_endpoint("vllm", ep, 18500 + k)
             e.healthy = ok
             eps.append(e)
+        self._health_eps = eps
         fleet = Fleet(eps, index=PrefixIndex(1024), load_params=LoadParams())
         self.metrics.watch_fleet(fleet, lambda: 0.0)
 

@@ -554,13 +554,17 @@ def test_a_role_is_served_by_the_other_only_where_a_router_finds_it_serving(
     router.arrive("llama", 1, "critical")
     router.arrive("llama", 4, "standard")
     scaler.run_once()
-    # critical has fewer arrivals, but vLLM cannot serve it yet: vLLM stands down
-    assert _annotations(kube, "trt-0") == {}
-    assert _annotations(kube, "vllm-0").get("fleetgate.dev/drain") == "true"
-    assert (
-        "latency-role replicas serve its classes (ns/trt"
-        in (_obj(kube, "vllm")["status"]["autoscaling"]["reason"])
-    )
+    # critical has fewer arrivals, but vLLM cannot serve it yet; nor is vLLM's replica
+    # drained while it starts (it was asked for)
+    assert _annotations(kube, "trt-0") == {} and _annotations(kube, "vllm-0") == {}
+    # once it serves, the role with fewer arrivals stands down
+    router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
+    clock.now += 1
+    router.arrive("llama", 1, "critical")
+    router.arrive("llama", 4, "standard")
+    scaler.run_once()
+    assert _annotations(kube, "vllm-0") == {}
+    assert _annotations(kube, "trt-0").get("fleetgate.dev/drain") == "true"
 
 
 def test_without_the_option_every_role_with_demand_keeps_its_replicas(kube: FakeKube) -> None:

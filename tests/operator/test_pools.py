@@ -340,11 +340,25 @@ def test_no_consolidation(mine: dict[str, object], other: dict[str, object]) -> 
 
 
 def test_only_the_replicas_the_other_role_keeps_count() -> None:
-    # vLLM shrinks from 3 to 2 this tick: 6 in flight fill 67% of the 2 it keeps
-    trt = _sharer(LATENCY, arrivals=3.0, load=1.0)
-    vllm = _sharer(THROUGHPUT, current=3, ready=3, wanted=2, arrivals=12.0, load=5.0)
+    # vLLM shrinks from 3 to 2 this tick: 6.5 in flight fill 81% of the 2 it keeps, so
+    # a TensorRT-LLM role at zero comes back (of all 3 it would be 54%)
+    trt = _sharer(LATENCY, current=0, ready=0, arrivals=3.0, load=0.0)
+    vllm = _sharer(THROUGHPUT, current=3, ready=3, wanted=2, arrivals=12.0, load=6.5)
     assert consolidate([trt, vllm]) == {}
     assert list(consolidate([trt, dataclasses.replace(vllm, wanted=3)])) == [("ns", "trt")]
+
+
+def test_a_role_drains_only_onto_one_replica_and_only_once_its_own_all_serve() -> None:
+    trt = _sharer(LATENCY, arrivals=0.6, load=0.2)
+    # a peak both roles serve is no quiet hour, however low the fill of 3 replicas
+    three = _sharer(THROUGHPUT, current=3, ready=3, wanted=3, arrivals=2.4, load=1.0)
+    assert consolidate([trt, three]) == {}
+    # the one replica it keeps of them: 1.2 of 4
+    assert list(consolidate([trt, dataclasses.replace(three, wanted=1)])) == [("ns", "trt")]
+    # a replica still starting came back for the load: it is not drained yet
+    vllm = _sharer(THROUGHPUT, arrivals=2.4, load=1.0)
+    assert ("ns", "trt") not in consolidate([dataclasses.replace(trt, current=2, ready=1), vllm])
+    assert list(consolidate([dataclasses.replace(trt, ready=1), vllm])) == [("ns", "trt")]
 
 
 def test_the_load_compared_may_be_the_callers_mean() -> None:
@@ -368,7 +382,7 @@ def test_one_role_alone_is_never_consolidated() -> None:
 def test_every_service_of_the_role_stands_down_together() -> None:
     trt = [_sharer(LATENCY, key=("ns", f"trt-{i}"), wanted=w, arrivals=0.1, load=0.1)
            for i, w in enumerate((1, 0))]  # fmt: skip
-    vllm = _sharer(THROUGHPUT, current=2, ready=2, wanted=2, arrivals=4.0, load=3.0)
+    vllm = _sharer(THROUGHPUT, arrivals=4.0, load=1.5)
     assert sorted(consolidate([*trt, vllm])) == [("ns", "trt-0"), ("ns", "trt-1")]
 
 
