@@ -96,9 +96,10 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pool-consolidation",
         action="store_true",
-        help="let one role of a pool serve both roles' classes while demand is low (a "
-        "role at minReplicas 0 stands at zero while the other role's replicas have "
-        "room; default: every role with demand runs its own replicas)",
+        help="let the roles of a pool share their replicas: the throughput role grows "
+        "only for what the latency role's replicas have no room for, and one role at "
+        "minReplicas 0 stands at zero while the other's one replica serves both "
+        "(default: every role with demand runs its own replicas for its own classes)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 

@@ -67,8 +67,10 @@ class OperatorOptions:
     """routing.pool -> most GPUs its autoscaled services may hold (``--pool-gpu-budget``;
     a pool not listed has no budget)."""
     pool_consolidation: bool = False
-    """One role of a pool serves both roles' classes while demand is low
-    (``--pool-consolidation``, :func:`fleetgate.operator.pools.consolidate`)."""
+    """The roles of a pool share their replicas (``--pool-consolidation``): the
+    throughput role's need less the latency role's room
+    (:func:`fleetgate.operator.pools.spare_room`), and one role serving both while
+    demand is low (:func:`fleetgate.operator.pools.consolidate`)."""
 
 
 def _one_toleration(text: str) -> dict[str, Any]:
