@@ -396,6 +396,24 @@ def _mixed_pair(kube: FakeKube, *flags: str) -> tuple[Autoscaler, RouterDemand, 
     return _pool_scaler(kube, "--class-role=standard=throughput", *flags)
 
 
+def _both_serving(kube: FakeKube) -> tuple[Autoscaler, RouterDemand, Clock]:
+    """:func:`_mixed_pair` with ``--pool-consolidation``, both replicas serving and
+    one decision made (no arrival rate yet: nothing starts to drain)."""
+    scaler, router, clock = _mixed_pair(kube, "--pool-consolidation")
+    router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 1.0})
+    router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
+    scaler.run_once()
+    return scaler, router, clock
+
+
+def _quiet_second(scaler: Autoscaler, router: RouterDemand, clock: Clock) -> None:
+    """One second of quiet traffic (critical 1/s, standard 4/s), then a decision."""
+    clock.now += 1
+    router.arrive("llama", 1, "critical")
+    router.arrive("llama", 4, "standard")
+    scaler.run_once()
+
+
 def _obj(kube: FakeKube, name: str) -> dict[str, Any]:
     return kube.objects[("InferenceService", "ns", name)]
 
@@ -446,10 +464,7 @@ def test_the_class_mapping_is_configurable(kube: FakeKube) -> None:
 def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_load(
     kube: FakeKube,
 ) -> None:
-    scaler, router, clock = _mixed_pair(kube, "--pool-consolidation")
-    router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 1.0})
-    router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
-    scaler.run_once()  # no arrival rate yet: nothing starts to drain
+    scaler, router, clock = _both_serving(kube)
     assert _annotations(kube, "trt-0") == {}
     assert _obj(kube, "trt")["spec"]["replicas"] == 1
     # critical 1/s, standard 4/s; 1.5 in flight fills 38% of one vLLM replica's 4
@@ -512,16 +527,10 @@ def test_quiet_hours_run_one_replica_for_both_roles_and_the_other_comes_back_on_
 def test_a_role_coming_back_brings_replicas_the_serving_role_does_not_add_again(
     kube: FakeKube,
 ) -> None:
-    scaler, router, clock = _mixed_pair(kube, "--pool-consolidation")
-    router.set_in_flight({"ns/trt-0": 0.5, "ns/vllm-0": 1.0})
-    router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
-    scaler.run_once()
+    scaler, router, clock = _both_serving(kube)
+    router.set_in_flight({"ns/trt-0": 0.0, "ns/vllm-0": 1.5})
     for _ in range(2):  # TensorRT-LLM drains, then goes: vLLM serves both
-        clock.now += 1
-        router.arrive("llama", 1, "critical")
-        router.arrive("llama", 4, "standard")
-        router.set_in_flight({"ns/trt-0": 0.0, "ns/vllm-0": 1.5})
-        scaler.run_once()
+        _quiet_second(scaler, router, clock)
     assert _obj(kube, "trt")["spec"]["replicas"] == 0
     del kube.objects[("Pod", "ns", "trt-0")]
     # a surge: past 75% of vLLM's one replica, so TensorRT-LLM comes back with 1, in
@@ -559,10 +568,7 @@ def test_a_role_is_served_by_the_other_only_where_a_router_finds_it_serving(
     assert _annotations(kube, "trt-0") == {} and _annotations(kube, "vllm-0") == {}
     # once it serves, the role with fewer arrivals stands down
     router.set_health({"ns/trt-0": True, "ns/vllm-0": True})
-    clock.now += 1
-    router.arrive("llama", 1, "critical")
-    router.arrive("llama", 4, "standard")
-    scaler.run_once()
+    _quiet_second(scaler, router, clock)
     assert _annotations(kube, "vllm-0") == {}
     assert _annotations(kube, "trt-0").get("fleetgate.dev/drain") == "true"
 
