@@ -80,8 +80,9 @@ engine's metric (``--hpa-metric`` as TensorRT-LLM names it for ``chat-trt``:
 ``trtllm_num_requests_running + trtllm_num_requests_waiting`` from its
 ``/prometheus/metrics``, 1.3 and later), minReplicas 1 each; ``--warm-start`` wakes
 both services (a critical and a standard request) and starts the trace once one
-replica is healthy; ``--pool-consolidation`` runs the operator with that option (one
-role serves both roles' classes while demand is low).
+replica is healthy; ``--pool-consolidation`` runs the operator with that option (the
+roles share their replicas: the latency role's room counts for the throughput role,
+and one role serves both while demand is low).
 
 The trace (durations x ``--scale``; open loop, Poisson arrivals, seeded):
 quiet (base rate) 40 s, ramp (base -> 5 x base) 30 s, peak (5 x base, plus a burst of
@@ -743,8 +744,8 @@ def main() -> int:
     parser.add_argument(
         "--pool-consolidation",
         action="store_true",
-        help="mixed pool: the operator lets one role serve both roles' classes while "
-        "demand is low (its --pool-consolidation)",
+        help="mixed pool: the operator lets the roles share their replicas (its "
+        "--pool-consolidation)",
     )
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--seed", type=int, default=0)
