@@ -577,8 +577,8 @@ def _without_spikes(rates: Sequence[tuple[float, float]]) -> list[tuple[float, f
     """The rate samples without isolated spikes: a burst of requests sent at once (8
     critical requests in one tick of a 3.8 req/s class) is no rate, but at the end of
     a window the breakpoint fit read it as the top of a steep ramp and forecast x4.2 in
-    a cold start (a second TensorRT-LLM replica at the heavy trace's peak on 4 of 7
-    mixed runs). A rise that lasts is no spike: its second high sample is kept with
+    a cold start (a second TensorRT-LLM replica at the heavy trace's peak on 4 of 6
+    mixed runs at cca9caf). A rise that lasts is no spike: its second high sample is kept with
     the first, so a step is read one tick later at most."""
     n = len(rates)
     if n < 3:

@@ -1,6 +1,6 @@
 """Autoscaling across the services of one routing pool: pure, plain numbers.
 
-Two things need every autoscaled service of a pool at once (docs/operator.md
+These need every autoscaled service of a pool at once (docs/operator.md
 "Mixed engines and the pool GPU budget"):
 
 * **The split of demand by role.** When autoscaled services serving the same model

@@ -221,7 +221,7 @@ def test_a_ramp_scales_up_before_the_load_arrives() -> None:
 def test_a_burst_at_the_end_of_the_window_is_no_ramp_but_a_rise_that_lasts_is() -> None:
     """A critical class at ~3.8 req/s with 8 requests sent at once (the heavy trace's
     peak): the burst's tick read as the top of a ramp and forecast x4.2 in a cold start
-    (a second TensorRT-LLM replica on 4 of 7 mixed runs at cca9caf)."""
+    (a second TensorRT-LLM replica on 4 of 6 mixed runs at cca9caf)."""
     p = policy(cold_start=16.0, target_in_flight=4.5)
     noise = [4, 3, 5, 4, 3, 4, 2, 5, 4, 3, 4, 5, 3, 4, 4, 3, 5, 4, 3, 4]
     flat = State(rates=tuple((float(t), float(r)) for t, r in enumerate(noise)))
