@@ -551,6 +551,8 @@ def _ramp(rates: Sequence[tuple[float, float]], span: float) -> Ramp | None:
     ts = [t for t, _ in rates]
     rs = [r for _, r in rates]
     mean_rate = sum(rs) / n
+    if mean_rate <= 0:
+        return None  # no arrivals left (a trickle's one spike was all there was)
     poisson = mean_rate / ((ts[-1] - ts[0]) / (n - 1))  # a rate's variance per sample
     best: tuple[float, Ramp] | None = None
     for k in range(n - RAMP_MIN_SAMPLES + 1):

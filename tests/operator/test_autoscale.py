@@ -234,6 +234,18 @@ def test_a_burst_at_the_end_of_the_window_is_no_ramp_but_a_rise_that_lasts_is() 
     assert "arrivals x" in again.reason, again.reason
 
 
+def test_a_trickle_whose_only_arrivals_are_a_spike_has_no_ramp() -> None:
+    """At 0.6 req/s a 20 s window can hold one tick of 2 arrivals among zeros: a spike
+    by the window's median (0); without it nothing arrived (bench_trend at c6dc428
+    divided by zero there)."""
+    rates = [(float(t), 0.0) for t in range(20)] + [(20.0, 2.0)]
+    assert autoscale._ramp(rates, 20.0) is None
+    p = policy(cold_start=16.0)
+    state = State(rates=tuple(rates[:-1]))
+    dec = decide(p, Demand(in_flight=1.0, arrival_rate=2.0), 1, 1, 20.0, state)
+    assert dec.desired == 1 and "arrivals x" not in dec.reason
+
+
 def test_forecast_growth_is_capped() -> None:
     """A steep, steady rise (0 -> 10 req/s over 100 s, 100 s cold start) forecasts x11;
     the forecast at most doubles the load."""
