@@ -217,6 +217,9 @@ class RouterSnapshot:
     """endpoint id -> cumulative requests this router answered from it (any status)."""
     healthy: Mapping[str, bool] = dataclasses.field(default_factory=dict)
     """endpoint id -> whether this router's last /health probe of it answered 200."""
+    held_by_class: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    """(model, class) -> requests held now; empty from an older router, whose held
+    gauge has no ``class`` label."""
 
 
 def _add(d: dict[str, float], key: str, value: float) -> None:
@@ -234,6 +237,7 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
     kv: dict[str, float] = {}
     queued: dict[str, float] = {}
     held: dict[str, float] = {}
+    held_c: dict[tuple[str, str], float] = {}
     arrivals: dict[str, float] = {}
     ttft: dict[tuple[str, str, str], float] = {}
     dispatches: dict[str, float] = {}
@@ -256,6 +260,8 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
                 _add_c(queued_c, labels, value)
             elif s.name == HELD and "model" in labels:
                 _add(held, labels["model"], value)
+                if "class" in labels:
+                    _add_c(held_c, labels, value)
             elif s.name == f"{ARRIVALS}_total" and "model" in labels:
                 _add(arrivals, labels["model"], value)
                 _add_c(arrivals_c, labels, value)
@@ -282,6 +288,7 @@ def parse_router_metrics(text: str) -> RouterSnapshot:
         dispatches_c,
         completions,
         healthy,
+        held_c,
     )
 
 
@@ -354,16 +361,17 @@ def demand_for(
 
     ``classes`` (None: all) keeps only the queue and arrivals of the priority classes
     it accepts: the share of a model's demand that one role of a pool serves
-    (:mod:`fleetgate.operator.pools`). The routers count held requests per model,
-    not per class, so a role gets the held requests in proportion to its classes'
-    share of this tick's arrivals, and all of them when nothing arrived this tick
-    (a held request must wake some replica; waking one too many is the lesser harm).
+    (:mod:`fleetgate.operator.pools`), held requests included (the routers count them
+    per class). From a router whose held gauge has no class (older ones) a role gets
+    the held requests in proportion to its classes' share of this tick's arrivals, and
+    all of them when nothing arrived this tick (a held request must wake some replica;
+    waking one too many is the lesser harm).
     In-flight and KV usage are per endpoint (the service's own pods) either way.
     """
     eps = set(endpoints)
     in_flight_by: dict[str, float] = {e: 0.0 for e in eps}
     kv_by: dict[str, float] = {}
-    queued = held = arrived = arrived_all = met = total = completed = 0.0
+    queued = held = held_unlabelled = arrived = arrived_all = met = total = completed = 0.0
     rate_known = previous is not None and elapsed > 0
     probed: set[str] = set()
     serving: set[str] = set()
@@ -386,12 +394,19 @@ def demand_for(
         # engine that serves; counting both counted every held request twice.
         h = snap.held.get(model, 0.0)
         q_all = snap.queued.get(model, 0.0)
+        by_class = [(c, v) for (m, c), v in snap.held_by_class.items() if m == model]
         if classes is None:
             q = q_all
+            held += h
         else:
             q = sum(v for (m, c), v in snap.queued_by_class.items() if m == model and classes(c))
-        queued += max(0.0, q - h * (q / q_all)) if q_all > 0 else 0.0
-        held += h
+            if by_class:
+                h = sum(v for c, v in by_class if classes(c))
+                held += h
+            else:  # an older router: no class on its held gauge
+                h = h * (q / q_all) if q_all > 0 else h
+                held_unlabelled += snap.held.get(model, 0.0)
+        queued += max(0.0, q - h) if q_all > 0 else 0.0
         before = (previous or {}).get(router)
         if before is None:
             continue
@@ -421,8 +436,8 @@ def demand_for(
                     d = _delta(snap.ttft[key], before.ttft.get(key, 0.0))
                     total += d
                     met += d if m == "true" else 0.0
-    if classes is not None and arrived_all > 0:
-        held *= arrived / arrived_all
+    if held_unlabelled > 0:
+        held += held_unlabelled * (arrived / arrived_all if arrived_all > 0 else 1.0)
     return Demand(
         partial=previous is not None and not set(previous) <= set(now),
         in_flight=sum(in_flight_by.values()),

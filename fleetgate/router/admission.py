@@ -160,7 +160,7 @@ class Holds:
             self.generation += 1
             woken, self._changed = self._changed, asyncio.Event()
             woken.set()
-        self.classes.m.child(self.classes.held, req.model).inc()
+        self.classes.m.child(self.classes.held, req.model, req.cls.name).inc()
 
     def unhold(self, req: Request) -> None:
         if not req.held:
@@ -169,7 +169,7 @@ class Holds:
         self.count[req.model] -= 1
         if self.count[req.model] <= 0:
             del self.count[req.model]
-        self.classes.m.child(self.classes.held, req.model).dec()
+        self.classes.m.child(self.classes.held, req.model, req.cls.name).dec()
 
     def refusal(self, req: Request, now: float, *, full: bool = False) -> Refusal:
         """503 + Retry-After for a held request past its bound (or no room to hold it):

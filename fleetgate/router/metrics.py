@@ -460,8 +460,8 @@ class ClassMetrics:
         self.held = Gauge(
             "fleetgate_held_requests",
             "Requests held now because their model (one that scales from zero) has no "
-            "ready endpoint.",
-            ["model"], registry=r,
+            "ready endpoint, by priority class.",
+            mc, registry=r,
         )  # fmt: skip
         self._models: set[str] = set()
 
@@ -471,9 +471,9 @@ class ClassMetrics:
             if model in self._models:
                 continue
             self._models.add(model)
-            self.m.child(self.held, model).set(0)
             for c in self.config.classes:
                 lv = (model, c.name)
+                self.m.child(self.held, *lv).set(0)
                 self.m.child(self.depth, *lv).set(0)
                 self.m.child(self.wait, *lv)
                 self.m.child(self.dispatches, *lv)

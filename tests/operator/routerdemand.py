@@ -39,8 +39,8 @@ class RouterDemand:
     def arrive(self, model: str, n: int, cls: str = "standard") -> None:
         self.arrivals.labels(model=model, **{"class": cls}).inc(n)
 
-    def set_held(self, model: str, n: float) -> None:
-        self.held.labels(model=model).set(n)
+    def set_held(self, model: str, n: float, cls: str = "standard") -> None:
+        self.held.labels(model=model, **{"class": cls}).set(n)
 
     def set_queue(self, model: str, n: float, cls: str = "standard") -> None:
         self.classes.depth.labels(model, cls).set(n)

@@ -77,16 +77,20 @@ def test_router_metrics_parse_into_the_demand_of_one_service() -> None:
 def test_held_requests_in_the_class_queue_are_counted_once() -> None:
     """A router with class queues queues its held requests too: 6 held of 8 queued are
     6 held and 2 queued (the run at 1f15897 counted them twice: 1 -> 3 replicas on 6
-    held). A split by class shares the held ones by queue depth."""
+    held). A split by class takes each class's held ones from its own queue."""
     r = RouterDemand()
     r.set_queue(MODEL, 6, "standard")
     r.set_queue(MODEL, 2, "critical")
-    r.set_held(MODEL, 6)
+    r.set_held(MODEL, 5, "standard")
+    r.set_held(MODEL, 1, "critical")
     snaps = {"r": parse_router_metrics(r.text())}
     d = demand_for(snaps, None, 0.0, model=MODEL, endpoints=[])
     assert (d.queued, d.held, d.load) == (2, 6, 8)
     std = demand_for(snaps, None, 0.0, model=MODEL, endpoints=[], classes=lambda c: c == "standard")
-    assert std.queued == pytest.approx(1.5)  # 6 x (1 - 6/8)
+    assert (std.queued, std.held) == (1, 5)
+    older = {"r": dataclasses.replace(snaps["r"], held_by_class={})}  # no class on held
+    std = demand_for(older, None, 0.0, model=MODEL, endpoints=[], classes=lambda c: c == "standard")
+    assert std.queued == pytest.approx(1.5)  # 6 x (1 - 6/8): held shared by queue depth
     only_held = RouterDemand()  # a router without class queues exports no depth
     only_held.set_held(MODEL, 3)
     d = demand_for({"r": parse_router_metrics(only_held.text())}, None, 0.0, model=MODEL,

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 from routerdemand import RouterDemand
 
-from fleetgate.operator.autoscale import demand_for, parse_router_metrics
+from fleetgate.operator.autoscale import Demand, RouterSnapshot, demand_for, parse_router_metrics
 from fleetgate.operator.pools import (
     DEFAULT_CLASS_ROLES,
     LATENCY,
@@ -108,7 +108,12 @@ def test_only_a_model_with_both_roles_in_its_pool_is_split() -> None:
     }
 
 
-def test_demand_splits_by_class_queue_arrivals_and_held() -> None:
+def _older_router(snaps: dict[str, RouterSnapshot]) -> dict[str, RouterSnapshot]:
+    """The same snapshots as a router whose held gauge has no ``class`` label."""
+    return {k: dataclasses.replace(v, held_by_class={}) for k, v in snaps.items()}
+
+
+def _split_scene() -> tuple[dict[str, RouterSnapshot], dict[str, RouterSnapshot]]:
     r = RouterDemand()
     before = {"r": parse_router_metrics(r.text())}
     r.set_queue(MODEL, 5, "critical")
@@ -117,9 +122,14 @@ def test_demand_splits_by_class_queue_arrivals_and_held() -> None:
     r.set_queue(MODEL, 2, "sheddable")
     r.arrive(MODEL, 30, "critical")
     r.arrive(MODEL, 10, "batch")
-    r.set_held(MODEL, 4)
+    r.set_held(MODEL, 3, "critical")
+    r.set_held(MODEL, 1, "batch")
     r.set_in_flight({"ns/trt-0": 3, "ns/vllm-0": 7})
-    now = {"r": parse_router_metrics(r.text())}
+    return before, {"r": parse_router_metrics(r.text())}
+
+
+def test_demand_splits_by_class_queue_arrivals_and_held() -> None:
+    before, now = _split_scene()
     roles = ClassRoles()
     lat = demand_for(
         now, before, 10.0, model=MODEL, endpoints=["ns/trt-0"], classes=roles.accepts(LATENCY)
@@ -128,24 +138,54 @@ def test_demand_splits_by_class_queue_arrivals_and_held() -> None:
         now, before, 10.0, model=MODEL, endpoints=["ns/vllm-0"], classes=roles.accepts(THROUGHPUT)
     )
     whole = demand_for(now, before, 10.0, model=MODEL, endpoints=["ns/trt-0"])
-    # the 4 held requests sit in the class queues (12 deep) too: each side's queue
-    # loses its depth's share of them, so none is counted twice
-    assert (lat.queued, thr.queued, whole.queued) == (4, 4, 8)
+    # held requests are counted by class, and they sit in their class's queue too
+    # (critical 5 + standard 1 with 3 held; batch 4 + sheddable 2 with 1 held)
+    assert (lat.held, thr.held, whole.held) == (3, 1, 4)
+    assert (lat.queued, thr.queued, whole.queued) == (3, 5, 8)
     assert lat.arrival_rate == pytest.approx(3.0)
     assert thr.arrival_rate == pytest.approx(1.0)
     assert whole.arrival_rate == pytest.approx(4.0)
-    # held has no class label: shared as this tick's arrivals were (30:10)
-    assert (lat.held, thr.held, whole.held) == (pytest.approx(3.0), pytest.approx(1.0), 4)
     # in flight is per endpoint: each service's own pods, split or not
     assert (lat.in_flight, thr.in_flight) == (3, 7)
 
 
-def test_held_requests_wake_every_role_when_nothing_arrived_this_tick() -> None:
+def test_an_older_routers_held_requests_split_as_the_ticks_arrivals() -> None:
+    before, labelled = _split_scene()
+    now = _older_router(labelled)
+    roles = ClassRoles()
+    lat = demand_for(now, before, 10.0, model=MODEL, endpoints=[], classes=roles.accepts(LATENCY))
+    thr = demand_for(
+        now, before, 10.0, model=MODEL, endpoints=[], classes=roles.accepts(THROUGHPUT)
+    )
+    whole = demand_for(now, before, 10.0, model=MODEL, endpoints=[])
+    # no class on held: shared as this tick's arrivals were (30:10) ...
+    assert (lat.held, thr.held, whole.held) == (pytest.approx(3.0), pytest.approx(1.0), 4)
+    # ... and each side's queue loses its depth's share of the 4 held (12 deep)
+    assert (lat.queued, thr.queued, whole.queued) == (4, 4, 8)
+
+
+def test_held_requests_wake_only_their_classes_role_when_nothing_arrived_this_tick() -> None:
+    """A held request waits through a cold start, ticks after its arrival: a standard
+    request held at zero wakes the latency role alone, not the throughput role too
+    (the mixed bench's cold request woke both at d09db11)."""
     r = RouterDemand()
-    r.arrive(MODEL, 3, "batch")
-    r.set_held(MODEL, 3)
+    r.arrive(MODEL, 1, "standard")
+    r.set_held(MODEL, 1, "standard")
     before = {"r": parse_router_metrics(r.text())}
     now = {"r": parse_router_metrics(r.text())}
+    roles = ClassRoles()
+    lat = demand_for(now, before, 5.0, model=MODEL, endpoints=[], classes=roles.accepts(LATENCY))
+    thr = demand_for(now, before, 5.0, model=MODEL, endpoints=[], classes=roles.accepts(THROUGHPUT))
+    assert lat.held == 1 and not lat.idle
+    assert thr.held == 0 and thr.idle
+
+
+def test_an_older_routers_held_requests_wake_every_role_when_nothing_arrived() -> None:
+    r = RouterDemand()
+    r.arrive(MODEL, 3, "batch")
+    r.set_held(MODEL, 3, "batch")
+    before = {"r": parse_router_metrics(r.text())}
+    now = _older_router({"r": parse_router_metrics(r.text())})
     roles = ClassRoles()
     for role in (LATENCY, THROUGHPUT):
         d = demand_for(now, before, 5.0, model=MODEL, endpoints=[], classes=roles.accepts(role))
@@ -156,12 +196,13 @@ def test_a_role_whose_classes_saw_nothing_gets_no_held_share() -> None:
     r = RouterDemand()
     before = {"r": parse_router_metrics(r.text())}
     r.arrive(MODEL, 2, "batch")
-    r.set_held(MODEL, 2)
-    now = {"r": parse_router_metrics(r.text())}
-    lat = demand_for(
-        now, before, 5.0, model=MODEL, endpoints=[], classes=ClassRoles().accepts(LATENCY)
-    )
-    assert lat.held == 0 and lat.idle  # batch alone does not wake the latency engines
+    r.set_held(MODEL, 2, "batch")
+    labelled = {"r": parse_router_metrics(r.text())}
+    for now in (labelled, _older_router(labelled)):
+        lat = demand_for(
+            now, before, 5.0, model=MODEL, endpoints=[], classes=ClassRoles().accepts(LATENCY)
+        )
+        assert lat.held == 0 and lat.idle  # batch alone does not wake the latency engines
 
 
 def test_the_split_falls_back_to_dispatches_per_class() -> None:
@@ -269,17 +310,25 @@ def test_the_split_sums_over_routers_and_shares_held_by_all_their_arrivals() -> 
     b.set_queue(MODEL, 7, "batch")
     a.arrive(MODEL, 10, "standard")  # router a saw only latency classes ...
     b.arrive(MODEL, 30, "batch")  # ... router b only batch: 1:3 overall
-    a.set_held(MODEL, 2)
-    b.set_held(MODEL, 6)
-    now = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
+    a.set_held(MODEL, 2, "critical")
+    b.set_held(MODEL, 6, "batch")
+    labelled = {"a": parse_router_metrics(a.text()), "b": parse_router_metrics(b.text())}
     roles = ClassRoles()
-    lat = demand_for(now, before, 10.0, model=MODEL, endpoints=[], classes=roles.accepts(LATENCY))
-    thr = demand_for(
-        now, before, 10.0, model=MODEL, endpoints=[], classes=roles.accepts(THROUGHPUT)
-    )
+
+    def split(now: dict[str, RouterSnapshot]) -> tuple[Demand, Demand]:
+        lat, thr = (
+            demand_for(now, before, 10.0, model=MODEL, endpoints=[], classes=roles.accepts(r))
+            for r in (LATENCY, THROUGHPUT)
+        )
+        return lat, thr
+
+    lat, thr = split(labelled)
+    assert (lat.arrival_rate, thr.arrival_rate) == (pytest.approx(1.0), pytest.approx(3.0))
+    assert (lat.held, thr.held) == (2, 6)  # by class, router by router
+    assert (lat.queued, thr.queued) == (3, 1)  # a: 3 - 2, b: 2 and 7 - 6
+    lat, thr = split(_older_router(labelled))
     # held requests sit in their router's queue: a 3 - 2; b 2 - 6 x 2/9 and 7 - 6 x 7/9
     assert (lat.queued, thr.queued) == (pytest.approx(5 / 3), pytest.approx(7 / 3))
-    assert (lat.arrival_rate, thr.arrival_rate) == (pytest.approx(1.0), pytest.approx(3.0))
     assert (lat.held, thr.held) == (pytest.approx(2.0), pytest.approx(6.0))  # 8 x 1/4, 8 x 3/4
 
 

@@ -64,6 +64,16 @@ async def router(cfg: Any) -> AsyncIterator[tuple[str, Any, FleetMembership]]:
             await membership.close()
 
 
+def held_now(app: Any, model: str = MODEL) -> float:
+    """``fleetgate_held_requests`` of ``model``, summed over its priority classes."""
+    return sum(
+        s.value
+        for family in app.state.router.metrics.registry.collect()
+        for s in family.samples
+        if s.name == "fleetgate_held_requests" and s.labels.get("model") == model
+    )
+
+
 def target(eid: str, url: str, capacity: int = 8) -> Target:
     return Target(EndpointId(eid), "default", "vllm", url, capacity, "ns", "svc", MODEL)
 
@@ -190,8 +200,12 @@ async def test_held_requests_go_out_in_class_order(queue: bool) -> None:
                 )
             )
             await asyncio.sleep(0.02)
-        await until(lambda: app.state.router.metrics.registry.get_sample_value(
-            "fleetgate_held_requests", {"model": MODEL}) == len(classes))  # fmt: skip
+        await until(lambda: held_now(app) == len(classes))
+        text = await metrics_text(client, url)
+        for cls in ("batch", "standard", "critical"):  # by class, for the autoscaler's roles
+            assert metric(text, "fleetgate_held_requests", model=MODEL, **{"class": cls}) == (
+                classes.count(cls)
+            )
         assert order == []
         async with run_fleet([EngineSpec(kind="vllm")], model=MODEL) as fleet:
             assert membership.add(target("ns/late-0", fleet.engines[0].url, capacity=1))
@@ -209,8 +223,7 @@ async def test_past_the_hold_bound_503_retry_after_json(queue: bool) -> None:
     async with router(cfg) as (url, app, membership), httpx.AsyncClient(timeout=30) as client:
         t0 = time.monotonic()
         first = asyncio.create_task(client.post(url + "/v1/completions", json=body()))
-        await until(lambda: app.state.router.metrics.registry.get_sample_value(
-            "fleetgate_held_requests", {"model": MODEL}) == 1)  # fmt: skip
+        await until(lambda: held_now(app) == 1)
         full = await client.post(url + "/v1/completions", json=body(stream=False))
         assert full.status_code == 503, full.text
         assert int(full.headers["retry-after"]) >= 1
@@ -257,8 +270,7 @@ async def test_an_autoscaled_model_from_one_is_held_while_its_replicas_start(
         assert "its replicas are starting" in message and "bound of 0.6s" in message
         # held, then served once the first replica's engine is up
         task = asyncio.create_task(client.post(url + "/v1/completions", json=body(4)))
-        await until(lambda: app.state.router.metrics.registry.get_sample_value(
-            "fleetgate_held_requests", {"model": MODEL}) == 1)  # fmt: skip
+        await until(lambda: held_now(app) == 1)
         async with run_fleet([EngineSpec(kind="vllm")], model=MODEL) as fleet:
             assert membership.add(target("ns/first-0", fleet.engines[0].url))
             answer = await task
@@ -388,8 +400,7 @@ async def test_held_long_poll_answers_when_a_model_first_holds(queue: bool) -> N
         assert woke == {"generation": 1, "held": {MODEL: 1}}
         assert time.monotonic() - sent < 2.0  # answered by the hold, not by `wait`
         tasks.append(asyncio.create_task(client.post(url + "/v1/completions", json=body(4))))
-        await until(lambda: app.state.router.metrics.registry.get_sample_value(
-            "fleetgate_held_requests", {"model": MODEL}) == 2)  # fmt: skip
+        await until(lambda: held_now(app) == 2)
         again = (await client.get(url + "/held", params={"after": 1, "wait": 0.2})).json()
         assert again == {"generation": 1, "held": {MODEL: 2}}  # a second hold wakes nobody
         for bad in ({"after": "x"}, {"wait": "nan"}, {"wait": 61}):
