@@ -326,6 +326,20 @@ class Demand:
     def idle(self) -> bool:
         return self.load == 0 and not self.arrival_rate
 
+    def shared(self, weight: float, *, objective: bool) -> Demand:
+        """This service's part of a demand it takes with others
+        (:func:`fleetgate.operator.pools.demand_shares`): ``weight`` of the queue, the
+        held requests and the arrivals; its pods' in-flight and KV usage are its own;
+        the TTFT objective's counts only if ``objective``."""
+        return dataclasses.replace(
+            self,
+            queued=self.queued * weight,
+            held=self.held * weight,
+            arrival_rate=None if self.arrival_rate is None else self.arrival_rate * weight,
+            ttft_met=self.ttft_met if objective else 0.0,
+            ttft_total=self.ttft_total if objective else 0.0,
+        )
+
     def as_status(self) -> dict[str, float]:
         out = {"inFlight": self.in_flight, "queued": self.queued, "held": self.held}
         if self.arrival_rate is not None:

@@ -346,6 +346,7 @@ class Autoscaler:
         self._previous, self._previous_at = snaps, now
         live = [b for b in scaled if not b["metadata"].get("deletionTimestamp")]
         roles = self._demand_roles(live)
+        shares = self._demand_shares(live, roles)
         # a role that stood down at the last tick leaves its classes to the other role,
         # whose decision then takes them (their arrivals' trend and queue as well as the
         # in-flight on its pods): it serves them all
@@ -375,7 +376,7 @@ class Autoscaler:
                             credit = self._latency_room(plans, _group(fresh))
                         plan = self.plan(
                             fresh, snaps, previous, elapsed, now, role,
-                            all_classes=all_classes, credit=credit,
+                            all_classes=all_classes, credit=credit, share=shares.get(key),
                         )  # fmt: skip
                         if plan is not None:
                             plans.append(plan)
@@ -417,6 +418,26 @@ class Autoscaler:
                 )
             )
         return pools.demand_roles(members)
+
+    def _demand_shares(
+        self,
+        bodies: Sequence[Mapping[str, Any]],
+        roles: Mapping[pools.Key, pools.Role | None],
+    ) -> dict[pools.Key, pools.Share]:
+        """The part of each service that takes a demand with others of the same pool,
+        model and role (:func:`fleetgate.operator.pools.demand_shares`)."""
+        members: list[tuple[pools.Key, tuple[str, str, pools.Role | None], int, int]] = []
+        for body in bodies:
+            key = _key(body)
+            try:
+                spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
+            except ValidationError:
+                continue
+            if spec.autoscaling is None:
+                continue
+            group = (spec.routing.pool, spec.model.name or key[1], roles.get(key))
+            members.append((key, group, spec.replicas, spec.autoscaling.max_replicas))
+        return pools.demand_shares(members)
 
     def _latency_room(self, plans: Sequence[_Plan], group: tuple[str, str]) -> float:
         """The room the latency-role services of ``group`` planned so far keep beyond
@@ -541,13 +562,15 @@ class Autoscaler:
         *,
         all_classes: bool = False,
         credit: float = 0.0,
+        share: pools.Share | None = None,
     ) -> _Plan | None:
         """Read and decide for one service (no action yet); None if it is not
         autoscaled, its spec is invalid or no router answered. ``role``: take only the
         demand of that role's priority classes (None: all classes); ``all_classes``:
         take every class even so (the pool's other role stands down); ``credit``: the
         requests in flight other replicas run of that demand (the latency role's
-        room, :func:`fleetgate.operator.pools.spare_room`)."""
+        room, :func:`fleetgate.operator.pools.spare_room`); ``share``: its part of a
+        demand other services take too (None: all of it)."""
         meta = body["metadata"]
         ns, name = str(meta["namespace"]), str(meta["name"])
         try:
@@ -600,6 +623,8 @@ class Autoscaler:
             ttft_class=policy.ttft_class,
             classes=classes.accepts(role) if role is not None and not all_classes else None,
         )
+        if share is not None:
+            demand = demand.shared(share.weight, objective=share.objective)
         state = dataclasses.replace(
             self._memory.get((ns, name), autoscale.State()),
             recommendations=tuple(
@@ -634,6 +659,11 @@ class Autoscaler:
                 else "all classes (the pool's other role stands down)"
                 if all_classes
                 else classes.describe(role)
+            )
+            + (
+                ""
+                if share is None
+                else f"; {share.weight:.0%} of it, shared by {share.of} services by replicas"
             ),
             serving=sum(
                 1

@@ -22,6 +22,11 @@ These need every autoscaled service of a pool at once (docs/operator.md
   role's need: the model's peak runs the replicas its whole load needs, not those of
   each role's share rounded up separately (a peak of 1.3 + 5.9 in flight at a target
   of 4.5 per replica is 2 replicas, not 1 + 2).
+* **Services of one role share its demand** (:func:`demand_shares`). Two autoscaled
+  services that take the same demand (same pool, model and role, e.g. one vLLM
+  service per GPU type) each get a part of its queue, held requests and arrivals in
+  proportion to their replicas, not all of it each (which would size both for the
+  whole); their in-flight requests are their own pods' anyway.
 * **The GPU budget of a pool.** ``replicas x gpu.count`` summed over the pool's
   autoscaled services stays within the budget (:func:`share_budget`): the latency
   role is served first up to what it wants, then the throughput role, one replica
@@ -53,6 +58,8 @@ __all__ = [
     "Sharer",
     "PoolOptionError",
     "demand_roles",
+    "demand_shares",
+    "Share",
     "consolidate",
     "parse_class_roles",
     "parse_pool_budgets",
@@ -180,6 +187,60 @@ def demand_roles(services: Iterable[tuple[Key, str, str, Role]]) -> dict[Key, Ro
     return {
         key: role if len(roles[(pool, model)]) > 1 else None for key, pool, model, role in listed
     }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Share:
+    """A service's part of the demand it takes with other services."""
+
+    weight: float
+    """The fraction of the queue, held requests and arrivals it sizes for."""
+    objective: bool
+    """Whether its decision reads the TTFT objective's attainment (one service per
+    demand, so a missed objective adds one replica, not one per service)."""
+    of: int
+    """How many services take that demand."""
+
+
+def demand_shares(
+    services: Iterable[tuple[Key, tuple[str, str, Role | None], int, int]],
+) -> dict[Key, Share]:
+    """``(key, (pool, model, role), spec.replicas, maxReplicas)`` of every autoscaled
+    service -> the share of each one that takes a demand (:func:`demand_roles`) with
+    others; a service alone on its demand is left out (it takes all of it).
+
+    The router spreads a model's requests over every endpoint of it, so a service's
+    part is its replicas over the group's (starting ones included: they serve within
+    a cold start, as for any scale-up). With no replica in the group, the first
+    service (by namespace and name) that may run one takes it all, so one wakes, not
+    every one. A service at zero gets no part while another with replicas can still
+    grow; once every service with replicas is at its ``maxReplicas``, the first one at
+    zero gets one replica's part, so the demand beyond them reaches a service that
+    can run it. The service with the largest part (first by name on a tie) reads the
+    TTFT objective.
+    """
+    groups: dict[tuple[str, str, Role | None], list[tuple[Key, int, int]]] = {}
+    for key, group, current, most in services:
+        groups.setdefault(group, []).append((key, current, most))
+    out: dict[Key, Share] = {}
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        members.sort()
+        weights = {key: float(current) for key, current, _ in members}
+        running = [(c, most) for _, c, most in members if c > 0]
+        idle = [key for key, c, most in members if c == 0 and most > 0]
+        if idle and all(c >= most for c, most in running):
+            weights[idle[0]] = 1.0  # no replica anywhere, or the running ones are full
+        total = sum(weights.values())
+        lead = max(members, key=lambda m: weights[m[0]])  # the first of equals
+        for key, _, _ in members:
+            out[key] = Share(
+                weight=weights[key] / total if total > 0 else 0.0,
+                objective=key == lead[0],
+                of=len(members),
+            )
+    return out
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -445,9 +445,26 @@ def test_one_role_in_the_pool_takes_all_the_demand(kube: FakeKube) -> None:
     router.set_queue("llama", 6, "critical")
     router.set_queue("llama", 2, "batch")
     scaler.run_once()
-    for name in ("vllm", "vllm-b"):  # today's behaviour: each sees the model's demand
-        assert _obj(kube, name)["spec"]["replicas"] == 4
-        assert _obj(kube, name)["status"]["autoscaling"]["demandClasses"] == "all classes"
+    # one replica each: each sizes for half of the 8 queued (8 / 2 = 4 each before,
+    # 8 replicas for a queue that 4 serve at the target)
+    for name in ("vllm", "vllm-b"):
+        assert _obj(kube, name)["spec"]["replicas"] == 2
+        assert _obj(kube, name)["status"]["autoscaling"]["demand"]["queued"] == 4
+        assert _obj(kube, name)["status"]["autoscaling"]["demandClasses"] == (
+            "all classes; 50% of it, shared by 2 services by replicas"
+        )
+
+
+def test_services_sharing_a_demand_at_zero_wake_one_of_them(kube: FakeKube) -> None:
+    for name in ("vllm-a", "vllm-b"):
+        _put(kube, name, role="throughput", replicas=0, minReplicas=0)
+    scaler, router, _ = _pool_scaler(kube)
+    router.arrive("llama", 1)
+    router.set_held("llama", 1)
+    scaler.run_once()
+    assert _obj(kube, "vllm-a")["spec"]["replicas"] == 1
+    assert _obj(kube, "vllm-b")["spec"]["replicas"] == 0  # woke both before
+    assert _obj(kube, "vllm-b")["status"]["autoscaling"]["demand"]["held"] == 0
 
 
 def test_the_class_mapping_is_configurable(kube: FakeKube) -> None:
@@ -770,10 +787,13 @@ def test_the_worked_example_of_docs_deploy_md(kube: FakeKube) -> None:
             ("budget", "wanted", "granted")] == [10, 15, 10]  # fmt: skip
 
 
-def test_the_worked_example_without_the_split_counts_the_whole_queue_twice(
+def test_the_worked_example_in_one_role_shares_the_queue_by_replicas(
     kube: FakeKube,
 ) -> None:
-    """The page's "before" numbers: one role each in two pools, no budget."""
+    """The page's example with both services in one role, no budget: before services
+    of one role shared its demand, each counted the whole queue of 112 (the page's
+    "before": 160 -> 6 capped and 272 -> 6, 18 GPUs); now 56 each at one replica each:
+    48 + 56 = 104 -> 7, capped at 6, and 160 + 56 = 216 -> 5."""
     _put(kube, "trt", role="latency", replicas=1, gpus=2, maxReplicas=6,
          targetInFlightPerReplica=16)  # fmt: skip
     _put(kube, "vllm", role="latency", replicas=1, targetInFlightPerReplica=48)
@@ -785,8 +805,9 @@ def test_the_worked_example_without_the_split_counts_the_whole_queue_twice(
     scaler.run_once()
     assert (_obj(kube, "trt")["spec"]["replicas"], _obj(kube, "vllm")["spec"]["replicas"]) == (
         6,
-        6,
+        5,
     )
+    assert _obj(kube, "vllm")["status"]["autoscaling"]["demand"]["queued"] == 56
 
 
 def test_a_router_holding_a_first_request_wakes_the_loop_at_once(kube: FakeKube) -> None:

@@ -16,9 +16,11 @@ from fleetgate.operator.pools import (
     ClassRoles,
     Member,
     PoolOptionError,
+    Share,
     Sharer,
     consolidate,
     demand_roles,
+    demand_shares,
     parse_class_roles,
     parse_pool_budgets,
     share_budget,
@@ -330,6 +332,49 @@ def test_the_split_sums_over_routers_and_shares_held_by_all_their_arrivals() -> 
     # held requests sit in their router's queue: a 3 - 2; b 2 - 6 x 2/9 and 7 - 6 x 7/9
     assert (lat.queued, thr.queued) == (pytest.approx(5 / 3), pytest.approx(7 / 3))
     assert (lat.held, thr.held) == (pytest.approx(2.0), pytest.approx(6.0))  # 8 x 1/4, 8 x 3/4
+
+
+# -- services of one role share its demand ----------------------------------------------
+
+
+def _shares(*members: tuple[str, int, int], role: str | None = THROUGHPUT) -> dict[str, Share]:
+    """``(name, spec.replicas, maxReplicas)`` of services of one (pool, model, role)."""
+    got = demand_shares((("ns", n), ("chat", MODEL, role), c, most) for n, c, most in members)
+    return {k[1]: v for k, v in got.items()}
+
+
+def test_services_of_one_demand_share_it_by_replicas() -> None:
+    got = _shares(("b", 3, 8), ("a", 1, 8))
+    assert (got["a"].weight, got["b"].weight) == (0.25, 0.75)
+    assert (got["a"].objective, got["b"].objective) == (False, True)  # the larger reads it
+    assert got["a"].of == got["b"].of == 2
+    tie = _shares(("b", 2, 8), ("a", 2, 8))
+    assert tie["a"].objective and not tie["b"].objective
+
+
+def test_a_service_alone_on_its_demand_takes_all_of_it() -> None:
+    got = demand_shares(
+        [
+            (("ns", "trt"), ("chat", MODEL, LATENCY), 1, 4),
+            (("ns", "vllm"), ("chat", MODEL, THROUGHPUT), 2, 4),
+            (("ns", "other"), ("chat", "other-model", THROUGHPUT), 2, 4),
+            (("ns", "elsewhere"), ("batch", MODEL, THROUGHPUT), 2, 4),
+        ]
+    )
+    assert got == {}
+
+
+def test_with_no_replica_anywhere_the_first_that_may_run_one_takes_it_all() -> None:
+    got = _shares(("c", 0, 4), ("a", 0, 0), ("b", 0, 4))
+    assert {n: s.weight for n, s in got.items()} == {"a": 0.0, "b": 1.0, "c": 0.0}
+    assert got["b"].objective
+
+
+def test_a_service_at_zero_gets_a_part_only_when_the_running_ones_are_full() -> None:
+    growing = _shares(("a", 2, 4), ("b", 0, 4))
+    assert (growing["a"].weight, growing["b"].weight) == (1.0, 0.0)
+    full = _shares(("a", 4, 4), ("b", 0, 4), ("c", 0, 4))
+    assert {n: s.weight for n, s in full.items()} == {"a": 0.8, "b": 0.2, "c": 0.0}
 
 
 # -- one role serving both at low demand ------------------------------------------------
