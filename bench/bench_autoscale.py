@@ -82,7 +82,9 @@ engine's metric (``--hpa-metric`` as TensorRT-LLM names it for ``chat-trt``:
 both services (a critical and a standard request) and starts the trace once one
 replica is healthy; ``--pool-consolidation`` runs the operator with that option (the
 roles share their replicas: the latency role's room counts for the throughput role,
-and one role serves both while demand is low).
+and one role serves both while demand is low); ``--pool-gpu-budget N`` gives the
+operator a budget of N GPUs for the pool (one per replica: fleetgate-autoscale's
+services together never ask more than N replicas; the latency role is served first).
 
 The trace (durations x ``--scale``; open loop, Poisson arrivals, seeded):
 quiet (base rate) 40 s, ramp (base -> 5 x base) 30 s, peak (5 x base, plus a burst of
@@ -371,7 +373,9 @@ async def run_contender(
              "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--interval", "5",
              "--autoscale-interval", "1", "--router-metrics-url", f"{router}/metrics",
              *(["--class-role", "standard=throughput"] if args.pool == "mixed" else []),
-             *(["--pool-consolidation"] if args.pool_consolidation else [])],
+             *(["--pool-consolidation"] if args.pool_consolidation else []),
+             *(["--pool-gpu-budget", f"default={args.pool_gpu_budget}"]
+               if args.pool_gpu_budget is not None else [])],
             env={"FLEETGATE_EXTRA_TOLERATIONS": json.dumps([FAKE_NODE_TOLERATION])},
         )  # fmt: skip
         setup.start(
@@ -746,6 +750,13 @@ def main() -> int:
         action="store_true",
         help="mixed pool: the operator lets the roles share their replicas (its "
         "--pool-consolidation)",
+    )
+    parser.add_argument(
+        "--pool-gpu-budget",
+        type=int,
+        default=None,
+        help="the operator's GPU budget for the bench's pool (its --pool-gpu-budget "
+        "default=N; one GPU per replica): fleetgate-autoscale never runs more pods",
     )
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--seed", type=int, default=0)
