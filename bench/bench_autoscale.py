@@ -108,6 +108,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import math
 import os
@@ -256,6 +257,22 @@ def hpa_status(cluster: Any, ns: str, name: str) -> tuple[str | None, int | None
     return current, st.get("desiredReplicas"), st.get("lastScaleTime")
 
 
+def service_events(cluster: Any, ns: str, t0_wall: float) -> list[tuple[float, str, str, str]]:
+    """The Events on the namespace's InferenceServices (the operator's decisions:
+    ``ScaledUp``, ``ScaledDown``, ``Draining``, ``ScaleUpLimited``, ...) as (seconds
+    since the trace started, service, reason, message), oldest first."""
+    out = []
+    for ev in cluster.kubectl_json("-n", ns, "get", "events").get("items", []):
+        obj = ev.get("involvedObject") or {}
+        stamp = ev.get("lastTimestamp") or ev.get("eventTime")
+        if obj.get("kind") != "InferenceService" or not stamp:
+            continue
+        when = dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+        out.append((round(when - t0_wall, 1), str(obj.get("name")), str(ev.get("reason")),
+                    str(ev.get("message"))))  # fmt: skip
+    return sorted(out)
+
+
 def engine_spec(kind: str, slots: int) -> tuple[dict[str, Any], str]:
     """The CRD engine block and routing role of a bench service of engine ``kind``,
     ``slots`` sequences per batch (vLLM ``maxNumSeqs``, TensorRT-LLM ``maxBatchSize``)."""
@@ -361,6 +378,10 @@ async def run_contender(
     # last read, desired replicas, its last scale time, the service it scales): when it
     # synced and what it saw
     hpa_log: list[tuple[float, str | None, int | None, str | None, str]] = []
+    # fleetgate-autoscale: the operator's Events on the services (t, service, reason,
+    # message), read once after the trace (no polling during it)
+    operator_events: list[tuple[float, str, str, str]] = []
+    t0_wall: float | None = None
     services = service_replicas(args.pool, args.peak_replicas)
     outcomes: list[Outcome] = []
     in_flight = 0
@@ -454,7 +475,7 @@ async def run_contender(
                 await wait_until(lambda: healthy(want), 120, "starting replicas healthy")
             else:
                 await wait_until(lambda: healthy(0), 60, "router up")
-            t0 = time.monotonic()
+            t0, t0_wall = time.monotonic(), time.time()
             stop = asyncio.Event()
 
             async def sampler() -> None:
@@ -512,6 +533,9 @@ async def run_contender(
                 await scaling
             arrivals_text = (await client.get(f"{router}/metrics")).text
     finally:
+        if contender == "fleetgate-autoscale" and t0_wall is not None:
+            with contextlib.suppress(Exception):
+                operator_events = service_events(cluster, ns, t0_wall)
         if stack is not None:
             hpa_obj = cluster.kubectl("-n", ns, "describe", "hpa", check=False).stdout
             (work / "hpa.txt").write_text(hpa_obj)
@@ -521,6 +545,8 @@ async def run_contender(
     result = summarise(contender, outcomes, samples, arrivals_text, end)
     if stack is not None:
         result["hpa_status"] = hpa_log
+    if contender == "fleetgate-autoscale":
+        result["operator_events"] = operator_events
     result["cold_request"].update(cold_path(result["cold_request"], cold_sent, work))
     return result
 
@@ -878,6 +904,10 @@ def main() -> int:
                 print(f"{r['contender']} {cls} served by: {r['attainment'][cls]['served_by']}")
         if r["errors"]:
             print(f"{r['contender']} errors: {r['errors']}")
+        limited = [e for e in r.get("operator_events") or () if e[2] == "ScaleUpLimited"]
+        if args.pool_gpu_budget is not None or limited:
+            print(f"{r['contender']} ScaleUpLimited events: {len(limited)}"
+                  + "".join(f"\n  {t:.0f}s {s}: {m}" for t, s, _, m in limited))  # fmt: skip
         for name in sorted({h[4] for h in r.get("hpa_status") or ()}):
             changes = ", ".join(
                 f"{t:.1f}s: {v} -> {n}" for t, v, n, _, s in r["hpa_status"] if s == name
