@@ -345,8 +345,7 @@ class Autoscaler:
         previous, elapsed = self._previous, now - self._previous_at
         self._previous, self._previous_at = snaps, now
         live = [b for b in scaled if not b["metadata"].get("deletionTimestamp")]
-        roles = self._demand_roles(live)
-        shares = self._demand_shares(live, roles)
+        roles, shares = self._demand_split(live)
         # a role that stood down at the last tick leaves its classes to the other role,
         # whose decision then takes them (their arrivals' trend and queue as well as the
         # in-flight on its pods): it serves them all
@@ -398,46 +397,34 @@ class Autoscaler:
         return done
 
     # -- the pool ---------------------------------------------------------------------
-    def _demand_roles(
+    def _demand_split(
         self, bodies: Sequence[Mapping[str, Any]]
-    ) -> dict[pools.Key, pools.Role | None]:
-        """Which role's classes each service's demand is made of (None: all)."""
-        members: list[tuple[pools.Key, str, str, pools.Role]] = []
+    ) -> tuple[dict[pools.Key, pools.Role | None], dict[pools.Key, pools.Share]]:
+        """Which role's classes each service's demand is made of (None: all), and the
+        part of it each service takes when others of the same pool, model and role
+        take it too (:func:`fleetgate.operator.pools.demand_shares`)."""
+        specs: list[tuple[pools.Key, InferenceServiceSpec]] = []
         for body in bodies:
-            meta = body["metadata"]
             try:
                 spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
             except ValidationError:
                 continue
-            members.append(
-                (
-                    (str(meta["namespace"]), str(meta["name"])),
-                    spec.routing.pool,
-                    spec.model.name or str(meta["name"]),
-                    spec.routing.role,
-                )
+            specs.append((_key(body), spec))
+        roles = pools.demand_roles(
+            (key, spec.routing.pool, spec.model.name or key[1], spec.routing.role)
+            for key, spec in specs
+        )
+        shares = pools.demand_shares(
+            (
+                key,
+                (spec.routing.pool, spec.model.name or key[1], roles[key]),
+                spec.replicas,
+                spec.autoscaling.max_replicas,
             )
-        return pools.demand_roles(members)
-
-    def _demand_shares(
-        self,
-        bodies: Sequence[Mapping[str, Any]],
-        roles: Mapping[pools.Key, pools.Role | None],
-    ) -> dict[pools.Key, pools.Share]:
-        """The part of each service that takes a demand with others of the same pool,
-        model and role (:func:`fleetgate.operator.pools.demand_shares`)."""
-        members: list[tuple[pools.Key, tuple[str, str, pools.Role | None], int, int]] = []
-        for body in bodies:
-            key = _key(body)
-            try:
-                spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
-            except ValidationError:
-                continue
-            if spec.autoscaling is None:
-                continue
-            group = (spec.routing.pool, spec.model.name or key[1], roles.get(key))
-            members.append((key, group, spec.replicas, spec.autoscaling.max_replicas))
-        return pools.demand_shares(members)
+            for key, spec in specs
+            if spec.autoscaling is not None
+        )
+        return roles, shares
 
     def _latency_room(self, plans: Sequence[_Plan], group: tuple[str, str]) -> float:
         """The room the latency-role services of ``group`` planned so far keep beyond
